@@ -1,0 +1,177 @@
+"""The `shardctl` command line: a thin click layer over the library.
+
+This is the only module that turns `ShardctlError`s into messages and exit codes
+(2 for bad input, 1 for failures). Heavy imports (torch, deepspeed, kubernetes,
+submitit) happen inside the commands that need them, never at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from . import __version__
+from .errors import ShardctlError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+CLUSTERS = ("local", "slurm", "k8s")
+
+
+def handle_errors(fn: F) -> F:
+    """Turn library errors into one clear message on stderr and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardctlError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def output_option(fn: F) -> F:
+    return click.option(
+        "--output",
+        "-o",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="Human-readable text or one JSON document on stdout.",
+    )(fn)
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shardctl")
+def cli() -> None:
+    """One job spec → launch artifacts → this machine, Slurm or Kubernetes.
+
+    \b
+    shardctl init job.yaml                 write a commented starter spec
+    shardctl validate job.yaml             check it (exit 2 on bad input)
+    shardctl render job.yaml --cluster slurm --out rendered/
+    shardctl submit job.yaml               train here with torchrun
+    shardctl convert accelerate.yaml --to deepspeed
+    """
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@output_option
+@handle_errors
+def validate(spec: Path, output: str) -> None:
+    """Validate SPEC; print the derived settings."""
+    from .spec import load_spec
+
+    job = load_spec(spec)
+    if output == "json":
+        echo_json(job.to_yaml_dict())
+        return
+    s = job.strategy
+    click.echo(
+        f"{spec}: valid — {job.name}: {job.resources.nodes} node(s) × "
+        f"{job.resources.procs_per_node} proc(s) = world size {job.world_size}, "
+        f"{job.launcher} → {s.backend} (sharding {s.sharding}, ZeRO stage {s.zero_stage}), "
+        f"{s.precision}, checkpoints in {job.checkpoint_dir}"
+    )
+
+
+@cli.command()
+@click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--cluster", type=click.Choice(CLUSTERS), default="local", show_default=True)
+@click.option(
+    "--dry-run", is_flag=True, help="Print exactly what would be submitted; contact nothing."
+)
+@output_option
+@handle_errors
+def submit(spec: Path, cluster: str, dry_run: bool, output: str) -> None:
+    """Submit SPEC to a cluster (default: torchrun on this machine)."""
+    from .clusters.base import get_cluster, remember
+    from .spec import load_spec
+
+    job = load_spec(spec)
+    backend = get_cluster(cluster)
+    plan = backend.dryrun(job)
+    if dry_run:
+        if output == "json":
+            echo_json({"cluster": cluster, "request": plan.text, "artifacts": plan.artifacts})
+        else:
+            click.echo(plan.text)
+        return
+    ref = backend.schedule(plan)
+    remember(ref)
+    if output == "json":
+        echo_json(ref.to_json())
+    else:
+        click.echo(f"submitted {ref.name} to {cluster} as {ref.job_id}; run dir {ref.run_dir}")
+        click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
+
+
+@cli.command()
+@click.argument("job")
+@output_option
+@handle_errors
+def status(job: str, output: str) -> None:
+    """State of a submitted JOB (name or id)."""
+    from .clusters.base import get_cluster, recall
+
+    ref = recall(job)
+    st = get_cluster(ref.cluster).status(ref)
+    if output == "json":
+        echo_json(
+            {
+                **ref.to_json(),
+                "state": st.state.value,
+                "native_state": st.native_state,
+                "detail": st.detail,
+            }
+        )
+    else:
+        detail = f" — {st.detail}" if st.detail else ""
+        click.echo(
+            f"{ref.name} ({ref.cluster} {ref.job_id}): {st.state.value} [{st.native_state}]{detail}"
+        )
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--tail", type=click.IntRange(min=1), default=None, help="Last N lines only.")
+@handle_errors
+def logs(job: str, tail: int | None) -> None:
+    """Logs of every node/rank of a submitted JOB."""
+    from .clusters.base import get_cluster, recall
+
+    ref = recall(job)
+    click.echo(get_cluster(ref.cluster).logs(ref, tail=tail), nl=False)
+
+
+@cli.command()
+@click.argument("job")
+@handle_errors
+def cancel(job: str) -> None:
+    """Cancel a submitted JOB on every node."""
+    from .clusters.base import get_cluster, recall
+
+    ref = recall(job)
+    get_cluster(ref.cluster).cancel(ref)
+    click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
+
+
+def main() -> None:
+    cli(prog_name="shardctl")
+
+
+if __name__ == "__main__":
+    main()

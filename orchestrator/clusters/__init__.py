@@ -1,0 +1,1 @@
+"""Cluster backends: local (torchrun here), slurm (submitit), k8s (PyTorchJob)."""

@@ -1,0 +1,1 @@
+"""Jinja templates of every rendered artifact (package data)."""

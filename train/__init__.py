@@ -1,0 +1,1 @@
+"""shardctl.train: the sharded training loop that runs inside every rank."""
