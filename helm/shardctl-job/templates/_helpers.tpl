@@ -1,0 +1,50 @@
+{{/*
+Every object and label name of this chart comes from this one helper.
+Kubernetes object names and label values are DNS-1123 labels, at most 63
+characters, so the name is cut to 63 and a trailing "-" left by the cut is
+removed. shardctl's Python renderer (render_k8s.cut_name) does the same.
+*/}}
+{{- define "shardctl-job.name" -}}
+{{- $name := required "values.name is empty: set the job name, or render the values with `shardctl render SPEC --cluster k8s`" .Values.name -}}
+{{- $name | toString | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The ConfigMap carrying job.yaml and launch.sh: "<name>-spec", cut the same way. */}}
+{{- define "shardctl-job.configmapName" -}}
+{{- printf "%s-spec" (include "shardctl-job.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "shardctl-job.labels" -}}
+app.kubernetes.io/component: training
+app.kubernetes.io/instance: {{ include "shardctl-job.name" . }}
+app.kubernetes.io/name: shardctl
+app.kubernetes.io/part-of: shardctl
+{{- end -}}
+
+{{/*
+Checks the schema cannot express, with the fix in the message.
+Included by every template so that any render fails the same way.
+*/}}
+{{- define "shardctl-job.validate" -}}
+{{- $v := .Values -}}
+{{- if not $v.jobSpec -}}
+{{- fail "values.jobSpec is empty: it is the validated job.yaml the ranks read. Render the values with `shardctl render SPEC --cluster k8s --out DIR` and install with `-f DIR/values.yaml`" -}}
+{{- end -}}
+{{- if not $v.launchScript -}}
+{{- fail "values.launchScript is empty: render the values with `shardctl render SPEC --cluster k8s --out DIR` and install with `-f DIR/values.yaml`" -}}
+{{- end -}}
+{{- if $v.elastic -}}
+{{- if gt (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas) -}}
+{{- fail (printf "values.elastic.minReplicas (%d) is larger than values.elastic.maxReplicas (%d): set minReplicas <= maxReplicas" (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas)) -}}
+{{- end -}}
+{{- if or (lt (int $v.nodes) (int $v.elastic.minReplicas)) (gt (int $v.nodes) (int $v.elastic.maxReplicas)) -}}
+{{- fail (printf "values.nodes (%d) must lie within values.elastic [minReplicas %d, maxReplicas %d]: change nodes or the elastic range" (int $v.nodes) (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.storage.create (not $v.storage.claimName) -}}
+{{- fail "values.storage.create is true but values.storage.claimName is empty: name the PersistentVolumeClaim to create (the run directory and checkpoints live on it)" -}}
+{{- end -}}
+{{- if and $v.serviceAccount.create (not $v.serviceAccount.name) -}}
+{{- fail "values.serviceAccount.create is true but values.serviceAccount.name is empty: name the service account to create" -}}
+{{- end -}}
+{{- end -}}

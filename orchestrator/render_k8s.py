@@ -1,0 +1,422 @@
+"""The Kubernetes side of a job: a Kubeflow `PyTorchJob` (kubeflow.org/v1) and its ConfigMap.
+
+Python decides every value; the object is plain data. The decisions are made
+once, in `helm_values(spec)`, and `objects_from_values(values)` lays them out as
+the ConfigMap and the PyTorchJob. The Helm chart in `helm/shardctl-job` is the
+twin of `objects_from_values` written in Go templates, so `helm template` of
+the values rendered here yields the very same objects (a test compares them).
+
+Layout inside every pod (the paths are part of the interface, see README `k8s`):
+
+    /etc/shardctl/job.yaml     the validated spec, from the ConfigMap (read-only)
+    /etc/shardctl/launch.sh    the launch script (`launch_script(spec, "k8s", ...)`)
+    /shardctl/runs/            the PVC (or an emptyDir when no PVC is given); the
+                               run dir is /shardctl/runs/<name>, checkpoints in
+                               /shardctl/runs/<name>/checkpoints, whatever
+                               `checkpoint.dir` said on the submitting machine
+    /shardctl/cache/           writable emptyDir: HOME, Triton and torch caches
+    /tmp, /dev/shm             writable emptyDirs (/dev/shm in memory, for dataloaders)
+
+The root filesystem is read-only by default, so everything a rank writes goes
+to one of those mounts. A pod that is deleted or preempted restarts (restart
+policy OnFailure/ExitCode) with the same PVC and resumes from the newest
+complete checkpoint there.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import yaml
+
+from .spec import K8S_QUANTITY_RE, SLURM_MEM_RE, JobSpec, parse_spec
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+
+SPEC_DIR = "/etc/shardctl"
+SPEC_FILE = "job.yaml"
+LAUNCH_FILE = "launch.sh"
+RUNS_MOUNT = "/shardctl/runs"
+CACHE_MOUNT = "/shardctl/cache"
+CONTAINER = "pytorch"  # the operator finds the training container by this name
+PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port of this name
+GPU_RESOURCE = "nvidia.com/gpu"
+# Time between SIGTERM and SIGKILL when a pod is deleted or preempted: the loop
+# turns SIGTERM into a coordinated sharded save, which needs more than the 30 s default.
+TERMINATION_GRACE_S = 300
+# Kubernetes object names and label values are at most 63 characters (DNS-1123 label).
+NAME_LIMIT = 63
+
+# The operator injects RANK (the *node* rank) and WORLD_SIZE (the node count)
+# into every pod of a PyTorchJob. torchrun sets both per process for its
+# children, but nothing before it may take them for the rank's own: the
+# container starts the launch script with both removed, and the script reads
+# the PET_* variables the operator provides for torchrun.
+OPERATOR_MISLEADING_ENV = ("RANK", "WORLD_SIZE")
+
+# Writable places for tools that assume a writable HOME or cache dir; the root
+# filesystem stays read-only.
+CACHE_ENV = {
+    "HOME": f"{CACHE_MOUNT}/home",
+    "XDG_CACHE_HOME": CACHE_MOUNT,
+    "TRITON_CACHE_DIR": f"{CACHE_MOUNT}/triton",
+    "TORCH_EXTENSIONS_DIR": f"{CACHE_MOUNT}/torch_extensions",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_MOUNT}/inductor",
+    "PYTHONUNBUFFERED": "1",
+    "TMPDIR": "/tmp",
+}
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+
+
+def cut_name(name: str, suffix: str = "") -> str:
+    """`name + suffix` cut to 63 characters, one trailing '-' removed.
+
+    Exactly what the chart's `shardctl-job.name` helper does (`trunc 63 | trimSuffix "-"`).
+    """
+    return (name + suffix)[:NAME_LIMIT].removesuffix("-")
+
+
+def configmap_name(job_name: str) -> str:
+    return cut_name(job_name, "-spec")
+
+
+def labels(job_name: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: "shardctl",
+        LABEL_INSTANCE: cut_name(job_name),
+        LABEL_COMPONENT: "training",
+        LABEL_PART_OF: "shardctl",
+    }
+
+
+# ----------------------------------------------------------------- decisions
+
+
+def pod_spec(spec: JobSpec) -> JobSpec:
+    """The spec as the pods see it: checkpoints (and so the run dir) on the PVC mount.
+
+    A checkpoint dir from the submitting machine means nothing inside a pod; the
+    only storage that survives a pod is the volume at RUNS_MOUNT, so the run dir
+    becomes RUNS_MOUNT/<name> there.
+    """
+    data = spec.to_yaml_dict()
+    data["checkpoint"]["dir"] = f"{RUNS_MOUNT}/{spec.name}/checkpoints"
+    return parse_spec(data, source="k8s pod spec")
+
+
+def job_yaml(spec: JobSpec) -> str:
+    """The `job.yaml` that ranks read inside the pods (the contract's format)."""
+    return yaml.safe_dump(pod_spec(spec).to_yaml_dict(), sort_keys=False)
+
+
+def launch_sh(spec: JobSpec) -> str:
+    """The launch script each pod runs, reading the operator-injected env at run time."""
+    from .launch import launch_script
+
+    return launch_script(pod_spec(spec), "k8s", f"{SPEC_DIR}/{SPEC_FILE}")
+
+
+def memory_quantity(value: str) -> str:
+    """A spec memory size as a Kubernetes quantity: Slurm's `64G` is `64Gi`, bare MB → `Mi`."""
+    if SLURM_MEM_RE.match(value):
+        if value[-1].isdigit():
+            return f"{value}Mi"  # Slurm's default unit is megabytes
+        return f"{value}i"
+    if K8S_QUANTITY_RE.match(value):
+        return value
+    # The spec validated it already; reaching here is a bug, not bad input.
+    raise ValueError(f"memory {value!r} is neither a Slurm size nor a Kubernetes quantity")
+
+
+def pod_resources(spec: JobSpec) -> dict[str, dict[str, str]]:
+    """Requests equal limits (Guaranteed QoS): a training pod is never the one to be squeezed."""
+    r, k = spec.resources, spec.k8s
+    amounts: dict[str, str] = {"cpu": k.cpu or str(r.procs_per_node * r.cpus_per_proc)}
+    if r.memory:
+        amounts["memory"] = memory_quantity(r.memory)
+    if r.device == "cuda":
+        amounts[GPU_RESOURCE] = str(r.procs_per_node)
+    return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def helm_values(spec: JobSpec) -> dict[str, Any]:
+    """Every value of the chart `helm/shardctl-job`, decided from the spec.
+
+    `helm install NAME helm/shardctl-job -f values.yaml` creates exactly the
+    objects of `k8s_objects(spec)`.
+    """
+    k = spec.k8s
+    run_policy: dict[str, Any] = {
+        "backoffLimit": k.backoff_limit,
+        "cleanPodPolicy": k.clean_pod_policy,
+        "suspend": k.suspend,
+    }
+    if k.ttl_seconds_after_finished is not None:
+        run_policy["ttlSecondsAfterFinished"] = k.ttl_seconds_after_finished
+    if k.active_deadline_seconds is not None:
+        run_policy["activeDeadlineSeconds"] = k.active_deadline_seconds
+    elastic = None
+    if k.elastic is not None:
+        elastic = {
+            "minReplicas": k.elastic.min_nodes,
+            "maxReplicas": k.elastic.max_nodes,
+            "maxRestarts": k.elastic.max_restarts,
+        }
+    tolerations = [
+        t.model_dump(by_alias=True, exclude_none=True)
+        for t in k.tolerations  # key/operator/value/effect/tolerationSeconds: the k8s names
+    ]
+    return {
+        "name": spec.name,
+        "namespace": k.namespace,
+        "image": k.image,
+        "imagePullPolicy": k.image_pull_policy,
+        "imagePullSecrets": list(k.image_pull_secrets),
+        "serviceAccount": {"name": k.service_account, "create": False},
+        "nodes": spec.resources.nodes,
+        "nprocPerNode": spec.resources.procs_per_node,
+        "masterPort": k.master_port,
+        "resources": pod_resources(spec),
+        "nodeSelector": dict(k.node_selector),
+        "tolerations": tolerations,
+        "priorityClassName": k.priority_class,
+        "restartPolicy": k.restart_policy,
+        "runPolicy": run_policy,
+        "elastic": elastic,
+        "envFrom": {
+            "configMaps": list(k.env_from_config_maps),
+            "secrets": list(k.env_from_secrets),
+        },
+        "env": dict(CACHE_ENV),
+        "shmSize": k.shm_size,
+        "securityContext": {
+            "runAsUser": k.run_as_user,
+            "readOnlyRootFilesystem": k.read_only_root_filesystem,
+        },
+        "storage": {"claimName": k.pvc, "create": False, "size": "50Gi", "storageClassName": None},
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "jobSpec": job_yaml(spec),
+        "launchScript": launch_sh(spec),
+    }
+
+
+# -------------------------------------------------------------------- layout
+# `objects_from_values` is mirrored line by line by helm/shardctl-job/templates/.
+# Change both together; tests/test_helm_chart.py compares their output.
+
+
+def objects_from_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The ConfigMap and the PyTorchJob laid out from chart values."""
+    name = cut_name(values["name"])
+    return {
+        "configmap": _configmap(values, name),
+        "pytorchjob": _pytorchjob(values, name),
+    }
+
+
+def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(name),
+            "namespace": values["namespace"],
+            "labels": labels(name),
+        },
+        "data": {SPEC_FILE: values["jobSpec"], LAUNCH_FILE: values["launchScript"]},
+    }
+
+
+def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
+    nodes = values["nodes"]
+    template = _pod_template(values, name)
+    replica_specs: dict[str, Any] = {
+        "Master": {"replicas": 1, "restartPolicy": values["restartPolicy"], "template": template}
+    }
+    if nodes > 1:
+        replica_specs["Worker"] = {
+            "replicas": nodes - 1,
+            "restartPolicy": values["restartPolicy"],
+            "template": template,
+        }
+    job_spec: dict[str, Any] = {
+        "nprocPerNode": str(values["nprocPerNode"]),
+        "pytorchReplicaSpecs": replica_specs,
+        "runPolicy": dict(values["runPolicy"]),
+    }
+    if values.get("elastic"):
+        # c10d: torchrun's own rendezvous on the master; no etcd to run.
+        job_spec["elasticPolicy"] = {**values["elastic"], "rdzvBackend": "c10d"}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": values["namespace"], "labels": labels(name)},
+        "spec": job_spec,
+    }
+
+
+def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
+    security = values["securityContext"]
+    uid = security["runAsUser"]
+    claim = values["storage"]["claimName"]
+    runs_volume: dict[str, Any] = (
+        {"name": "runs", "persistentVolumeClaim": {"claimName": claim}}
+        if claim
+        else {"name": "runs", "emptyDir": {}}
+    )
+    volumes = [
+        {
+            "name": "spec",
+            "configMap": {"name": configmap_name(name), "defaultMode": 0o444},
+        },
+        runs_volume,
+        {"name": "cache", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": values["shmSize"]}},
+    ]
+    mounts = [
+        {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+        {"name": "runs", "mountPath": RUNS_MOUNT},
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    env_from = [{"configMapRef": {"name": n}} for n in values["envFrom"]["configMaps"]] + [
+        {"secretRef": {"name": n}} for n in values["envFrom"]["secrets"]
+    ]
+    unset: list[str] = []
+    for var in OPERATOR_MISLEADING_ENV:
+        unset += ["-u", var]
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": values["image"],
+        "imagePullPolicy": values["imagePullPolicy"],
+        "command": ["env", *unset, "bash", f"{SPEC_DIR}/{LAUNCH_FILE}"],
+        "workingDir": RUNS_MOUNT,
+        "env": [{"name": k, "value": v} for k, v in sorted(values["env"].items())],
+        "ports": [{"name": PORT_NAME, "containerPort": values["masterPort"]}],
+        "resources": values["resources"],
+        "volumeMounts": mounts,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": security["readOnlyRootFilesystem"],
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+        },
+    }
+    if env_from:
+        container["envFrom"] = env_from
+    pod: dict[str, Any] = {
+        # Training ranks never call the Kubernetes API: no token in the pod.
+        "automountServiceAccountToken": False,
+        "serviceAccountName": values["serviceAccount"]["name"],
+        "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": uid,
+            # fsGroup makes the PVC writable by the non-root user.
+            "fsGroup": uid,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if values["nodeSelector"]:
+        pod["nodeSelector"] = values["nodeSelector"]
+    if values["tolerations"]:
+        pod["tolerations"] = values["tolerations"]
+    if values.get("priorityClassName"):
+        pod["priorityClassName"] = values["priorityClassName"]
+    if values["imagePullSecrets"]:
+        pod["imagePullSecrets"] = [{"name": n} for n in values["imagePullSecrets"]]
+    return {"metadata": {"labels": labels(name)}, "spec": pod}
+
+
+# --------------------------------------------------------------------- public
+
+
+def k8s_objects(spec: JobSpec) -> dict[str, dict[str, Any]]:
+    """{"configmap": ..., "pytorchjob": ...} for the spec."""
+    return objects_from_values(helm_values(spec))
+
+
+def pytorchjob(spec: JobSpec) -> dict[str, Any]:
+    """The PyTorchJob object (kubeflow.org/v1) for the spec."""
+    return k8s_objects(spec)["pytorchjob"]
+
+
+def configmap(spec: JobSpec) -> dict[str, Any]:
+    """The ConfigMap that carries job.yaml and launch.sh into the pods."""
+    return k8s_objects(spec)["configmap"]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Deterministic YAML: sorted keys, multi-line strings as literal blocks, no aliases
+    (Master and Worker share one pod template dict; kubectl users expect it spelled out)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def dump(obj: Any) -> str:
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
+
+
+def manifests(spec: JobSpec) -> str:
+    """ConfigMap and PyTorchJob as one multi-document YAML (`kubectl apply -f -`)."""
+    objects = k8s_objects(spec)
+    return "---\n" + dump(objects["configmap"]) + "---\n" + dump(objects["pytorchjob"])
+
+
+def k8s_artifacts(spec: JobSpec) -> dict[str, str]:
+    """Rendered k8s files: the objects for kubectl and the values for the Helm chart."""
+    objects = k8s_objects(spec)
+    return {
+        "pytorchjob.yaml": dump(objects["pytorchjob"]),
+        "configmap.yaml": dump(objects["configmap"]),
+        "values.yaml": "# Values for the chart helm/shardctl-job (rendered by shardctl)\n"
+        + dump(helm_values(spec)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardctl.orchestrator.render_k8s SPEC` prints the manifests of SPEC."""
+    from .errors import ShardctlError
+    from .spec import load_spec
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m shardctl.orchestrator.render_k8s SPEC", file=sys.stderr)
+        return 2
+    try:
+        sys.stdout.write(manifests(load_spec(args[0])))
+    except ShardctlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
+# A k8s label value / object name: what `cut_name` must always produce.
+DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+if __name__ == "__main__":
+    sys.exit(main())
