@@ -1,0 +1,632 @@
+"""Atomic sharded checkpoints: save, verify, resume.
+
+Usage inside every rank (after `torch.distributed.init_process_group`; the
+constructor is a collective — every rank creates its manager, in the same order
+relative to other process-group creations, because it makes its own gloo group):
+
+    mgr = CheckpointManager(spec, rank=rank, world_size=world, model_meta=meta)
+    app_state = {
+        "model": ModelState(model),                 # FSDP2 only
+        "optim": OptimizerState(model, optimizer),  # FSDP2 only
+        "trainer": trainer,                         # any Stateful, PER RANK
+    }
+    start = mgr.restore(app_state, engine=ds_engine_or_None) or 0
+    for step in range(start + 1, total + 1):
+        ...
+        if step % every == 0 or preempted:
+            mgr.save(step, app_state, engine=ds_engine_or_None, final=preempted)
+    mgr.save(total, app_state, engine=..., final=True)   # blocking; no-op if it exists
+    mgr.close()
+
+What goes where (layout in `shardctl.train.manifest`):
+- FSDP: every app_state entry except "trainer" goes into one DCP folder `dcp/`
+  (top-level keys "model", "optim", ...). DCP reshards on load, so a run can
+  resume on another world size.
+- DeepSpeed: pass the engine; it writes `deepspeed/` with
+  `engine.save_checkpoint(save_dir=<step dir>, tag="deepspeed")` (model,
+  optimizer, and the lr scheduler if it was given to `deepspeed.initialize`).
+  "model"/"optim" entries of app_state are ignored for DeepSpeed.
+- "trainer": `trainer.state_dict()` of each rank goes to
+  `train_state/rank-NNNNN.pt` (torch.save), because RNG state and data position
+  differ per rank. On restore at the SAME world size each rank gets back its own
+  dict, exactly.
+
+World-size change policy (trainer state): every rank receives rank 0's dict, and
+then, if the trainer has a method `reshard(old_world_size, new_world_size)`, it
+is called after `load_state_dict`. The trainer must therefore keep its data
+position GLOBAL (e.g. optimizer steps or samples consumed by all ranks together,
+from which each rank derives its own slice) and re-seed per-rank RNG
+deterministically in `reshard` (`reseed_rng(seed, step, rank)` below does that).
+Model and optimizer are resharded by DCP (FSDP). DeepSpeed checkpoints resume only
+at the world size they were written with (see `_deepspeed_reshard_refusal`).
+
+Atomicity: everything is written to `step-N.tmp/`; once every rank finished, the
+files are hashed (spread over the ranks), rank 0 writes `manifest.json`, fsyncs,
+and one rename publishes `step-N/` (then the parent folder is fsynced). A crash at
+any instant leaves the previous set of complete checkpoints; `.tmp` leftovers are
+removed at the next save. Retention runs only after the rename and keeps the
+`checkpoint.keep` newest complete checkpoints, always including the new one.
+
+Async save (`checkpoint.async: true`, FSDP only): the state is staged (copied to
+CPU memory) in `save`, which then returns; DCP writes from a background thread on
+the manager's own gloo group, and the same thread hashes, writes the manifest and
+renames once every rank's write finished (ranks agree through collectives on that
+group). The next `save`, `wait` or `close` waits for it and re-raises its error.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import random
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.distributed as dist
+
+from ..orchestrator.errors import CheckpointError
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    STEP_RE,
+    TRASH_PREFIX,
+    CheckpointInfo,
+    complete_candidates,
+    describe_files,
+    fsync_path,
+    latest_complete,
+    list_checkpoints,
+    list_files,
+    read_manifest,
+    share_of,
+    step_dirname,
+    verify,
+    write_json_durably,
+)
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointInfo",
+    "CheckpointManager",
+    "ModelState",
+    "OptimizerState",
+    "capture_rng",
+    "latest_complete",
+    "list_checkpoints",
+    "reseed_rng",
+    "restore_rng",
+    "verify",
+]
+
+log = logging.getLogger(__name__)
+
+TRAINER_KEY = "trainer"
+# A stuck peer must not hang a job for the default 30 minutes of gloo.
+CKPT_GROUP_TIMEOUT = timedelta(minutes=10)
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+# ---------------------------------------------------------------- FSDP wrappers
+
+
+class ModelState:
+    """Stateful view of an (FSDP2-sharded) model for DCP.
+
+    `state_dict()` returns the sharded state dict with the plain, unwrapped FQNs
+    (`model.layers.0.self_attn.q_proj.weight`), so DCP can reshard it on load.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState:
+    """Stateful view of the optimizer of an (FSDP2-sharded) model for DCP; state is
+    keyed by parameter FQN, so it reshards like the model."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+# ------------------------------------------------------------------ RNG helpers
+
+
+def capture_rng() -> dict[str, Any]:
+    """The RNG states a training step can consume: python, numpy, torch CPU (+ CUDA)."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # numpy is optional for the loop
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def reseed_rng(seed: int, step: int, rank: int) -> None:
+    """Deterministic per-rank RNG for a run resumed at another world size: the
+    saved per-rank streams cannot be mapped onto a different set of ranks."""
+    derived = (seed * 1_000_003 + step * 7919 + rank) % (2**63)
+    random.seed(derived)
+    torch.manual_seed(derived)
+    try:
+        import numpy as np
+
+        np.random.seed(derived % (2**32))
+    except ImportError:
+        pass
+
+
+# ------------------------------------------------------------------ file system
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _remove_dir(path: Path) -> None:
+    """Delete a checkpoint folder so that no half-deleted one can look complete:
+    first one rename to a hidden trash name, then the slow recursive delete."""
+    trash = path.parent / f"{TRASH_PREFIX}{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """The one rename that makes a checkpoint visible."""
+    if not final.exists():
+        os.rename(tmp, final)
+    elif _rename_exchange(tmp, final):
+        # `final` now holds the new checkpoint, `tmp` the replaced one.
+        _remove_dir(tmp)
+    else:  # file systems without RENAME_EXCHANGE: a short window without this step
+        _remove_dir(final)
+        os.rename(tmp, final)
+    fsync_path(final.parent)
+
+
+def _versions(backend: str) -> dict[str, str | None]:
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "torch": torch.__version__,
+        "shardctl": version("shardctl"),
+        "deepspeed": version("deepspeed") if backend == "deepspeed" else None,
+    }
+
+
+# ------------------------------------------------------------------- the manager
+
+
+class CheckpointManager:
+    """Saves and restores `dict[str, Stateful]` (+ a DeepSpeed engine) atomically.
+
+    Construct it on every rank after the default process group exists (it creates
+    a gloo group for its own collectives: a collective call). `model_meta` goes
+    into the manifest's "model" entry ({"source", "dtype", "hf_config"}).
+    """
+
+    def __init__(
+        self,
+        spec: Any,
+        *,
+        rank: int,
+        world_size: int,
+        model_meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.rank, self.world_size = rank, world_size
+        self.dir = Path(spec.checkpoint_dir)
+        self.backend: str = spec.strategy.backend
+        self.keep: int = spec.checkpoint.keep
+        self.model_meta = model_meta or {}
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.group = (
+            dist.new_group(backend="gloo", timeout=CKPT_GROUP_TIMEOUT) if self.distributed else None
+        )
+        self.async_save = bool(spec.checkpoint.async_save)
+        if self.async_save and self.backend == "deepspeed":
+            self.async_save = False
+            if rank == 0:
+                log.warning(
+                    "checkpoint.async is not supported with strategy.backend deepspeed "
+                    "(engine.save_checkpoint writes synchronously); saving synchronously"
+                )
+        self._stager: Any = None
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
+        self.last_stall_s: float | None = None  # time the caller was blocked by the last save
+
+    # -- collectives on the checkpoint group (no-ops in a single process) ----------
+
+    def _barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(group=self.group)
+
+    def _broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj if self.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def _rank0_do(self, fn: Any) -> Any:
+        """Run `fn` on rank 0 and share its result, or its error, with every rank
+        (so a failure on rank 0 fails every rank instead of hanging them)."""
+        result: Any = None
+        if self.rank == 0:
+            try:
+                result = ("ok", fn())
+            except Exception as exc:
+                result = ("error", f"{type(exc).__name__}: {exc}")
+        status, value = self._broadcast(result)
+        if status == "error":
+            raise CheckpointError(f"checkpoint step failed on rank 0: {value}")
+        return value
+
+    # -- save -----------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        app_state: Mapping[str, Any],
+        *,
+        engine: Any = None,
+        final: bool = False,
+    ) -> None:
+        """Write checkpoint `step` (a collective: every rank calls it).
+
+        Blocking unless async save is on and `final` is False; then it returns once
+        the state is staged. A step that already has a complete checkpoint is
+        replaced atomically (e.g. a final save right after resuming from it).
+        """
+        t0 = time.perf_counter()
+        self.wait()
+        name = step_dirname(step)
+        tmp, final_dir = self.dir / f"{name}.tmp", self.dir / name
+
+        def prepare() -> None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._clean_stale()
+            (tmp / "train_state").mkdir(parents=True)
+
+        self._rank0_do(prepare)
+        self._write_trainer_state(tmp, step, app_state)
+
+        if self.backend == "deepspeed":
+            if engine is None:
+                raise CheckpointError("strategy.backend deepspeed: save() needs engine=")
+            engine.save_checkpoint(save_dir=str(tmp), tag="deepspeed")
+            self._finalize(step, tmp, final_dir)
+        elif self.async_save and not final:
+            future = self._dcp_async_save(tmp, app_state)
+            self._pending_error = None
+            self._pending = threading.Thread(
+                target=self._finish_async,
+                args=(future, step, tmp, final_dir),
+                name=f"shardctl-ckpt-{step}",
+                daemon=True,
+            )
+            self._pending.start()
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.save(
+                self._dcp_state(app_state),
+                storage_writer=dcp.FileSystemWriter(str(tmp / "dcp"), sync_files=True),
+                process_group=self.group,
+                no_dist=not self.distributed,
+            )
+            self._finalize(step, tmp, final_dir)
+        self.last_stall_s = time.perf_counter() - t0
+
+    def _dcp_state(self, app_state: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in app_state.items() if k != TRAINER_KEY}
+
+    def _dcp_async_save(self, tmp: Path, app_state: Mapping[str, Any]) -> Any:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            # Synchronous staging into CPU memory (no pinned/shared memory: CPU
+            # training). The stager keeps its buffers between saves.
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        result = dcp.async_save(
+            self._dcp_state(app_state),
+            storage_writer=dcp.FileSystemWriter(str(tmp / "dcp"), sync_files=True),
+            process_group=self.group,
+            async_stager=self._stager,
+            no_dist=not self.distributed,
+        )
+        # torch returns a Future, or an AsyncSaveResponse holding one.
+        return getattr(result, "upload_completion", result)
+
+    def _finish_async(self, future: Any, step: int, tmp: Path, final_dir: Path) -> None:
+        try:
+            future.result()
+            self._finalize(step, tmp, final_dir)
+        except BaseException as exc:  # re-raised in the training thread by wait()
+            self._pending_error = exc
+
+    def _write_trainer_state(self, tmp: Path, step: int, app_state: Mapping[str, Any]) -> None:
+        trainer = app_state.get(TRAINER_KEY)
+        blob = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "step": step,
+            "state": trainer.state_dict() if trainer is not None else None,
+        }
+        path = tmp / "train_state" / f"rank-{self.rank:05d}.pt"
+        with open(path, "wb") as f:
+            torch.save(blob, f)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _finalize(self, step: int, tmp: Path, final_dir: Path) -> None:
+        """Every rank's files are written: hash them (each rank a share), write the
+        manifest, publish with one rename, apply retention. A collective."""
+        self._barrier()
+        sizes = self._rank0_do(lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)})
+        mine = share_of(sizes, self.rank, self.world_size)
+        for rel in mine:  # make what this rank reads durable (files closed by writers)
+            fsync_path(tmp / rel)
+        described: dict[str, Any] = {}
+        for part in self._all_gather(describe_files(tmp, mine)):
+            described.update(part)
+
+        def publish() -> None:
+            write_json_durably(tmp / MANIFEST, self._manifest(step, described))
+            for dirpath, _dirs, _files in os.walk(tmp):
+                fsync_path(dirpath)
+            _publish(tmp, final_dir)
+            self._retention(final_dir)
+
+        self._rank0_do(publish)
+        if self.rank == 0:
+            log.info("checkpoint %s complete", final_dir)
+
+    def _manifest(self, step: int, files: dict[str, Any]) -> dict[str, Any]:
+        s = self.spec.strategy
+        return {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "sharding": s.sharding,
+            "zero_stage": s.zero_stage,
+            "precision": s.precision,
+            "model": self.model_meta,
+            "versions": _versions(self.backend),
+            "files": dict(sorted(files.items())),
+        }
+
+    def _clean_stale(self) -> None:
+        """Remove `.tmp` folders of crashed saves and half-deleted trash. Called by
+        rank 0 at the start of a save, after any save of this job has finished."""
+        for entry in self.dir.iterdir():
+            m = STEP_RE.match(entry.name)
+            if (m and m.group(2)) or entry.name.startswith(TRASH_PREFIX):
+                log.info("removing %s (left by an interrupted save or deletion)", entry)
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def _retention(self, newest: Path) -> None:
+        complete = complete_candidates(self.dir)
+        keep = set(complete[: self.keep]) | {newest}
+        for path in complete:
+            if path not in keep:
+                log.info("retention (keep %d): deleting %s", self.keep, path)
+                _remove_dir(path)
+
+    def wait(self) -> None:
+        """Block until the pending async save is complete; re-raise its failure."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+            if self._pending_error is not None:
+                exc, self._pending_error = self._pending_error, None
+                raise CheckpointError(f"the background checkpoint save failed: {exc}") from exc
+
+    def close(self) -> None:
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    # -- restore --------------------------------------------------------------------
+
+    def restore(self, app_state: Mapping[str, Any], *, engine: Any = None) -> int | None:
+        """Load the checkpoint `checkpoint.resume` designates; return its step, or
+        None when training starts from scratch. A collective: every rank loads the
+        same checkpoint (rank 0 lists, every rank verifies a share of the files)."""
+        mode = self.spec.checkpoint.resume
+        if mode == "never":
+            return None
+        explicit = mode != "auto"
+        if explicit:
+            candidates = [self._rank0_do(lambda: str(self._check_explicit(Path(mode))))]
+        else:
+            candidates = self._rank0_do(lambda: [str(p) for p in complete_candidates(self.dir)])
+        rejected: list[str] = []
+        for cand in candidates:
+            path = Path(cand)
+            manifest = self._rank0_do(lambda p=path: read_manifest(p))
+            sizes = {rel: f["size"] for rel, f in manifest["files"].items()}
+            mine = share_of(sizes, self.rank, self.world_size)
+            problems = sorted(
+                p
+                for part in self._all_gather(verify(path, files=mine, manifest=manifest))
+                for p in part
+            )
+            if not problems:
+                if rejected and self.rank == 0:
+                    log.warning("resuming from %s instead", path)
+                self._load(path, manifest, app_state, engine)
+                if self.rank == 0:
+                    log.info("resumed from %s (step %d)", path, manifest["step"])
+                return int(manifest["step"])
+            text = "\n  ".join(problems)
+            if explicit:
+                raise CheckpointError(
+                    f"checkpoint.resume {mode!r}: the checkpoint is corrupt:\n  {text}"
+                )
+            if self.rank == 0:
+                log.warning("checkpoint %s failed verification, not used:\n  %s", path, text)
+            rejected.append(f"{path}:\n  {text}")
+        if rejected:
+            raise CheckpointError(
+                f"every complete checkpoint in {self.dir} failed verification:\n"
+                + "\n".join(rejected)
+                + "\nset checkpoint.resume: never to start over, or a path to choose one"
+            )
+        if self.rank == 0:
+            log.info("no complete checkpoint in %s: starting from step 0", self.dir)
+        return None
+
+    def _check_explicit(self, path: Path) -> Path:
+        if not path.is_dir():
+            raise CheckpointError(
+                f"checkpoint.resume {str(path)!r}: no such checkpoint folder; accepted: "
+                "'auto', 'never' or the path of a complete step-NNNNNNNN folder"
+            )
+        if path.name.endswith(".tmp"):
+            raise CheckpointError(
+                f"checkpoint.resume {str(path)!r}: a .tmp folder is a save that never "
+                "finished; choose a complete step-NNNNNNNN folder"
+            )
+        read_manifest(path)  # raises with the reason when incomplete
+        return path
+
+    def _load(
+        self, path: Path, manifest: dict[str, Any], app_state: Mapping[str, Any], engine: Any
+    ) -> None:
+        saved_backend = manifest.get("backend")
+        if saved_backend != self.backend:
+            raise CheckpointError(
+                f"{path} was written by backend {saved_backend!r} but this run uses "
+                f"strategy.backend {self.backend!r}; a checkpoint resumes only with the "
+                "backend that wrote it (to switch, consolidate it with `shardctl consolidate` "
+                "and start from the model with train.model.pretrained)"
+            )
+        old_ws = int(manifest["world_size"])
+        if self.backend == "deepspeed":
+            if engine is None:
+                raise CheckpointError("strategy.backend deepspeed: restore() needs engine=")
+            if old_ws != self.world_size:
+                raise CheckpointError(_deepspeed_reshard_refusal(path, manifest, self.world_size))
+            load_path, _client = engine.load_checkpoint(
+                str(path),
+                tag="deepspeed",
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+            if load_path is None:
+                raise CheckpointError(f"{path}: DeepSpeed found no checkpoint under deepspeed/")
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load(
+                self._dcp_state(app_state),
+                storage_reader=dcp.FileSystemReader(str(path / "dcp")),
+                process_group=self.group,
+                no_dist=not self.distributed,
+            )
+        self._load_trainer_state(path, app_state, old_ws)
+
+    def _load_trainer_state(self, path: Path, app_state: Mapping[str, Any], old_ws: int) -> None:
+        trainer = app_state.get(TRAINER_KEY)
+        if trainer is None:
+            return
+        same = old_ws == self.world_size
+        source = self.rank if same else 0
+        # Our own files, verified against the manifest just before: they hold RNG
+        # states (numpy arrays, tuples) that weights_only loading refuses.
+        blob = torch.load(
+            path / "train_state" / f"rank-{source:05d}.pt", map_location="cpu", weights_only=False
+        )
+        trainer.load_state_dict(blob["state"])
+        if not same:
+            if self.rank == 0:
+                log.warning(
+                    "resuming a world-size-%d checkpoint on %d ranks: model and optimizer are "
+                    "resharded; trainer state comes from rank 0 and per-rank state is rebuilt",
+                    old_ws,
+                    self.world_size,
+                )
+            hook = getattr(trainer, "reshard", None)
+            if callable(hook):
+                hook(old_ws, self.world_size)
+
+
+def _deepspeed_reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
+    return (
+        f"{path} is a DeepSpeed ZeRO-{manifest.get('zero_stage')} checkpoint written by "
+        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed keeps the "
+        "optimizer state partitioned per rank and cannot load it on another number of "
+        "ranks. Resume with the original world size, or consolidate the weights "
+        "(`shardctl consolidate`) and start a new run from them (train.model.pretrained), "
+        "which restarts the optimizer state"
+    )

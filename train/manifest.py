@@ -1,0 +1,302 @@
+"""The on-disk checkpoint layout and its manifest; readable without torch.
+
+A checkpoint is the folder `<checkpoint_dir>/step-NNNNNNNN/`. It is written as
+`step-NNNNNNNN.tmp/` and becomes visible under its final name through one rename,
+after every rank finished writing and rank 0 wrote `manifest.json` into it. So:
+
+- a folder ending in `.tmp`, or without `manifest.json`, is incomplete and is
+  never resumed from;
+- a complete folder is trusted only after `verify` (every file's size and sha256
+  against the manifest) found nothing wrong.
+
+Folders being deleted by retention are first renamed to `.trash-step-NNNNNNNN-*`
+(hidden, never listed) so a half-deleted checkpoint can never look complete.
+
+This module has no torch import on purpose: `shardctl checkpoints` lists and
+verifies checkpoints on a login node in well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..orchestrator.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
+TRASH_PREFIX = ".trash-"
+# Hashing reads in large blocks: hashlib drops the GIL for them, so a background
+# hashing thread does not slow the training thread down.
+HASH_BLOCK = 8 << 20
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One `step-*` folder as `shardctl checkpoints` shows it."""
+
+    step: int
+    path: str
+    complete: bool
+    size_bytes: int
+    world_size: int | None
+    backend: str | None
+    why_incomplete: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: str | Path, block: int = HASH_BLOCK) -> str:
+    """Streamed sha256 of a file (memory use: one block)."""
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def list_files(root: str | Path) -> list[str]:
+    """Every regular file under `root`, as sorted POSIX paths relative to it
+    (the manifest itself excluded)."""
+    root = Path(root)
+    out = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def share_of(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
+    """The files `rank` hashes: largest first to the least-loaded rank, so every
+    rank reads about the same number of bytes. Deterministic on every rank."""
+    load = [0] * world_size
+    owner: dict[str, int] = {}
+    for rel in sorted(sizes, key=lambda r: (-sizes[r], r)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        owner[rel] = r
+        load[r] += sizes[rel]
+    return sorted(rel for rel, r in owner.items() if r == rank)
+
+
+def describe_files(root: str | Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """`{rel: {"size", "sha256"}}` for the given files under `root`."""
+    root = Path(root)
+    return {
+        rel: {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        for rel in rels
+    }
+
+
+# -------------------------------------------------------------------- durability
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or a directory (a directory's fsync makes renames in it durable)."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every file and folder under `root` (what a writer may have left unsynced)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fsync_path(Path(dirpath) / name)
+        fsync_path(dirpath)
+
+
+def write_json_durably(path: str | Path, data: Any) -> None:
+    path = Path(path)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def read_manifest(step_dir: str | Path) -> dict[str, Any]:
+    """The manifest of a checkpoint folder, or `CheckpointError` saying why not."""
+    path = Path(step_dir) / MANIFEST
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{step_dir}: no {MANIFEST}, so the checkpoint is incomplete (its save never "
+            "finished); it cannot be resumed from"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        raise CheckpointError(f"{path}: not a shardctl manifest (no 'files' mapping)")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: format_version {version!r} is not supported; accepted: {FORMAT_VERSION}"
+        )
+    return data
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(dirpath) / name).stat().st_size
+            except OSError:  # vanished while listing (a save or a deletion going on)
+                pass
+    return total
+
+
+def list_checkpoints(checkpoint_dir: str | Path) -> list[CheckpointInfo]:
+    """Every `step-*` folder under `checkpoint_dir`, oldest step first.
+
+    `complete` means: final name (no `.tmp`), a readable manifest and every file it
+    lists present with its recorded size. Hashes are checked by `verify` only.
+    """
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    out: list[CheckpointInfo] = []
+    for entry in root.iterdir():
+        m = STEP_RE.match(entry.name)
+        if not m or not entry.is_dir():
+            continue
+        step, tmp = int(m.group(1)), bool(m.group(2))
+        world_size = backend = None
+        why: str | None = None
+        if tmp:
+            why = "still being written, or left by a save that crashed (.tmp)"
+        else:
+            try:
+                manifest = read_manifest(entry)
+                world_size, backend = manifest.get("world_size"), manifest.get("backend")
+                problems = verify(entry, hashes=False, manifest=manifest)
+                why = problems[0] if problems else None
+            except CheckpointError as exc:
+                why = str(exc)
+        out.append(
+            CheckpointInfo(
+                step=step,
+                path=str(entry),
+                complete=why is None,
+                size_bytes=_dir_size(entry),
+                world_size=world_size,
+                backend=backend,
+                why_incomplete=why,
+            )
+        )
+    out.sort(key=lambda c: (c.step, c.path))
+    return out
+
+
+def verify(
+    path: str | Path,
+    *,
+    hashes: bool = True,
+    files: Iterable[str] | None = None,
+    manifest: dict[str, Any] | None = None,
+) -> list[str]:
+    """Problems of one checkpoint folder against its manifest; empty means OK.
+
+    Each problem names the file, what the manifest expects and what was found.
+    `files` limits the check to some of the manifest's files (ranks verify a
+    share each); `hashes=False` checks presence and sizes only.
+    """
+    path = Path(path)
+    if manifest is None:
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError as exc:
+            return [str(exc)]
+    listed: dict[str, dict[str, Any]] = manifest["files"]
+    problems: list[str] = []
+    for rel in sorted(listed if files is None else files):
+        want = listed[rel]
+        target = path / rel
+        try:
+            size = target.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{path}/{rel}: missing (manifest expects {want['size']} bytes)")
+            continue
+        if size != want["size"]:
+            problems.append(
+                f"{path}/{rel}: size {size} bytes, manifest expects {want['size']} "
+                "(truncated or rewritten)"
+            )
+            continue
+        if hashes:
+            found = sha256_file(target)
+            if found != want["sha256"]:
+                problems.append(
+                    f"{path}/{rel}: sha256 {found}, manifest expects {want['sha256']} "
+                    "(contents altered)"
+                )
+    return problems
+
+
+def complete_candidates(checkpoint_dir: str | Path) -> list[Path]:
+    """Folders that look complete (final name + manifest), newest step first."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = STEP_RE.match(entry.name)
+        if m and not m.group(2) and (entry / MANIFEST).is_file():
+            found.append((int(m.group(1)), entry))
+    return [p for _s, p in sorted(found, reverse=True)]
+
+
+def latest_complete(checkpoint_dir: str | Path) -> Path | None:
+    """Newest complete checkpoint that passes `verify`; older ones are tried when it
+    does not, and every rejected one is logged with its problems."""
+    for candidate in complete_candidates(checkpoint_dir):
+        problems = verify(candidate)
+        if not problems:
+            return candidate
+        log.warning(
+            "checkpoint %s is corrupt, trying the previous one:\n  %s",
+            candidate,
+            "\n  ".join(problems),
+        )
+    return None
+
+
+def resolve_checkpoint_dir(path: str | Path) -> tuple[Path, bool]:
+    """A run directory, a checkpoint directory or one step folder → (folder, is_one_step)."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(
+            f"{str(p)!r} does not exist; accepted: a run directory, its checkpoints/ folder "
+            "or one step-NNNNNNNN folder"
+        )
+    if STEP_RE.match(p.name) or (p / MANIFEST).is_file():
+        return p, True
+    if (p / "checkpoints").is_dir() and not any(STEP_RE.match(e.name) for e in p.iterdir()):
+        return p / "checkpoints", False
+    return p, False
