@@ -18,6 +18,7 @@ verifies checkpoints on a login node in well under a second.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -165,10 +166,9 @@ def _dir_size(path: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
-            try:
+            # A file may vanish while listing (a save or a deletion going on).
+            with contextlib.suppress(OSError):
                 total += (Path(dirpath) / name).stat().st_size
-            except OSError:  # vanished while listing (a save or a deletion going on)
-                pass
     return total
 
 

@@ -15,13 +15,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from shardctl.orchestrator.spec import parse_spec
 from shardctl.train.checkpoint import (
     CheckpointManager,
@@ -31,6 +28,7 @@ from shardctl.train.checkpoint import (
     reseed_rng,
     restore_rng,
 )
+from torch import nn
 
 
 class Block(nn.Module):
