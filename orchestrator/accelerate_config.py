@@ -1,0 +1,131 @@
+"""The accelerate config file of a job (`accelerate launch --config_file`).
+
+Two flavours, chosen by `strategy.backend`:
+
+- FSDP: `distributed_type: FSDP` with an `fsdp_config` for FSDP2 (fsdp_version 2).
+  FSDP2 has no sharding-strategy enum; the choice is `reshard_after_forward`
+  (full_shard → true, shard_grad_op → false) plus, for hybrid_shard and
+  no_shard, a 2-D data-parallel mesh in `parallelism_config` (replicate ×
+  shard).
+- DeepSpeed: `distributed_type: DEEPSPEED` pointing at the rendered
+  `ds_config.json`, which then owns ZeRO stage, offload, precision, batch sizes
+  and clipping (accelerate refuses those keys beside a config file).
+
+Per-node values (machine rank, master address and port) are not in the file: a
+config file cannot hold shell variables, so the launch script passes them as
+`accelerate launch` flags. The file holds what is the same on every node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .launch import DS_CONFIG
+from .spec import JobSpec
+
+# `auto` wrapping of a tiny-Llama model: one FSDP unit per decoder block. For
+# pretrained/factory models accelerate finds the blocks from `_no_split_modules`.
+LLAMA_BLOCK = "LlamaDecoderLayer"
+
+MIXED_PRECISION = {
+    "bf16-mixed": "bf16",
+    "fp16-mixed": "fp16",
+    # bf16-pure: the model itself is bf16, nothing is cast up or down.
+    "bf16-pure": "no",
+    "fp32": "no",
+}
+
+
+def accelerate_config(spec: JobSpec) -> dict[str, Any]:
+    """The accelerate config dict (what accelerate's `ClusterConfig` loads)."""
+    r = spec.resources
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": "DEEPSPEED" if spec.strategy.backend == "deepspeed" else "FSDP",
+        "downcast_bf16": False,
+        "enable_cpu_affinity": False,
+        "gpu_ids": "all",
+        # Overridden per node by --machine_rank; 0 keeps the file valid on its own.
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "num_machines": r.nodes,
+        "num_processes": spec.world_size,
+        # Node ranks are given (Slurm's node id, the operator's node rank), so the
+        # rendezvous need not assign them.
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": r.device == "cpu",
+    }
+    if spec.strategy.backend == "deepspeed":
+        config["deepspeed_config"] = _deepspeed_section(spec)
+    else:
+        config["mixed_precision"] = MIXED_PRECISION[spec.strategy.precision]
+        config["fsdp_config"] = _fsdp_section(spec)
+        mesh = _parallelism_section(spec)
+        if mesh:
+            config["parallelism_config"] = mesh
+    return dict(sorted(config.items()))
+
+
+def _fsdp_section(spec: JobSpec) -> dict[str, Any]:
+    s = spec.strategy
+    pretrained = spec.train.model.pretrained is not None
+    fsdp: dict[str, Any] = {
+        "fsdp_version": 2,
+        # full/hybrid: free the gathered parameters after forward (gather again for
+        # backward); shard_grad_op/no_shard keep them until backward is done.
+        "fsdp_reshard_after_forward": s.sharding in ("full_shard", "hybrid_shard"),
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        "fsdp_offload_params": s.offload == "params",
+        "fsdp_activation_checkpointing": s.activation_checkpointing,
+        # Only rank 0 reads pretrained weights; the others receive them by broadcast.
+        "fsdp_cpu_ram_efficient_loading": pretrained,
+    }
+    if pretrained:
+        fsdp["fsdp_sync_module_states"] = True  # required by cpu_ram_efficient_loading
+    classes = _wrap_classes(spec)
+    if classes:
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
+    return dict(sorted(fsdp.items()))
+
+
+def _wrap_classes(spec: JobSpec) -> list[str]:
+    wrap = spec.strategy.wrap
+    if isinstance(wrap, list):
+        return list(wrap)
+    if spec.train.model.llama is not None:
+        return [LLAMA_BLOCK]
+    return []
+
+
+def _parallelism_section(spec: JobSpec) -> dict[str, int]:
+    """FSDP2's spelling of hybrid_shard and no_shard: a replicate × shard mesh."""
+    r, sharding = spec.resources, spec.strategy.sharding
+    if sharding == "hybrid_shard":
+        replicate, shard = r.nodes, r.procs_per_node
+    elif sharding == "no_shard":
+        replicate, shard = spec.world_size, 1
+    else:
+        return {}
+    return {
+        "parallelism_config_dp_replicate_size": replicate,
+        "parallelism_config_dp_shard_size": shard,
+    }
+
+
+def _deepspeed_section(spec: JobSpec) -> dict[str, Any]:
+    ds: dict[str, Any] = {
+        # Relative to this file's folder; the launch script passes the absolute
+        # path with --deepspeed_config_file, as accelerate resolves it from the cwd.
+        "deepspeed_config_file": DS_CONFIG,
+        # zero.Init while loading pretrained weights: DeepSpeed's twin of FSDP's
+        # cpu_ram_efficient_loading.
+        "zero3_init_flag": spec.strategy.zero_stage == 3
+        and spec.train.model.pretrained is not None,
+    }
+    if spec.resources.nodes > 1:
+        # Every node runs its own `accelerate launch` (torchrun underneath); no pdsh/ssh.
+        ds["deepspeed_multinode_launcher"] = "standard"
+    return dict(sorted(ds.items()))

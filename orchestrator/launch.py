@@ -1,0 +1,308 @@
+"""What runs on every node: the env file, the launcher words and the launch script.
+
+Pure functions of a `JobSpec`, deterministic, no torch import. Values that only
+exist on the cluster at run time (node rank, node count, the master's address)
+are never filled in here: the scripts refer to them by name and the node's own
+shell expands them when it runs the script. Every launch script reads the
+`RUNTIME_VARS` from its environment; the env part at its top sets them from the
+cluster's own variables:
+
+    local   literal values (node rank 0, 127.0.0.1, `local.master_port`); only
+            SHARDCTL_NODE_RANK may be preset, to start node 1 of a multi-node
+            spec on this same host
+    slurm   `${SLURM_NODEID}`, `${SLURM_JOB_NUM_NODES}`, the first host of
+            `${SLURM_JOB_NODELIST}` (expanded on the node, never at submit time,
+            or every node would become rank 0)
+    k8s     the Kubeflow operator's `PET_NODE_RANK`, `PET_NNODES`,
+            `PET_NPROC_PER_NODE`, `MASTER_ADDR`, `MASTER_PORT`
+
+Shell safety: a word is a sequence of literal text and variable references;
+literals go through `shlex.quote`, references become `"${NAME}"`, so nothing a
+user wrote (names, paths, env values) is ever expanded or executed by a shell.
+
+Files the launchers read (hostfile, accelerate config, DeepSpeed JSON) lie
+beside the launch script; the script finds its own folder at run time and calls
+it `SHARDCTL_RENDER_DIR`, so a rendered folder works wherever it is copied.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from .errors import UsageError
+from .spec import JobSpec
+from .templating import render_template
+
+RUNTIME_VARS: tuple[str, ...] = (
+    "SHARDCTL_NNODES",
+    "SHARDCTL_NODE_RANK",
+    "SHARDCTL_NPROC_PER_NODE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+RENDER_DIR_VAR = "SHARDCTL_RENDER_DIR"
+LAUNCH_CLUSTERS = ("local", "slurm", "k8s")
+TRAIN_MODULE = "shardctl.train"
+
+# File names of the artifacts the launchers read, beside launch.sh.
+HOSTFILE = "hostfile"
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+DS_CONFIG = "ds_config.json"
+
+
+@dataclass(frozen=True)
+class Var:
+    """A shell variable, expanded on the node when the script runs."""
+
+    name: str
+
+
+Word = tuple["str | Var", ...]  # one shell word: literal pieces and variable references
+
+
+def quote_word(word: Word) -> str:
+    """Shell text of one word: literals shlex-quoted, variables as `"${NAME}"`."""
+    text = "".join(
+        f'"${{{part.name}}}"' if isinstance(part, Var) else shlex.quote(part)
+        for part in word
+        if part != ""
+    )
+    return text or "''"
+
+
+def plain_word(word: Word) -> str:
+    """One word as the launcher will see it, variables written `${NAME}`."""
+    return "".join(f"${{{p.name}}}" if isinstance(p, Var) else p for p in word)
+
+
+def _w(*parts: str | Var) -> Word:
+    return tuple(parts)
+
+
+NNODES, NODE_RANK, NPROC = (
+    Var("SHARDCTL_NNODES"),
+    Var("SHARDCTL_NODE_RANK"),
+    Var("SHARDCTL_NPROC_PER_NODE"),
+)
+MASTER_ADDR, MASTER_PORT = Var("MASTER_ADDR"), Var("MASTER_PORT")
+
+
+# ------------------------------------------------------------------ env file
+
+
+@dataclass(frozen=True)
+class EnvLine:
+    """One statement of the env file; `text` is complete, already-quoted shell."""
+
+    text: str
+    comment: str | None = None
+
+
+def _export(name: str, value: str, comment: str | None = None) -> EnvLine:
+    return EnvLine(f"export {name}={shlex.quote(value)}", comment)
+
+
+def _export_from(name: str, source: str, why: str, comment: str | None = None) -> EnvLine:
+    # `${X:?why}` stops the script with a message naming the missing variable
+    # instead of starting ranks with an empty rank or address.
+    return EnvLine(f'export {name}="${{{source}:?{why}}}"', comment)
+
+
+def check_cluster(cluster: str) -> None:
+    if cluster not in LAUNCH_CLUSTERS:
+        raise UsageError(
+            f"cluster {cluster!r} is not known; accepted: {', '.join(LAUNCH_CLUSTERS)}"
+        )
+
+
+def backend_env(spec: JobSpec) -> dict[str, str]:
+    """Process settings for the communication backend and libraries, before user env."""
+    env = {
+        "OMP_NUM_THREADS": str(spec.resources.cpus_per_proc),
+        # Rank output reaches log files line by line, not in 8 KiB chunks.
+        "PYTHONUNBUFFERED": "1",
+    }
+    if spec.resources.device == "cuda":
+        # A rank whose collective failed or timed out tears the process down, so
+        # torchrun (and then Slurm/Kubernetes) sees the failure instead of a hang.
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+        env["NCCL_DEBUG"] = "WARN"
+    if spec.strategy.backend == "deepspeed" or spec.launcher == "deepspeed":
+        # DeepSpeed guesses its accelerator from what it finds; a cpu job on a GPU
+        # host (or the reverse) must not be guessed.
+        env["DS_ACCELERATOR"] = spec.resources.device
+    return env
+
+
+def _runtime_lines(spec: JobSpec, cluster: str) -> list[EnvLine]:
+    r = spec.resources
+    if cluster == "local":
+        return [
+            _export("SHARDCTL_NNODES", str(r.nodes), "this host is every node"),
+            EnvLine(
+                'export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"',
+                "preset it to start another node of a multi-node spec on this host",
+            ),
+            _export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
+            _export("MASTER_ADDR", "127.0.0.1"),
+            _export("MASTER_PORT", str(spec.local.master_port)),
+        ]
+    if cluster == "slurm":
+        where = "run this script inside a Slurm allocation (srun)"
+        return [
+            _export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
+            _export_from(
+                "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
+            ),
+            _export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
+            # The first host of the allocation hosts the rendezvous. No pipe into
+            # `head`: with pipefail, scontrol's SIGPIPE on a long list would fail.
+            EnvLine(
+                f'MASTER_ADDR="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?{where}}}")"',
+                "the first node of the allocation",
+            ),
+            EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
+            EnvLine("export MASTER_ADDR"),
+            _export("MASTER_PORT", str(spec.slurm.master_port)),
+        ]
+    where = "set by the Kubeflow training operator in PyTorchJob pods"
+    return [
+        _export_from("SHARDCTL_NNODES", "PET_NNODES", where),
+        _export_from("SHARDCTL_NODE_RANK", "PET_NODE_RANK", where),
+        _export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
+        _export_from("MASTER_ADDR", "MASTER_ADDR", where),
+        _export_from("MASTER_PORT", "MASTER_PORT", where),
+    ]
+
+
+def env_lines(spec: JobSpec, cluster: str) -> list[EnvLine]:
+    """The statements of one node's environment, in the order they must run.
+
+    Library defaults first, then the user's `env` (so it can override them, e.g.
+    NCCL_DEBUG), then the runtime variables last so nothing can shadow them.
+    User values are literal: `$HOME` in a value stays the five characters.
+    """
+    check_cluster(cluster)
+    lines = [_export(k, v) for k, v in backend_env(spec).items()]
+    lines += [_export(k, v, "from the spec's env" if i == 0 else None)
+              for i, (k, v) in enumerate(sorted(spec.env.items()))]  # fmt: skip
+    lines += _runtime_lines(spec, cluster)
+    return lines
+
+
+def env_file(spec: JobSpec, cluster: str) -> str:
+    """Bash text that sets one node's environment (`source` it, or inline it)."""
+    return render_template(
+        "env.sh.j2", job_name=spec.name, cluster=cluster, lines=env_lines(spec, cluster)
+    )
+
+
+# ------------------------------------------------------------------- launcher
+
+
+def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word) -> list[list[Word]]:
+    """The launcher command as groups of words (one flag and its value per group)."""
+
+    def file(name: str) -> Word:
+        return (*files_dir, "/" + name)
+
+    train = [[_w("-m"), _w(TRAIN_MODULE), spec_word]]
+    elastic = spec.k8s.elastic
+    if spec.launcher == "torchrun":
+        head: list[list[Word]] = [[_w("torchrun")]]
+        if spec.resources.nodes == 1 and elastic is None:
+            # One node: a private rendezvous on a free port, nothing to agree on.
+            flags = [[_w("--standalone")], [_w("--nnodes"), _w("1")]]
+            flags.append([_w("--nproc-per-node"), _w(NPROC)])
+        else:
+            flags = [
+                [_w("--nnodes"), _w(NNODES)],
+                [_w("--node-rank"), _w(NODE_RANK)],
+                [_w("--nproc-per-node"), _w(NPROC)],
+                [_w("--rdzv-backend"), _w("c10d")],
+                [_w("--rdzv-endpoint"), _w(MASTER_ADDR, ":", MASTER_PORT)],
+                [_w("--rdzv-id"), _w(spec.name)],
+            ]
+            if elastic is not None:
+                flags.append([_w("--max-restarts"), _w(str(elastic.max_restarts))])
+        return head + flags + train
+    if spec.launcher == "accelerate":
+        head = [[_w("accelerate"), _w("launch")]]
+        flags = [[_w("--config_file"), file(ACCELERATE_CONFIG)]]
+        if spec.strategy.backend == "deepspeed":
+            # The config file names ds_config.json relative to itself; accelerate
+            # resolves paths against the working directory, so pass the real one.
+            flags.append([_w("--deepspeed_config_file"), file(DS_CONFIG)])
+        # A config file cannot hold shell variables: the per-node values are flags.
+        flags += [
+            [_w("--machine_rank"), _w(NODE_RANK)],
+            [_w("--main_process_ip"), _w(MASTER_ADDR)],
+            [_w("--main_process_port"), _w(MASTER_PORT)],
+        ]
+        return head + flags + train
+    # deepspeed: with --no_ssh every node starts its own ranks (no pdsh); the
+    # hostfile only tells it how many nodes and slots there are.
+    head = [[_w("deepspeed")]]
+    flags = [
+        [_w("--hostfile"), file(HOSTFILE)],
+        [_w("--no_ssh")],
+        [_w("--node_rank"), _w(NODE_RANK)],
+        [_w("--master_addr"), _w(MASTER_ADDR)],
+        [_w("--master_port"), _w(MASTER_PORT)],
+        # Ranks read LOCAL_RANK from the environment; no `--local_rank=N` argument.
+        [_w("--no_local_rank")],
+        [_w("--module"), _w(TRAIN_MODULE), spec_word],
+    ]
+    return head + flags
+
+
+def launch_argv(spec: JobSpec, spec_path: str) -> list[str]:
+    """The launcher's words, ending in the training module and `spec_path`.
+
+    Runtime values appear as `${SHARDCTL_NODE_RANK}`-style references (see
+    RUNTIME_VARS); files the launcher reads as `${SHARDCTL_RENDER_DIR}/<name>`.
+    """
+    groups = _argv_groups(spec, _w(spec_path), _w(Var(RENDER_DIR_VAR)))
+    return [plain_word(word) for group in groups for word in group]
+
+
+def _spec_word(spec_path: str) -> Word:
+    # A relative spec path means "beside this script", like the other files, so
+    # the rendered folder can be copied anywhere and run from any directory.
+    if PurePosixPath(spec_path).is_absolute():
+        return _w(spec_path)
+    return _w(Var(RENDER_DIR_VAR), "/" + spec_path)
+
+
+def launch_script(spec: JobSpec, cluster: str, spec_path: str) -> str:
+    """A complete bash script that sets one node's environment and execs the launcher.
+
+    `spec_path` (the rendered `job.yaml`) is used as-is when absolute, else it is
+    taken relative to the script's own folder.
+    """
+    check_cluster(cluster)
+    groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)))
+    command = [" ".join(quote_word(w) for w in group) for group in groups]
+    return render_template(
+        "launch.sh.j2",
+        job_name=spec.name,
+        cluster=cluster,
+        launcher=spec.launcher,
+        render_dir_var=RENDER_DIR_VAR,
+        env=env_lines(spec, cluster),
+        command=command,
+    )
+
+
+def hostfile(spec: JobSpec) -> str:
+    """DeepSpeed's MPI-style hostfile: one `host slots=N` line per node.
+
+    Host names are labels: with `--no_ssh` every node starts its own ranks and
+    DeepSpeed only counts hosts and slots (real names are known only at run time).
+    """
+    hosts = [f"node-{i}" for i in range(spec.resources.nodes)]
+    return render_template(
+        "hostfile.j2", job_name=spec.name, hosts=hosts, slots=spec.resources.procs_per_node
+    )
