@@ -1,0 +1,387 @@
+"""Consolidate a sharded checkpoint (FSDP/DCP or DeepSpeed ZeRO) into safetensors.
+
+    from shardctl.train.consolidate import consolidate
+    result = consolidate(Path("runs/x/checkpoints/step-00000200"), Path("runs/x/model"))
+
+Streaming: the readers only compute where every byte of every full tensor lies (from
+DCP's `.metadata` or DeepSpeed's pickles read without their data); the writer then
+copies tensor by tensor, file to file, into safetensors shards whose headers are
+written first. Memory stays bounded by the largest tensor (by a 64 MiB block for the
+common dim-0-sharded case), never by the model.
+
+No process group is needed: the training loop calls `consolidate` on rank 0 once the
+final checkpoint is complete — best after `destroy_process_group()`, so the other
+ranks are not left waiting in a collective while a large model is written.
+
+The output is written to `<out>.tmp/` and renamed into place when complete, so an
+interrupted consolidation never leaves a half model that looks whole, and an existing
+model is only replaced (with `force`) once the new one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..orchestrator.errors import CheckpointError, UsageError
+from .consolidate_io import SourceTensor
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
+_MARKER = ".shardctl-consolidating"
+# Wrapper modules whose names leak into FQNs (torch.compile, activation checkpointing,
+# FSDP1); the unwrapped model has none of them.
+_WRAPPER_PARTS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
+
+
+@dataclass(frozen=True)
+class ConsolidationResult:
+    checkpoint: Path
+    out_dir: Path
+    files: list[Path]
+    total_bytes: int
+    tensors: int
+    seconds: float
+    dtype: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "checkpoint": str(self.checkpoint),
+            "out_dir": str(self.out_dir),
+            "files": [str(f) for f in self.files],
+            "total_bytes": self.total_bytes,
+            "tensors": self.tensors,
+            "seconds": round(self.seconds, 3),
+            "dtype": self.dtype,
+            "notes": self.notes,
+        }
+
+
+# ------------------------------------------------------------------ finding the checkpoint
+
+
+def _steps(checkpoint_dir: Path) -> list[tuple[int, Path, bool]]:
+    found = []
+    for p in checkpoint_dir.iterdir() if checkpoint_dir.is_dir() else []:
+        m = STEP_RE.match(p.name)
+        if m and p.is_dir():
+            complete = m.group(2) is None and (p / "manifest.json").is_file()
+            found.append((int(m.group(1)), p, complete))
+    return sorted(found, key=lambda t: (t[0], t[2]))
+
+
+def newest_complete(checkpoint_dir: Path) -> Path | None:
+    complete = [p for _, p, ok in _steps(checkpoint_dir) if ok]
+    return complete[-1] if complete else None
+
+
+def _newest_hint(checkpoint_dir: Path) -> str:
+    newest = newest_complete(checkpoint_dir)
+    if newest is None:
+        return f"there is no complete checkpoint in {checkpoint_dir}"
+    return f"the newest complete checkpoint is {newest}"
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A complete step folder from a step folder, a checkpoints folder or a run folder."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if (path / "manifest.json").is_file() and not path.name.endswith(".tmp"):
+        return path
+    if STEP_RE.match(path.name):
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete (no manifest.json: it was still being written "
+            f"or its save was interrupted); {_newest_hint(path.parent)}"
+        )
+    for candidate in (path, path / "checkpoints"):
+        if _steps(candidate):
+            newest = newest_complete(candidate)
+            if newest is None:
+                raise CheckpointError(
+                    f"{candidate} holds only incomplete checkpoints "
+                    f"({', '.join(p.name for _, p, _ in _steps(candidate))}); nothing to consolidate"
+                )
+            return newest
+    raise CheckpointError(
+        f"{path} is not a checkpoint: expected a step-NNNNNNNN folder with a manifest.json, "
+        "a checkpoints folder holding them, or a run folder with checkpoints/"
+    )
+
+
+def read_manifest(step_dir: Path) -> dict[str, Any]:
+    path = step_dir / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is corrupt: {exc}") from exc
+    backend = manifest.get("backend") if isinstance(manifest, dict) else None
+    if backend not in ("fsdp", "deepspeed"):
+        raise CheckpointError(f"{path}: backend is {backend!r}; accepted: 'fsdp' or 'deepspeed'")
+    return manifest
+
+
+def check_files(step_dir: Path, manifest: dict[str, Any], *, verify: bool) -> None:
+    """Every file of the manifest exists with its size (always), and its sha256 (`verify`)."""
+    problems = []
+    for rel, info in sorted((manifest.get("files") or {}).items()):
+        p = step_dir / rel
+        if not p.is_file():
+            problems.append(f"{p} is missing")
+        elif p.stat().st_size != info.get("size"):
+            problems.append(
+                f"{p} is corrupt: {p.stat().st_size} bytes, the manifest says {info.get('size')}"
+            )
+        elif verify and info.get("sha256") and _sha256(p) != info["sha256"]:
+            problems.append(f"{p} is corrupt: its sha256 differs from the manifest's")
+    if problems:
+        raise CheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _clean(name: str) -> str:
+    return ".".join(p for p in name.split(".") if p not in _WRAPPER_PARTS)
+
+
+def source_tensors(
+    step_dir: Path, manifest: dict[str, Any]
+) -> tuple[list[SourceTensor], list[str]]:
+    """Every model tensor of the checkpoint, named as in the unwrapped model; plus notes."""
+    notes: list[str] = []
+    if manifest["backend"] == "fsdp":
+        from .consolidate_dcp import dcp_tensors
+
+        tensors, shared = dcp_tensors(step_dir / "dcp"), {}
+    else:
+        from .consolidate_deepspeed import deepspeed_tensors
+
+        tensors, shared = deepspeed_tensors(step_dir / "deepspeed")
+    for t in tensors:
+        t.name = _clean(t.name)
+    by_name = {t.name: t for t in tensors}
+    hf_config = (manifest.get("model") or {}).get("hf_config")
+    expected, tied = _hf_keys(hf_config, notes)
+    # Tied weights (lm_head.weight = embed_tokens.weight): like save_pretrained, write
+    # the tensor once; from_pretrained re-ties it. Untied aliases get their own copy.
+    for alias, source in shared.items():
+        alias, source = _clean(alias), _clean(source)
+        if alias not in by_name and source in by_name and alias not in tied:
+            src = by_name[source]
+            by_name[alias] = SourceTensor(alias, src.shape, src.dtype, src.segments, src.chunks)
+    for alias in tied:
+        if alias in by_name and tied[alias] in by_name:
+            del by_name[alias]
+    if expected is not None:
+        missing = [k for k in expected if k not in by_name and k not in tied]
+        unexpected = [k for k in by_name if k not in expected]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"checkpoint {step_dir} does not match its model config: "
+                f"missing {missing[:8]}{' …' if len(missing) > 8 else ''}, "
+                f"unexpected {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"
+            )
+        # The model's own state-dict order: shards then read like save_pretrained's.
+        order = {k: i for i, k in enumerate(expected)}
+        return sorted(by_name.values(), key=lambda t: order[t.name]), notes
+    return list(by_name.values()), notes
+
+
+def _hf_keys(hf_config: dict | None, notes: list[str]) -> tuple[list[str] | None, dict[str, str]]:
+    """The state-dict keys of the HF model (built on the meta device) and its tied aliases."""
+    if not hf_config:
+        notes.append("no hf_config in the manifest: weights only, no config.json")
+        return None, {}
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.for_model(**hf_config)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # an unknown architecture must not block consolidation
+        notes.append(f"could not build the model from hf_config ({exc}); keys not checked")
+        tie = bool(hf_config.get("tie_word_embeddings"))
+        return None, ({"lm_head.weight": "model.embed_tokens.weight"} if tie else {})
+    keys = list(model.state_dict().keys())
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        owner = first.setdefault(id(tensor), name)
+        if owner != name:
+            tied[name] = owner
+    return keys, tied
+
+
+# ------------------------------------------------------------------------- the output
+
+
+def _prepare_tmp(out_dir: Path, force: bool) -> Path:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        raise UsageError(
+            f"output {out_dir} exists and is not empty; pass --force to replace it "
+            "(it is replaced only once the new model is complete)"
+        )
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if tmp.exists():
+        if not (tmp / _MARKER).exists():
+            raise UsageError(f"{tmp} exists and was not made by shardctl; move it away first")
+        shutil.rmtree(tmp)  # our own leftover from an interrupted consolidation
+    tmp.mkdir(parents=True)
+    (tmp / _MARKER).write_text(f"pid {os.getpid()}\n")
+    return tmp
+
+
+def _publish(tmp: Path, out_dir: Path) -> None:
+    (tmp / _MARKER).unlink()
+    if not out_dir.exists():
+        os.replace(tmp, out_dir)
+        return
+    # Swap: the old model moves aside, the new one takes its place, then the old goes.
+    old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
+    os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old.is_dir():
+        shutil.rmtree(old)
+    else:
+        old.unlink()
+
+
+def _write_config(hf_config: dict, dtype: str, out: Path, notes: list[str]) -> None:
+    torch_dtype = DTYPES[dtype]
+    try:
+        import torch
+        from transformers import AutoConfig, GenerationConfig
+
+        config = AutoConfig.for_model(**hf_config)
+        # transformers ≥ 5 calls it `dtype`, older releases `torch_dtype`.
+        attr = "dtype" if hasattr(type(config), "dtype") else "torch_dtype"
+        setattr(config, attr, getattr(torch, torch_dtype))
+        config.save_pretrained(out)
+        gen = GenerationConfig.from_model_config(config)
+        if gen.to_diff_dict() != GenerationConfig().to_diff_dict():
+            gen.save_pretrained(out)
+    except Exception as exc:  # fall back to the manifest's dict as it is
+        notes.append(f"config.json written verbatim from the manifest ({exc})")
+        data = {**hf_config, "torch_dtype": torch_dtype}
+        (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------- the API
+
+
+def consolidate(
+    checkpoint: Path,
+    out_dir: Path,
+    *,
+    dtype: str = "fp32",
+    max_shard_bytes: int = 5 * 2**30,
+    progress: bool | Callable[[int, int], None] = False,
+    force: bool = False,
+    verify: bool = False,
+) -> ConsolidationResult:
+    """Write the model weights of `checkpoint` as safetensors (+ config.json) to `out_dir`.
+
+    `checkpoint` is a step folder, or a checkpoints/run folder (its newest complete
+    checkpoint). `dtype` is "fp32" or "bf16" (floating tensors; integer buffers keep
+    theirs). `progress` is True for a rich progress bar on stderr, or a callback
+    `(bytes_done, bytes_total)`. `verify` checks every file's sha256 against the manifest
+    (sizes are always checked). Works without torch.distributed being initialised.
+    """
+    if dtype not in DTYPES:
+        raise UsageError(f"dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
+    if max_shard_bytes <= 0:
+        raise UsageError(f"max shard size must be positive, got {max_shard_bytes}")
+    from .consolidate_safetensors import out_nbytes, plan_shards, write_shards
+
+    started = time.perf_counter()
+    step_dir = resolve_checkpoint(Path(checkpoint))
+    out_dir = Path(out_dir)
+    manifest = read_manifest(step_dir)
+    check_files(step_dir, manifest, verify=verify)
+    tensors, notes = source_tensors(step_dir, manifest)
+    if not tensors:
+        raise CheckpointError(f"checkpoint {step_dir} holds no model tensors")
+    shards = plan_shards(tensors, DTYPES[dtype], max_shard_bytes)
+    total_in = sum(
+        sum(s.nbytes for s in t.segments) + sum(c.ref.nbytes for c in t.chunks) for t in tensors
+    )
+
+    tmp = _prepare_tmp(out_dir, force)
+    bar, on_bytes = _progress(progress, total_in, step_dir)
+    try:
+        files = write_shards(shards, tmp, DTYPES[dtype], on_bytes)
+        hf_config = (manifest.get("model") or {}).get("hf_config")
+        if hf_config:
+            _write_config(hf_config, dtype, tmp, notes)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if bar is not None:
+            bar.stop()
+    _publish(tmp, out_dir)
+    return ConsolidationResult(
+        checkpoint=step_dir,
+        out_dir=out_dir,
+        files=[out_dir / f.name for f in files],
+        total_bytes=sum(out_nbytes(t, DTYPES[dtype]) for t in tensors),
+        tensors=len(tensors),
+        seconds=time.perf_counter() - started,
+        dtype=dtype,
+        notes=notes,
+    )
+
+
+def _progress(progress: bool | Callable[[int, int], None], total: int, step_dir: Path):
+    if callable(progress):
+        done = 0
+
+        def on_bytes(n: int) -> None:
+            nonlocal done
+            done += n
+            progress(done, total)
+
+        return None, on_bytes
+    if not progress:
+        return None, None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress(
+        TextColumn("[bold]consolidating[/] {task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
+    task = bar.add_task(step_dir.name, total=total)
+    bar.start()
+    return bar, lambda n: bar.advance(task, n)

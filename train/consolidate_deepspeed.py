@@ -1,0 +1,216 @@
+"""Read a DeepSpeed ZeRO 1/2/3 checkpoint as a list of SourceTensors (fp32 master weights).
+
+What training produced are the fp32 masters held by the ZeRO optimizer, partitioned
+flat across the data-parallel ranks (`*_optim_states.pt`); the module weights in the
+model-states file are their low-precision copies (stage 1/2) or empty (stage 3).
+
+- Stage 1/2: per param group, rank r holds a contiguous slice
+  `single_partition_of_fp32_groups[g]`; the concatenation over ranks is the group's flat
+  vector, in which the group's params (`param_shapes[g]`, in order) follow each other,
+  each followed by its `param_alignment_paddings` entry (when saved).
+- Stage 3: every param is split into `ceil(numel / world)` elements per rank, stored at
+  the same offset of every rank's flat vector (`fp32_flat_groups`, concatenated over
+  groups); the full param is rank 0's piece, rank 1's, ... cut to `numel`.
+
+Only the location of every piece is computed here (the pickles are read with their
+tensors as `TensorRef`s, no data); the copy happens one tensor at a time later.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from ..orchestrator.errors import CheckpointError
+from .consolidate_io import Segment, SourceTensor, segments_of_ref
+from .consolidate_torchzip import TensorRef, load_refs
+
+
+def _natural(path: Path) -> list[Any]:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
+class _FlatVector:
+    """Several stored 1-D tensors seen as one concatenated vector."""
+
+    def __init__(self, parts: list[TensorRef]) -> None:
+        self.parts = parts
+        self.starts = [0]
+        for p in parts:
+            self.starts.append(self.starts[-1] + p.numel)
+
+    @property
+    def numel(self) -> int:
+        return self.starts[-1]
+
+    def segments(self, start: int, numel: int) -> list[Segment]:
+        out: list[Segment] = []
+        if start + numel > self.numel:
+            raise CheckpointError(
+                f"{self.parts[0].path}: a parameter needs elements {start}..{start + numel} "
+                f"of a flat partition of only {self.numel}"
+            )
+        for i, part in enumerate(self.parts):
+            lo, hi = self.starts[i], self.starts[i + 1]
+            a, b = max(start, lo), min(start + numel, hi)
+            if a < b:
+                out.append(segments_of_ref(part, a - lo, b - a))
+        return out
+
+
+def _load(path: Path) -> Any:
+    return load_refs(path, trusted=True)
+
+
+def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str]]:
+    """The fp32 master weights (plus buffers and frozen params) as SourceTensors.
+
+    Returns (tensors, shared) where `shared` maps a tied parameter's name to the name of
+    the parameter it shares storage with (e.g. lm_head.weight → model.embed_tokens.weight).
+    """
+    optim_files = sorted(ds_dir.glob("*_optim_states.pt"), key=_natural)
+    model_files = sorted(ds_dir.glob("*_model_states.pt"), key=_natural)
+    if not optim_files or not model_files:
+        raise CheckpointError(
+            f"{ds_dir} is not a DeepSpeed ZeRO checkpoint: it needs *_model_states.pt and "
+            "*_optim_states.pt files (found "
+            f"{sorted(p.name for p in ds_dir.iterdir()) if ds_dir.is_dir() else 'no folder'})"
+        )
+    optim = []
+    for f in optim_files:
+        sd = _load(f).get("optimizer_state_dict")
+        if not isinstance(sd, dict) or "zero_stage" not in sd:
+            raise CheckpointError(f"{f} is not a ZeRO optimizer state file (no zero_stage)")
+        optim.append((f, sd))
+    stage = int(optim[0][1]["zero_stage"])
+    world = optim[0][1]["partition_count"]
+    world = max(world) if isinstance(world, list) else int(world)
+    if world != len(optim):
+        raise CheckpointError(
+            f"{ds_dir}: the optimizer was partitioned over {world} ranks but there are "
+            f"{len(optim)} *_optim_states.pt files — a rank's file is missing or left over"
+        )
+    # Stage 3 writes one model-states file per rank; param shapes are the same in each.
+    model_file = model_files[0]
+    model = _load(model_file)
+    for key in ("module", "param_shapes", "buffer_names"):
+        if key not in model:
+            raise CheckpointError(f"{model_file} is not a DeepSpeed model-states file (no {key})")
+
+    tensors: list[SourceTensor] = []
+    module: dict[str, Any] = model["module"] or {}
+    for name in model["buffer_names"] or []:
+        ref = module.get(name)
+        if isinstance(ref, TensorRef):
+            tensors.append(_whole(name, ref, model_file))
+    tensors += _frozen(model, model_files, stage, world)
+    if stage <= 2:
+        tensors += _stage12(model["param_shapes"], optim, world)
+    elif stage == 3:
+        tensors += _stage3(model["param_shapes"], optim)
+    else:
+        raise CheckpointError(f"{optim_files[0]}: unknown ZeRO stage {stage}")
+    shared = {str(k): str(v) for k, v in (model.get("shared_params") or {}).items()}
+    return tensors, shared
+
+
+def _whole(name: str, ref: TensorRef, file: Path) -> SourceTensor:
+    if ref.contiguous:
+        return SourceTensor(
+            name, ref.shape, ref.dtype, segments=[segments_of_ref(ref, 0, ref.numel)]
+        )
+    raise CheckpointError(f"{file}: {name} is stored non-contiguously")
+
+
+def _frozen(model: dict, model_files: list[Path], stage: int, world: int) -> list[SourceTensor]:
+    shapes = model.get("frozen_param_shapes") or {}
+    if not shapes:
+        return []
+    out = []
+    if stage <= 2:
+        fragments = model.get("frozen_param_fragments") or {}
+        for name, shape in shapes.items():
+            ref = fragments[name]
+            out.append(
+                SourceTensor(
+                    name, tuple(shape), ref.dtype, [segments_of_ref(ref, 0, math.prod(shape))]
+                )
+            )
+        return out
+    per_rank = [_load(f).get("frozen_param_fragments") or {} for f in model_files[:world]]
+    for name, shape in shapes.items():
+        numel, segs, got = math.prod(shape), [], 0
+        for frags in per_rank:
+            ref = frags[name]
+            take = min(ref.numel, numel - got)
+            if take > 0:
+                segs.append(segments_of_ref(ref, 0, take))
+                got += take
+        out.append(SourceTensor(name, tuple(shape), segs[0].dtype, segs))
+    return out
+
+
+def _stage12(
+    param_shapes: list[dict], optim: list[tuple[Path, dict]], world: int
+) -> list[SourceTensor]:
+    key = "single_partition_of_fp32_groups"
+    per_rank = []
+    for f, sd in optim:
+        if key not in sd:
+            raise CheckpointError(f"{f}: no {key} (not a ZeRO-1/2 optimizer state)")
+        per_rank.append(sd[key])
+    paddings = optim[0][1].get("param_alignment_paddings")
+    tensors = []
+    for g, shapes in enumerate(param_shapes):
+        # The group's flat vector is the concatenation of every rank's partition.
+        flat = _FlatVector([per_rank[r][g] for r in range(world)])
+        offset = 0
+        group_pad = paddings[g] if paddings is not None else None
+        for i, (name, shape) in enumerate(shapes.items()):
+            numel = math.prod(shape)
+            segs = flat.segments(offset, numel)
+            tensors.append(
+                SourceTensor(name, tuple(shape), segs[0].dtype if segs else "float32", segs)
+            )
+            offset += numel + (group_pad[i] if group_pad is not None else 0)
+        # DeepSpeed pads each group to a multiple of 2 * world_size elements.
+        align = 2 * world
+        if math.ceil(offset / align) * align != math.ceil(flat.numel / align) * align:
+            raise CheckpointError(
+                f"{optim[0][0]}: parameter group {g} holds {flat.numel} elements but its "
+                f"parameters need {offset} — the checkpoint does not match its param_shapes"
+            )
+    return tensors
+
+
+def _stage3(param_shapes: list[dict], optim: list[tuple[Path, dict]]) -> list[SourceTensor]:
+    key = "fp32_flat_groups"
+    ranks = []
+    for f, sd in optim:
+        if key not in sd:
+            raise CheckpointError(f"{f}: no {key} (not a ZeRO-3 optimizer state)")
+        ranks.append(_FlatVector(list(sd[key])))
+    world = len(ranks)
+    offset = 0
+    tensors = []
+    merged = {name: shape for shapes in param_shapes for name, shape in shapes.items()}
+    for name, shape in merged.items():
+        numel = math.prod(shape)
+        per_rank = math.ceil(numel / world)
+        segs: list[Segment] = []
+        left = numel
+        for flat in ranks:
+            take = min(per_rank, left)
+            if take > 0:
+                segs += flat.segments(offset, take)
+            left -= take
+        tensors.append(SourceTensor(name, tuple(shape), segs[0].dtype if segs else "float32", segs))
+        offset += per_rank
+    if offset != ranks[0].numel:
+        raise CheckpointError(
+            f"{optim[0][0]}: the flat partition holds {ranks[0].numel} elements per rank but "
+            f"the parameters need {offset} — the checkpoint does not match its param_shapes"
+        )
+    return tensors
