@@ -51,52 +51,108 @@ PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 # Top-level keys of accelerate 1.15's ClusterConfig (commands/config/config_args.py).
 ACCELERATE_TOP_KEYS = frozenset(
     {
-        "compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug",
-        "num_processes", "machine_rank", "num_machines", "gpu_ids", "main_process_ip",
-        "main_process_port", "rdzv_backend", "same_network", "main_training_function",
-        "enable_cpu_affinity", "fp8_config", "deepspeed_config", "fsdp_config",
-        "parallelism_config", "megatron_lm_config", "mpirun_config", "downcast_bf16",
-        "tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands",
-        "tpu_vm", "tpu_env", "dynamo_config", "dynamo_backend", "fp16",
+        "compute_environment",
+        "distributed_type",
+        "mixed_precision",
+        "use_cpu",
+        "debug",
+        "num_processes",
+        "machine_rank",
+        "num_machines",
+        "gpu_ids",
+        "main_process_ip",
+        "main_process_port",
+        "rdzv_backend",
+        "same_network",
+        "main_training_function",
+        "enable_cpu_affinity",
+        "fp8_config",
+        "deepspeed_config",
+        "fsdp_config",
+        "parallelism_config",
+        "megatron_lm_config",
+        "mpirun_config",
+        "downcast_bf16",
+        "tpu_name",
+        "tpu_zone",
+        "tpu_use_cluster",
+        "tpu_use_sudo",
+        "command_file",
+        "commands",
+        "tpu_vm",
+        "tpu_env",
+        "dynamo_config",
+        "dynamo_backend",
+        "fp16",
     }
-)  # fmt: skip
+)
 # Keys `accelerate launch` accepts inside fsdp_config (its --fsdp_* arguments).
 FSDP_KEYS = frozenset(
     {
-        "fsdp_version", "fsdp_sharding_strategy", "fsdp_reshard_after_forward",
-        "fsdp_offload_params", "fsdp_min_num_params", "fsdp_auto_wrap_policy",
-        "fsdp_transformer_layer_cls_to_wrap", "fsdp_backward_prefetch",
-        "fsdp_backward_prefetch_policy", "fsdp_state_dict_type", "fsdp_forward_prefetch",
-        "fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading", "fsdp_sync_module_states",
-        "fsdp_activation_checkpointing", "fsdp_activation_checkpointing_offload",
+        "fsdp_version",
+        "fsdp_sharding_strategy",
+        "fsdp_reshard_after_forward",
+        "fsdp_offload_params",
+        "fsdp_min_num_params",
+        "fsdp_auto_wrap_policy",
+        "fsdp_transformer_layer_cls_to_wrap",
+        "fsdp_backward_prefetch",
+        "fsdp_backward_prefetch_policy",
+        "fsdp_state_dict_type",
+        "fsdp_forward_prefetch",
+        "fsdp_use_orig_params",
+        "fsdp_cpu_ram_efficient_loading",
+        "fsdp_sync_module_states",
+        "fsdp_activation_checkpointing",
+        "fsdp_activation_checkpointing_offload",
         "fsdp_ignored_modules",
     }
-)  # fmt: skip
+)
 # Keys `accelerate launch` accepts inside deepspeed_config (its DeepSpeed arguments).
 DEEPSPEED_KEYS = frozenset(
     {
-        "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
-        "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps",
-        "gradient_clipping", "zero3_init_flag", "zero3_save_16bit_model",
-        "deepspeed_moe_layer_cls_names", "deepspeed_multinode_launcher", "deepspeed_hostfile",
-        "deepspeed_exclusion_filter", "deepspeed_inclusion_filter",
+        "deepspeed_config_file",
+        "zero_stage",
+        "offload_optimizer_device",
+        "offload_param_device",
+        "offload_optimizer_nvme_path",
+        "offload_param_nvme_path",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "zero3_init_flag",
+        "zero3_save_16bit_model",
+        "deepspeed_moe_layer_cls_names",
+        "deepspeed_multinode_launcher",
+        "deepspeed_hostfile",
+        "deepspeed_exclusion_filter",
+        "deepspeed_inclusion_filter",
     }
-)  # fmt: skip
+)
 # Inline deepspeed_config keys that accelerate refuses next to a deepspeed_config_file.
 _DS_KEYS_FILE_OWNS = (
-    "zero_stage", "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
-    "offload_optimizer_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_param_nvme_path",
+    "offload_optimizer_nvme_path",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
     "zero3_save_16bit_model",
-)  # fmt: skip
+)
 # DeepSpeed JSON keys the converter reads; every other one is reported as DeepSpeed-only.
 _DS_JSON_READ = {
-    "zero_optimization.stage", "zero_optimization.offload_param.device",
+    "zero_optimization.stage",
+    "zero_optimization.offload_param.device",
     "zero_optimization.offload_optimizer.device",
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-    "zero_optimization.zero_hpz_partition_size", "gradient_accumulation_steps",
-    "gradient_clipping", "bf16.enabled", "fp16.enabled", "train_batch_size",
+    "zero_optimization.zero_hpz_partition_size",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "bf16.enabled",
+    "fp16.enabled",
+    "train_batch_size",
     "train_micro_batch_size_per_gpu",
-}  # fmt: skip
+}
 
 PRECISION_NOTE = (
     "precision differs between the backends: FSDP keeps parameters and runs the optimizer "
@@ -301,17 +357,36 @@ def _plan_from_fsdp(data: dict[str, Any], source: str | None) -> Plan:
         nodes, procs = plan.top.get("num_machines"), plan.top.get("num_processes")
         if isinstance(nodes, int) and isinstance(procs, int) and nodes > 1 and procs % nodes == 0:
             plan.hpz_partition_size = procs // nodes
-    plan.note("mapped", "fsdp_config sharding", f"{plan.sharding} → zero_stage {plan.zero_stage}")
+    sharding_keys = [
+        k for k in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward") if k in cfg
+    ]
+    plan.note(
+        "mapped",
+        "fsdp_config." + ("/".join(sharding_keys) or "fsdp_sharding_strategy (default)"),
+        f"{plan.sharding} → zero_stage {plan.zero_stage}",
+    )
+    plan.note(
+        "not-mapped",
+        "fsdp_config.fsdp_version",
+        f"{version}: DeepSpeed has no such choice; to get the same key style back, convert "
+        f"with --fsdp-version {version}",
+    )
 
     if _bool(cfg.get("fsdp_offload_params", False), "fsdp_config.fsdp_offload_params", source):
         plan.offload_param = plan.offload_optimizer = "cpu"
     if "fsdp_cpu_ram_efficient_loading" in cfg:
         plan.ram_efficient_loading = _bool(
-            cfg["fsdp_cpu_ram_efficient_loading"], "fsdp_config.fsdp_cpu_ram_efficient_loading", source
+            cfg["fsdp_cpu_ram_efficient_loading"],
+            "fsdp_config.fsdp_cpu_ram_efficient_loading",
+            source,
         )
     if "fsdp_state_dict_type" in cfg:
-        sdt = _choice(cfg["fsdp_state_dict_type"], "fsdp_config.fsdp_state_dict_type", source,
-                      STATE_DICT_TYPES)  # fmt: skip
+        sdt = _choice(
+            cfg["fsdp_state_dict_type"],
+            "fsdp_config.fsdp_state_dict_type",
+            source,
+            STATE_DICT_TYPES,
+        )
         plan.full_state_dict = sdt == "FULL_STATE_DICT"
         if sdt == "LOCAL_STATE_DICT":
             plan.note(
@@ -353,7 +428,13 @@ def _plan_from_fsdp(data: dict[str, Any], source: str | None) -> Plan:
             key = "fsdp_backward_prefetch"
         plan.fsdp_extra[key] = value
         if key == "fsdp_sync_module_states":
-            continue  # follows cpu_ram_efficient_loading; explained there
+            plan.note(
+                "not-mapped",
+                where,
+                f"{value!r}: no DeepSpeed twin; with zero3_init_flag "
+                "DeepSpeed partitions the weights as they are created",
+            )
+            continue
         plan.note("not-mapped", where, f"{value!r}: {_NO_TWIN_IN_DS[key]}")
     return plan
 
@@ -366,8 +447,7 @@ _NO_TWIN_IN_DS = {
     "wrapping units",
     "fsdp_transformer_layer_cls_to_wrap": "no DeepSpeed twin; DeepSpeed needs no wrap classes",
     "fsdp_min_num_params": "no DeepSpeed twin; DeepSpeed needs no wrap policy",
-    "fsdp_use_orig_params": "no DeepSpeed twin; DeepSpeed always exposes the original "
-    "parameters",
+    "fsdp_use_orig_params": "no DeepSpeed twin; DeepSpeed always exposes the original parameters",
     "fsdp_activation_checkpointing": "no key in DeepSpeed's accelerate config; enable "
     "gradient checkpointing in the model instead (model.gradient_checkpointing_enable())",
     "fsdp_activation_checkpointing_offload": "no DeepSpeed twin in accelerate's config",
@@ -377,8 +457,11 @@ _NO_TWIN_IN_DS = {
 
 def _fsdp_sharding(cfg: dict[str, Any], version: int, data: dict[str, Any], src: str | None) -> str:
     if version == 2:
-        raf = _bool(cfg.get("fsdp_reshard_after_forward", True),
-                    "fsdp_config.fsdp_reshard_after_forward", src)  # fmt: skip
+        raf = _bool(
+            cfg.get("fsdp_reshard_after_forward", True),
+            "fsdp_config.fsdp_reshard_after_forward",
+            src,
+        )
         if "fsdp_sharding_strategy" in cfg:
             _fail(
                 src,
@@ -386,10 +469,16 @@ def _fsdp_sharding(cfg: dict[str, Any], version: int, data: dict[str, Any], src:
                 "FSDP1 key; with fsdp_version 2 accepted: fsdp_reshard_after_forward true|false",
             )
         pc = data.get("parallelism_config") or {}
-        replicate = _int(pc.get("parallelism_config_dp_replicate_size", 1),
-                         "parallelism_config.parallelism_config_dp_replicate_size", src)  # fmt: skip
-        shard = _int(pc.get("parallelism_config_dp_shard_size", 2),
-                     "parallelism_config.parallelism_config_dp_shard_size", src)  # fmt: skip
+        replicate = _int(
+            pc.get("parallelism_config_dp_replicate_size", 1),
+            "parallelism_config.parallelism_config_dp_replicate_size",
+            src,
+        )
+        shard = _int(
+            pc.get("parallelism_config_dp_shard_size", 2),
+            "parallelism_config.parallelism_config_dp_shard_size",
+            src,
+        )
         if replicate > 1 and shard == 1:
             return "NO_SHARD"
         if replicate > 1:
@@ -414,7 +503,7 @@ def _fsdp_sharding(cfg: dict[str, Any], version: int, data: dict[str, Any], src:
 
 def _strategy(value: Any, where: str, source: str | None) -> str:
     # Older accelerate wrote the strategy as its 1-based number.
-    if isinstance(value, int) and not isinstance(value, bool) or str(value).isdigit():
+    if (isinstance(value, int) and not isinstance(value, bool)) or str(value).isdigit():
         n = int(value)
         if 1 <= n <= len(FSDP_STRATEGIES):
             return FSDP_STRATEGIES[n - 1]
@@ -443,33 +532,53 @@ def _plan_from_deepspeed(data: dict[str, Any], source: str | None, base_dir: Pat
             )
         _read_ds_json(plan, cfg["deepspeed_config_file"], source, base_dir)
     else:
-        plan.zero_stage = _int(cfg.get("zero_stage", 2), "deepspeed_config.zero_stage", source,
-                               (0, 1, 2, 3))  # fmt: skip
+        plan.zero_stage = _int(
+            cfg.get("zero_stage", 2), "deepspeed_config.zero_stage", source, (0, 1, 2, 3)
+        )
         plan.offload_optimizer = _choice(
             cfg.get("offload_optimizer_device", "none"),
-            "deepspeed_config.offload_optimizer_device", source, OFFLOAD_DEVICES, upper=False,
-        )  # fmt: skip
+            "deepspeed_config.offload_optimizer_device",
+            source,
+            OFFLOAD_DEVICES,
+            upper=False,
+        )
         plan.offload_param = _choice(
             cfg.get("offload_param_device", "none"),
-            "deepspeed_config.offload_param_device", source, OFFLOAD_DEVICES, upper=False,
-        )  # fmt: skip
+            "deepspeed_config.offload_param_device",
+            source,
+            OFFLOAD_DEVICES,
+            upper=False,
+        )
         if "zero3_save_16bit_model" in cfg:
-            plan.full_state_dict = _bool(cfg["zero3_save_16bit_model"],
-                                         "deepspeed_config.zero3_save_16bit_model", source)  # fmt: skip
-        plan.grad_accum = _auto_or(cfg.get("gradient_accumulation_steps"),
-                                   "deepspeed_config.gradient_accumulation_steps", source, int)  # fmt: skip
-        plan.grad_clip = _auto_or(cfg.get("gradient_clipping"),
-                                  "deepspeed_config.gradient_clipping", source, float)  # fmt: skip
+            plan.full_state_dict = _bool(
+                cfg["zero3_save_16bit_model"], "deepspeed_config.zero3_save_16bit_model", source
+            )
+        plan.grad_accum = _auto_or(
+            cfg.get("gradient_accumulation_steps"),
+            "deepspeed_config.gradient_accumulation_steps",
+            source,
+            int,
+        )
+        plan.grad_clip = _auto_or(
+            cfg.get("gradient_clipping"), "deepspeed_config.gradient_clipping", source, float
+        )
     if "zero3_init_flag" in cfg:
-        plan.ram_efficient_loading = _bool(cfg["zero3_init_flag"],
-                                           "deepspeed_config.zero3_init_flag", source)  # fmt: skip
+        plan.ram_efficient_loading = _bool(
+            cfg["zero3_init_flag"], "deepspeed_config.zero3_init_flag", source
+        )
     for key in sorted(cfg):
         if key.startswith("deepspeed_") and key != "deepspeed_config_file":
-            plan.note("not-mapped", f"deepspeed_config.{key}",
-                      f"{cfg[key]!r}: DeepSpeed-only launcher setting, no FSDP twin")  # fmt: skip
+            plan.note(
+                "not-mapped",
+                f"deepspeed_config.{key}",
+                f"{cfg[key]!r}: DeepSpeed-only launcher setting, no FSDP twin",
+            )
         if "nvme_path" in key:
-            plan.note("not-mapped", f"deepspeed_config.{key}",
-                      f"{cfg[key]!r}: FSDP cannot offload to NVMe")  # fmt: skip
+            plan.note(
+                "not-mapped",
+                f"deepspeed_config.{key}",
+                f"{cfg[key]!r}: FSDP cannot offload to NVMe",
+            )
 
     if plan.zero_stage == 3 and (plan.hpz_partition_size or 1) > 1:
         plan.sharding = "HYBRID_SHARD"
@@ -485,8 +594,10 @@ def _read_ds_json(plan: Plan, name: Any, source: str | None, base_dir: Path | No
     found = next((p for p in candidates if p.is_file()), None)
     where = "deepspeed_config.deepspeed_config_file"
     if found is None:
-        _fail(source, f"{where} {str(name)!r} does not exist (looked in: "
-                      f"{', '.join(map(str, candidates))})")  # fmt: skip
+        _fail(
+            source,
+            f"{where} {str(name)!r} does not exist (looked in: {', '.join(map(str, candidates))})",
+        )
     assert found is not None
     try:
         ds = json.loads(found.read_text(encoding="utf-8"))
@@ -497,22 +608,43 @@ def _read_ds_json(plan: Plan, name: Any, source: str | None, base_dir: Path | No
     zero = ds.get("zero_optimization") or {}
     if not isinstance(zero, dict):
         _fail(source, f"{found}: zero_optimization must be an object")
-    plan.zero_stage = _int(zero.get("stage", 0), f"{found}: zero_optimization.stage", source,
-                           (0, 1, 2, 3))  # fmt: skip
-    for attr, key in (("offload_param", "offload_param"), ("offload_optimizer", "offload_optimizer")):
+    plan.zero_stage = _int(
+        zero.get("stage", 0), f"{found}: zero_optimization.stage", source, (0, 1, 2, 3)
+    )
+    for attr, key in (
+        ("offload_param", "offload_param"),
+        ("offload_optimizer", "offload_optimizer"),
+    ):
         device = (zero.get(key) or {}).get("device", "none")
-        setattr(plan, attr, _choice(device, f"{found}: zero_optimization.{key}.device", source,
-                                    OFFLOAD_DEVICES, upper=False))  # fmt: skip
+        setattr(
+            plan,
+            attr,
+            _choice(
+                device,
+                f"{found}: zero_optimization.{key}.device",
+                source,
+                OFFLOAD_DEVICES,
+                upper=False,
+            ),
+        )
     if "stage3_gather_16bit_weights_on_model_save" in zero:
-        plan.full_state_dict = _bool(zero["stage3_gather_16bit_weights_on_model_save"],
-                                     f"{found}: stage3_gather_16bit_weights_on_model_save", source)  # fmt: skip
+        plan.full_state_dict = _bool(
+            zero["stage3_gather_16bit_weights_on_model_save"],
+            f"{found}: stage3_gather_16bit_weights_on_model_save",
+            source,
+        )
     if "zero_hpz_partition_size" in zero:
-        plan.hpz_partition_size = _int(zero["zero_hpz_partition_size"],
-                                       f"{found}: zero_optimization.zero_hpz_partition_size", source)  # fmt: skip
-    plan.grad_accum = _auto_or(ds.get("gradient_accumulation_steps"),
-                               f"{found}: gradient_accumulation_steps", source, int)  # fmt: skip
-    plan.grad_clip = _auto_or(ds.get("gradient_clipping"), f"{found}: gradient_clipping",
-                              source, float)  # fmt: skip
+        plan.hpz_partition_size = _int(
+            zero["zero_hpz_partition_size"],
+            f"{found}: zero_optimization.zero_hpz_partition_size",
+            source,
+        )
+    plan.grad_accum = _auto_or(
+        ds.get("gradient_accumulation_steps"), f"{found}: gradient_accumulation_steps", source, int
+    )
+    plan.grad_clip = _auto_or(
+        ds.get("gradient_clipping"), f"{found}: gradient_clipping", source, float
+    )
     bf16 = (ds.get("bf16") or {}).get("enabled")
     fp16 = (ds.get("fp16") or {}).get("enabled")
     if bf16 is True:
@@ -522,8 +654,12 @@ def _read_ds_json(plan: Plan, name: Any, source: str | None, base_dir: Path | No
     elif bf16 is False and fp16 in (False, None):
         plan.mixed_precision = "no"
     elif "auto" in (bf16, fp16):
-        plan.note("changed", "bf16/fp16.enabled", "'auto' in the DeepSpeed JSON: mixed "
-                  "precision comes from accelerate launch --mixed_precision; left unset")  # fmt: skip
+        plan.note(
+            "changed",
+            "bf16/fp16.enabled",
+            "'auto' in the DeepSpeed JSON: mixed "
+            "precision comes from accelerate launch --mixed_precision; left unset",
+        )
     for dotted in _leaf_keys(ds):
         if dotted not in _DS_JSON_READ:
             plan.note("not-mapped", dotted, "DeepSpeed-only setting, no FSDP twin")
@@ -564,8 +700,12 @@ def _plan_from_spec(
         plan.offload_param = plan.offload_optimizer = "cpu"
     elif s.offload == "optimizer":
         plan.offload_optimizer = "cpu"
-    plan.mixed_precision = {"bf16-mixed": "bf16", "fp16-mixed": "fp16", "fp32": "no",
-                            "bf16-pure": "no"}[s.precision]  # fmt: skip
+    plan.mixed_precision = {
+        "bf16-mixed": "bf16",
+        "fp16-mixed": "fp16",
+        "fp32": "no",
+        "bf16-pure": "no",
+    }[s.precision]
     if s.sharding == "hybrid_shard":
         plan.hpz_partition_size = r.procs_per_node
     plan.grad_accum = t.grad_accum
@@ -576,21 +716,32 @@ def _plan_from_spec(
         plan.fsdp_extra["fsdp_transformer_layer_cls_to_wrap"] = ",".join(s.wrap)
     if s.activation_checkpointing:
         plan.fsdp_extra["fsdp_activation_checkpointing"] = True
-    plan.note("mapped", "strategy", f"{s.backend} sharding {s.sharding} / zero_stage "
-              f"{s.zero_stage} → {plan.sharding} / zero_stage {plan.zero_stage}")  # fmt: skip
+    plan.note(
+        "mapped",
+        "strategy",
+        f"{s.backend} sharding {s.sharding} / zero_stage "
+        f"{s.zero_stage} → {plan.sharding} / zero_stage {plan.zero_stage}",
+    )
     if to == "deepspeed":
-        for name, value in (("strategy.wrap", s.wrap),
-                            ("strategy.backward_prefetch", s.backward_prefetch),
-                            ("strategy.forward_prefetch", s.forward_prefetch)):  # fmt: skip
+        for name, value in (
+            ("strategy.wrap", s.wrap),
+            ("strategy.backward_prefetch", s.backward_prefetch),
+            ("strategy.forward_prefetch", s.forward_prefetch),
+        ):
             plan.note("not-mapped", name, f"{value!r}: FSDP-only, no DeepSpeed twin")
         if s.activation_checkpointing:
-            plan.note("not-mapped", "strategy.activation_checkpointing",
-                      "no key in DeepSpeed's accelerate config; shardctl's own loop "
-                      "still checkpoints activations with either backend")  # fmt: skip
+            plan.note(
+                "not-mapped",
+                "strategy.activation_checkpointing",
+                "no key in DeepSpeed's accelerate config; shardctl's own loop "
+                "still checkpoints activations with either backend",
+            )
     return plan, _spec_strategy(data, spec, to, plan)
 
 
-def _spec_strategy(data: dict[str, Any], spec: Any, to: Target, plan: Plan) -> dict[str, Any] | None:
+def _spec_strategy(
+    data: dict[str, Any], spec: Any, to: Target, plan: Plan
+) -> dict[str, Any] | None:
     """The `strategy` section that runs the same job on the other backend, if valid."""
     from .spec import parse_spec
 
@@ -605,17 +756,26 @@ def _spec_strategy(data: dict[str, Any], spec: Any, to: Target, plan: Plan) -> d
         new["zero_stage"] = s.zero_stage
         if s.precision == "bf16-pure":
             new["precision"] = "bf16-mixed"
-            plan.note("changed", "strategy.precision", "'bf16-pure' cannot run on DeepSpeed "
-                      "(it always keeps fp32 master weights); the spec uses bf16-mixed")  # fmt: skip
+            plan.note(
+                "changed",
+                "strategy.precision",
+                "'bf16-pure' cannot run on DeepSpeed "
+                "(it always keeps fp32 master weights); the spec uses bf16-mixed",
+            )
     else:
         if s.zero_stage == 1:
             new["sharding"] = "shard_grad_op"
-            plan.note("changed", "strategy.zero_stage", "1 (optimizer-state sharding only) "
-                      "has no FSDP mode; shard_grad_op also shards gradients")  # fmt: skip
+            plan.note(
+                "changed",
+                "strategy.zero_stage",
+                "1 (optimizer-state sharding only) "
+                "has no FSDP mode; shard_grad_op also shards gradients",
+            )
         else:
             new["sharding"] = s.sharding
-        new.update(wrap=s.wrap, backward_prefetch=s.backward_prefetch,
-                   forward_prefetch=s.forward_prefetch)  # fmt: skip
+        new.update(
+            wrap=s.wrap, backward_prefetch=s.backward_prefetch, forward_prefetch=s.forward_prefetch
+        )
     candidate = {**data, "strategy": new}
     if spec.launcher == "deepspeed" and to == "fsdp":
         candidate["launcher"] = "torchrun"
@@ -623,8 +783,11 @@ def _spec_strategy(data: dict[str, Any], spec: Any, to: Target, plan: Plan) -> d
     try:
         parse_spec(candidate)
     except SpecError as exc:
-        plan.note("changed", "strategy", f"no valid {to} strategy for this spec: "
-                  + "; ".join(exc.problems))  # fmt: skip
+        plan.note(
+            "changed",
+            "strategy",
+            f"no valid {to} strategy for this spec: " + "; ".join(exc.problems),
+        )
         return None
     return new
 
@@ -635,18 +798,25 @@ def _read_top(plan: Plan, data: dict[str, Any], source: str | None, skip: tuple[
     if env != "LOCAL_MACHINE":
         _fail(source, f"compute_environment {env!r} is not supported; accepted: LOCAL_MACHINE")
     if "mixed_precision" in data and data["mixed_precision"] is not None:
-        plan.mixed_precision = _choice(data["mixed_precision"], "mixed_precision", source,
-                                       MIXED_PRECISION, upper=False)  # fmt: skip
+        plan.mixed_precision = _choice(
+            data["mixed_precision"], "mixed_precision", source, MIXED_PRECISION, upper=False
+        )
     for key, value in data.items():
         if key in skip or key in ("distributed_type", "mixed_precision"):
             continue
         if key == "parallelism_config" and value:
-            extra = {k: v for k, v in value.items() if not k.endswith(("dp_replicate_size",
-                                                                       "dp_shard_size"))}  # fmt: skip
+            extra = {
+                k: v
+                for k, v in value.items()
+                if not k.endswith(("dp_replicate_size", "dp_shard_size"))
+            }
             for k, v in extra.items():
                 if v not in (1, None):
-                    plan.note("not-mapped", f"parallelism_config.{k}",
-                              f"{v!r}: tensor/context parallelism has no ZeRO twin")  # fmt: skip
+                    plan.note(
+                        "not-mapped",
+                        f"parallelism_config.{k}",
+                        f"{v!r}: tensor/context parallelism has no ZeRO twin",
+                    )
             continue
         plan.top[key] = value
 
@@ -673,8 +843,11 @@ def _to_deepspeed(plan: Plan, json_path: str | None) -> tuple[dict[str, Any], di
             ),
         )
     if plan.sharding == "HYBRID_SHARD_ZERO2":
-        plan.note("changed", "HYBRID_SHARD_ZERO2", "maps to ZeRO-2 across all ranks: "
-                  "DeepSpeed has no per-node replication for stage 2")  # fmt: skip
+        plan.note(
+            "changed",
+            "HYBRID_SHARD_ZERO2",
+            "maps to ZeRO-2 across all ranks: DeepSpeed has no per-node replication for stage 2",
+        )
 
     off_param, off_opt = plan.offload_param, plan.offload_optimizer
     fsdp_offload = plan.offload_param != "none" and plan.offload_optimizer != "none"
@@ -688,16 +861,24 @@ def _to_deepspeed(plan: Plan, json_path: str | None) -> tuple[dict[str, Any], di
         off_param = "none"
     if off_opt != "none" and stage == 0:
         off_opt = "none"
-    if fsdp_offload and stage == 3:
-        plan.note("mapped", "fsdp_offload_params", "true → offload_param_device cpu and "
-                  "offload_optimizer_device cpu (FSDP's offload is all-or-nothing)")  # fmt: skip
+    plan.note(
+        "mapped",
+        "fsdp_offload_params",
+        f"{str(fsdp_offload).lower()} → offload_param_device {off_param}, "
+        f"offload_optimizer_device {off_opt}"
+        + (" (FSDP's offload is all-or-nothing)" if fsdp_offload and stage == 3 else ""),
+    )
 
     init = plan.ram_efficient_loading
     if init is not None:
         if init and stage != 3:
-            plan.note("changed", "fsdp_cpu_ram_efficient_loading", "true has a DeepSpeed twin "
-                      f"(zero3_init_flag) only at ZeRO-3; zero_stage {stage} loads the full "
-                      "model on every rank")  # fmt: skip
+            plan.note(
+                "changed",
+                "fsdp_cpu_ram_efficient_loading",
+                "true has a DeepSpeed twin "
+                f"(zero3_init_flag) only at ZeRO-3; zero_stage {stage} loads the full "
+                "model on every rank",
+            )
             init = False
         else:
             plan.note("mapped", "fsdp_cpu_ram_efficient_loading", f"{init} → zero3_init_flag")
@@ -705,18 +886,30 @@ def _to_deepspeed(plan: Plan, json_path: str | None) -> tuple[dict[str, Any], di
     ga = plan.grad_accum if plan.grad_accum is not None else "auto"
     clip = plan.grad_clip if plan.grad_clip is not None else "auto"
     if plan.grad_accum is None or plan.grad_clip is None:
-        plan.note("mapped", "gradient_accumulation_steps/gradient_clipping",
-                  "not in an FSDP accelerate config; set to 'auto' so DeepSpeed takes them "
-                  "from Accelerator(gradient_accumulation_steps=...) and clip_grad_norm_")  # fmt: skip
+        plan.note(
+            "mapped",
+            "gradient_accumulation_steps/gradient_clipping",
+            "not in an FSDP accelerate config; set to 'auto' so DeepSpeed takes them "
+            "from Accelerator(gradient_accumulation_steps=...) and clip_grad_norm_",
+        )
 
     if plan.full_state_dict is not None:
-        plan.note("mapped", "fsdp_state_dict_type",
-                  f"{'FULL_STATE_DICT' if plan.full_state_dict else 'SHARDED_STATE_DICT'} → "
-                  f"zero3_save_16bit_model {str(plan.full_state_dict).lower()}"
-                  + (" (a 16-bit copy; FSDP's full state dict keeps the training dtype)"
-                     if plan.full_state_dict else "")
-                  + ("" if stage == 3 else f"; below ZeRO-3 (here {stage}) the saved model "
-                     "is whole anyway"))  # fmt: skip
+        plan.note(
+            "mapped",
+            "fsdp_state_dict_type",
+            f"{'FULL_STATE_DICT' if plan.full_state_dict else 'SHARDED_STATE_DICT'} → "
+            f"zero3_save_16bit_model {str(plan.full_state_dict).lower()}"
+            + (
+                " (a 16-bit copy; FSDP's full state dict keeps the training dtype)"
+                if plan.full_state_dict
+                else ""
+            )
+            + (
+                ""
+                if stage == 3
+                else f"; below ZeRO-3 (here {stage}) the saved model is whole anyway"
+            ),
+        )
 
     config: dict[str, Any] = {**plan.top, "distributed_type": "DEEPSPEED"}
     config.setdefault("compute_environment", "LOCAL_MACHINE")
@@ -768,16 +961,24 @@ def _to_deepspeed(plan: Plan, json_path: str | None) -> tuple[dict[str, Any], di
 def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
     sharding = plan.sharding
     if plan.zero_stage == 1:
-        plan.note("changed", "zero_stage", "1 (optimizer-state sharding only) has no FSDP "
-                  "mode; SHARD_GRAD_OP is the nearest (it also shards gradients)")  # fmt: skip
+        plan.note(
+            "changed",
+            "zero_stage",
+            "1 (optimizer-state sharding only) has no FSDP "
+            "mode; SHARD_GRAD_OP is the nearest (it also shards gradients)",
+        )
     if version is None:
         # FSDP2 cannot say NO_SHARD/HYBRID_SHARD with fsdp_reshard_after_forward alone.
         version = 1 if sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") else (plan.fsdp_version or 2)
         if version == 1 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
             plan.note("changed", "fsdp_version", f"1: {sharding} needs the FSDP1 key style")
     if version == 2 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-        raise SpecError([f"fsdp_version 2 cannot express sharding {sharding} through "
-                         "fsdp_reshard_after_forward; accepted: --fsdp-version 1"])  # fmt: skip
+        raise SpecError(
+            [
+                f"fsdp_version 2 cannot express sharding {sharding} through "
+                "fsdp_reshard_after_forward; accepted: --fsdp-version 1"
+            ]
+        )
 
     cfg: dict[str, Any] = {"fsdp_version": version}
     if version == 1:
@@ -788,21 +989,32 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
     else:
         cfg["fsdp_reshard_after_forward"] = sharding == "FULL_SHARD"
     if sharding == "HYBRID_SHARD":
-        plan.note("changed", "zero_hpz_partition_size", f"{plan.hpz_partition_size} → "
-                  "HYBRID_SHARD: FSDP shards within each node (the node size comes from the "
-                  "launch, not from the config)")  # fmt: skip
+        plan.note(
+            "changed",
+            "zero_hpz_partition_size",
+            f"{plan.hpz_partition_size} → "
+            "HYBRID_SHARD: FSDP shards within each node (the node size comes from the "
+            "launch, not from the config)",
+        )
 
     off = plan.offload_param != "none" or plan.offload_optimizer != "none"
     if plan.offload_param != plan.offload_optimizer:
-        plan.note("changed", "offload", f"offload_param_device {plan.offload_param!r} and "
-                  f"offload_optimizer_device {plan.offload_optimizer!r}: FSDP offloads all or "
-                  f"nothing, so fsdp_offload_params is {str(off).lower()} (parameters, gradients "
-                  "and the optimizer step all move to CPU)")  # fmt: skip
+        plan.note(
+            "changed",
+            "offload",
+            f"offload_param_device {plan.offload_param!r} and "
+            f"offload_optimizer_device {plan.offload_optimizer!r}: FSDP offloads all or "
+            f"nothing, so fsdp_offload_params is {str(off).lower()} (parameters, gradients "
+            "and the optimizer step all move to CPU)",
+        )
     if "nvme" in (plan.offload_param, plan.offload_optimizer):
         plan.note("changed", "offload", "FSDP cannot offload to NVMe; it offloads to CPU")
     if off and sharding == "NO_SHARD":
-        plan.note("changed", "offload", "FSDP offloads only sharded parameters; NO_SHARD "
-                  "keeps everything on the device")  # fmt: skip
+        plan.note(
+            "changed",
+            "offload",
+            "FSDP offloads only sharded parameters; NO_SHARD keeps everything on the device",
+        )
         off = False
     cfg["fsdp_offload_params"] = off
 
@@ -811,24 +1023,42 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
         if plan.ram_efficient_loading:
             if version == 1:
                 cfg["fsdp_sync_module_states"] = True
-                plan.note("changed", "fsdp_sync_module_states", "forced to true: with "
-                          "cpu-RAM-efficient loading only rank 0 loads the weights and "
-                          "sync_module_states broadcasts them to the other ranks")  # fmt: skip
+                plan.note(
+                    "changed",
+                    "fsdp_sync_module_states",
+                    "forced to true: with "
+                    "cpu-RAM-efficient loading only rank 0 loads the weights and "
+                    "sync_module_states broadcasts them to the other ranks",
+                )
             else:
-                plan.note("mapped", "zero3_init_flag", "true → fsdp_cpu_ram_efficient_loading "
-                          "(FSDP2 broadcasts rank 0's weights itself; no sync_module_states)")  # fmt: skip
+                plan.note(
+                    "mapped",
+                    "zero3_init_flag",
+                    "true → fsdp_cpu_ram_efficient_loading "
+                    "(FSDP2 broadcasts rank 0's weights itself; no sync_module_states)",
+                )
     extra = dict(plan.fsdp_extra)
     if version == 1 and "fsdp_sync_module_states" in extra:
         cfg.setdefault("fsdp_sync_module_states", extra["fsdp_sync_module_states"])
     if plan.full_state_dict is not None:
-        cfg["fsdp_state_dict_type"] = "FULL_STATE_DICT" if plan.full_state_dict else "SHARDED_STATE_DICT"
+        cfg["fsdp_state_dict_type"] = (
+            "FULL_STATE_DICT" if plan.full_state_dict else "SHARDED_STATE_DICT"
+        )
     if "fsdp_auto_wrap_policy" not in extra:
-        plan.note("changed", "fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP (FSDP needs a "
-                  "wrap policy, DeepSpeed none); accelerate finds the block classes of "
-                  "transformers models, else set fsdp_transformer_layer_cls_to_wrap")  # fmt: skip
+        plan.note(
+            "changed",
+            "fsdp_auto_wrap_policy",
+            "TRANSFORMER_BASED_WRAP (FSDP needs a "
+            "wrap policy, DeepSpeed none); accelerate finds the block classes of "
+            "transformers models, else set fsdp_transformer_layer_cls_to_wrap",
+        )
     cfg["fsdp_auto_wrap_policy"] = extra.pop("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP")
-    v1_only = ("fsdp_backward_prefetch", "fsdp_forward_prefetch", "fsdp_use_orig_params",
-               "fsdp_sync_module_states")  # fmt: skip
+    v1_only = (
+        "fsdp_backward_prefetch",
+        "fsdp_forward_prefetch",
+        "fsdp_use_orig_params",
+        "fsdp_sync_module_states",
+    )
     for key, value in extra.items():
         if version == 2 and key in v1_only:
             plan.note("not-mapped", key, f"{value!r}: FSDP1-only setting, not written for FSDP2")
@@ -838,10 +1068,13 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
         cfg.setdefault(key, value)
 
     if plan.grad_accum is not None or plan.grad_clip is not None:
-        plan.note("not-mapped", "gradient_accumulation_steps/gradient_clipping",
-                  f"{plan.grad_accum!r}/{plan.grad_clip!r}: an FSDP accelerate config has no "
-                  "such keys; pass Accelerator(gradient_accumulation_steps=...) and call "
-                  "accelerator.clip_grad_norm_(..., max_norm) in the training script")  # fmt: skip
+        plan.note(
+            "not-mapped",
+            "gradient_accumulation_steps/gradient_clipping",
+            f"{plan.grad_accum!r}/{plan.grad_clip!r}: an FSDP accelerate config has no "
+            "such keys; pass Accelerator(gradient_accumulation_steps=...) and call "
+            "accelerator.clip_grad_norm_(..., max_norm) in the training script",
+        )
     config: dict[str, Any] = {**plan.top, "distributed_type": "FSDP", "fsdp_config": cfg}
     config.setdefault("compute_environment", "LOCAL_MACHINE")
     if plan.mixed_precision is not None:
@@ -853,13 +1086,21 @@ def _precision_notes(plan: Plan, kind: str, to: Target) -> None:
     plan.note("precision", "mixed_precision", PRECISION_NOTE)
     mp = plan.mixed_precision
     if to == "deepspeed" and mp in (None, "no"):
-        plan.note("precision", "mixed_precision", f"{mp!r} under FSDP trains in the load dtype; "
-                  "under DeepSpeed the optimizer keeps fp32 masters — if the model is loaded in "
-                  "bf16 this is a different training run")  # fmt: skip
+        plan.note(
+            "precision",
+            "mixed_precision",
+            f"{mp!r} under FSDP trains in the load dtype; "
+            "under DeepSpeed the optimizer keeps fp32 masters — if the model is loaded in "
+            "bf16 this is a different training run",
+        )
     if to == "fsdp" and mp in (None, "no"):
-        plan.note("precision", "mixed_precision", f"{mp!r}: DeepSpeed trained with fp32 masters; "
-                  "under FSDP a model loaded in bf16 would now train in pure bf16 — load it in "
-                  "fp32 or set mixed_precision bf16")  # fmt: skip
+        plan.note(
+            "precision",
+            "mixed_precision",
+            f"{mp!r}: DeepSpeed trained with fp32 masters; "
+            "under FSDP a model loaded in bf16 would now train in pure bf16 — load it in "
+            "fp32 or set mixed_precision bf16",
+        )
 
 
 # ------------------------------------------------------------------- value checks
@@ -879,13 +1120,18 @@ def _load_yaml(text: str, source: str) -> Any:
         raise SpecError([f"not valid YAML{where}: {problem}"], source) from None
 
 
-def _check_keys(cfg: dict[str, Any], allowed: frozenset[str], where: str, source: str | None) -> None:
+def _check_keys(
+    cfg: dict[str, Any], allowed: frozenset[str], where: str, source: str | None
+) -> None:
     for key in cfg:
         if key not in allowed:
             hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
             did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
-            _fail(source, f"unknown key {key!r} in {where}{did_you_mean} "
-                          f"(accepted: {', '.join(sorted(allowed))})")  # fmt: skip
+            _fail(
+                source,
+                f"unknown key {key!r} in {where}{did_you_mean} "
+                f"(accepted: {', '.join(sorted(allowed))})",
+            )
 
 
 def _bool(value: Any, where: str, source: str | None) -> bool:
@@ -900,18 +1146,25 @@ def _bool(value: Any, where: str, source: str | None) -> bool:
     raise AssertionError("unreachable")
 
 
-def _int(value: Any, where: str, source: str | None, accepted: tuple[int, ...] | None = None) -> int:
+def _int(
+    value: Any, where: str, source: str | None, accepted: tuple[int, ...] | None = None
+) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok and isinstance(value, str) and value.strip().isdigit():
         value, ok = int(value), True
-    if not ok or (accepted is not None and value not in accepted) or (accepted is None and value < 0):
+    if (
+        not ok
+        or (accepted is not None and value not in accepted)
+        or (accepted is None and value < 0)
+    ):
         want = ", ".join(map(str, accepted)) if accepted else "a non-negative integer"
         _fail(source, f"{where} {value!r} is not valid; accepted: {want}")
     return int(value)
 
 
-def _choice(value: Any, where: str, source: str | None, accepted: tuple[str, ...],
-            upper: bool = True) -> str:  # fmt: skip
+def _choice(
+    value: Any, where: str, source: str | None, accepted: tuple[str, ...], upper: bool = True
+) -> str:
     text = str(value)
     norm = text.upper() if upper else text.lower()
     if norm not in accepted:

@@ -1,0 +1,607 @@
+"""`shardctl convert`: FSDP ⇄ DeepSpeed accelerate configs, checked with accelerate itself.
+
+Every written config is loaded with accelerate's own loader and pushed through the
+same code `accelerate launch` runs (config → launch args → the env vars its FSDP /
+DeepSpeed plugins read), so a key name we got wrong fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.convert import convert_data, convert_file
+from shardctl.orchestrator.errors import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "examples" / "tiny-llama.yaml"
+
+BASE = {
+    "compute_environment": "LOCAL_MACHINE",
+    "debug": False,
+    "machine_rank": 0,
+    "main_training_function": "main",
+    "num_machines": 1,
+    "num_processes": 8,
+    "rdzv_backend": "static",
+    "same_network": True,
+    "use_cpu": False,
+}
+
+
+def fsdp(fsdp_config: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {
+        **BASE,
+        "distributed_type": "FSDP",
+        "mixed_precision": "bf16",
+        **top,
+        "fsdp_config": fsdp_config,
+    }
+
+
+def deepspeed(ds_config: dict[str, Any], **top: Any) -> dict[str, Any]:
+    return {**BASE, "distributed_type": "DEEPSPEED", **top, "deepspeed_config": ds_config}
+
+
+FSDP_CONFIGS = {
+    "v1-full-shard-everything": fsdp(
+        {
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "FULL_SHARD",
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+            "fsdp_backward_prefetch": "BACKWARD_PRE",
+            "fsdp_forward_prefetch": False,
+            "fsdp_use_orig_params": True,
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_sync_module_states": True,
+            "fsdp_offload_params": False,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_activation_checkpointing": True,
+        }
+    ),
+    "v1-shard-grad-op-full-state": fsdp(
+        {
+            "fsdp_version": 1,
+            "fsdp_reshard_after_forward": "SHARD_GRAD_OP",
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": False,
+        },
+        mixed_precision="fp16",
+    ),
+    "v1-no-shard-numeric": fsdp({"fsdp_sharding_strategy": 3}, mixed_precision="no"),
+    "v1-full-shard-offload": fsdp(
+        {
+            "fsdp_version": 1,
+            "fsdp_sharding_strategy": "1",
+            "fsdp_offload_params": "true",
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+        }
+    ),
+    "v2-reshard-true-offload": fsdp(
+        {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": True,
+            "fsdp_offload_params": True,
+            "fsdp_cpu_ram_efficient_loading": True,
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+        }
+    ),
+    "v2-reshard-false": fsdp(
+        {"version": 2, "reshard_after_forward": False, "state_dict_type": "FULL_STATE_DICT"}
+    ),
+}
+
+
+def write_yaml(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def launch_env(config_file: Path) -> dict[str, str]:
+    """The env `accelerate launch --config_file F` gives the training processes."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:
+        # What launch_command does before it calls deepspeed_launcher.
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        _, env = prepare_deepspeed_cmd_env(args)
+    else:
+        assert args.use_fsdp
+        env = prepare_multi_gpu_env(args)
+    return {k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}
+
+
+def deepspeed_plugin_config(env: dict[str, str], cwd: Path) -> dict[str, Any]:
+    """accelerate's DeepSpeedPlugin built from that env: the dict handed to DeepSpeed."""
+    from accelerate.utils import DeepSpeedPlugin
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        os.environ.update(env)
+        os.chdir(cwd)
+        plugin = DeepSpeedPlugin()
+        return {**plugin.deepspeed_config, "zero3_init": plugin.zero3_init_flag}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+
+
+def load_with_accelerate(path: Path) -> Any:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    return load_config_from_file(str(path))
+
+
+def settings(data: dict[str, Any]) -> dict[str, Any]:
+    """The mappable settings of a config, as the converter reads them."""
+    from shardctl.orchestrator.convert import _plan_from_deepspeed, _plan_from_fsdp, detect
+
+    kind = detect(data)
+    plan = (
+        _plan_from_fsdp(data, None)
+        if kind == "accelerate-fsdp"
+        else (_plan_from_deepspeed(data, None, None))
+    )
+    return plan.mappable()
+
+
+# ------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("name", sorted(FSDP_CONFIGS))
+def test_round_trip_fsdp_deepspeed_fsdp_keeps_every_mappable_setting(tmp_path: Path, name: str):
+    original = FSDP_CONFIGS[name]
+    src = write_yaml(tmp_path / "fsdp.yaml", original)
+    version = int(
+        original["fsdp_config"].get("fsdp_version", original["fsdp_config"].get("version", 1))
+    )
+
+    to_ds = convert_file(src, "deepspeed")
+    ds_file = write_yaml(tmp_path / "ds.yaml", to_ds.accelerate_config)
+    assert load_with_accelerate(ds_file).distributed_type.value == "DEEPSPEED"
+
+    back = convert_file(ds_file, "fsdp", fsdp_version=version)
+    back_file = write_yaml(tmp_path / "back.yaml", back.accelerate_config)
+    loaded = load_with_accelerate(back_file)
+    assert loaded.distributed_type.value == "FSDP"
+
+    before, after = settings(original), settings(back.accelerate_config)
+    assert after == before
+    # The keys themselves come back under their own names, in the same style.
+    mapped_keys = {"fsdp_offload_params", "fsdp_state_dict_type", "fsdp_cpu_ram_efficient_loading"}
+    orig_cfg = {
+        (k if k.startswith("fsdp") else f"fsdp_{k}"): v for k, v in original["fsdp_config"].items()
+    }
+    for key in mapped_keys & set(orig_cfg):
+        assert str(loaded.fsdp_config[key]).lower() == str(orig_cfg[key]).lower(), key
+
+
+def test_hybrid_shard_round_trips_through_a_deepspeed_json_with_hpz(tmp_path: Path):
+    original = fsdp(
+        {"fsdp_version": 1, "fsdp_sharding_strategy": "HYBRID_SHARD"},
+        num_machines=2,
+        num_processes=16,
+    )
+    src = write_yaml(tmp_path / "fsdp.yaml", original)
+    result = convert_file(src, "deepspeed", deepspeed_json_path="ds.json")
+    assert result.deepspeed_json is not None
+    zero = result.deepspeed_json["zero_optimization"]
+    assert zero["stage"] == 3
+    assert zero["zero_hpz_partition_size"] == 8  # GPUs per node
+    (tmp_path / "ds.json").write_text(json.dumps(result.deepspeed_json))
+    ds_file = write_yaml(tmp_path / "ds.yaml", result.accelerate_config)
+    load_with_accelerate(ds_file)
+
+    back = convert_file(ds_file, "fsdp", fsdp_version=1)
+    assert back.accelerate_config["fsdp_config"]["fsdp_sharding_strategy"] == "HYBRID_SHARD"
+    assert settings(back.accelerate_config) == settings(original)
+
+
+def test_hybrid_shard_inline_says_what_is_lost(tmp_path: Path):
+    result = convert_data(
+        fsdp({"fsdp_sharding_strategy": "HYBRID_SHARD"}, num_machines=2, num_processes=16),
+        "deepspeed",
+    )
+    assert result.accelerate_config["deepspeed_config"]["zero_stage"] == 3
+    text = " ".join(str(n) for n in result.notes if n.setting == "HYBRID_SHARD")
+    assert "hpZ" in text and "--ds-json" in text and "across all nodes" in text
+
+
+# ------------------------------------------------------------------- the mapping
+
+
+@pytest.mark.parametrize(
+    ("strategy", "stage"),
+    [("FULL_SHARD", 3), ("SHARD_GRAD_OP", 2), ("NO_SHARD", 0), ("HYBRID_SHARD", 3)],
+)
+def test_sharding_strategy_maps_to_zero_stage(tmp_path: Path, strategy: str, stage: int):
+    src = write_yaml(tmp_path / "f.yaml", fsdp({"fsdp_sharding_strategy": strategy}))
+    result = convert_file(src, "deepspeed")
+    out = write_yaml(tmp_path / "ds.yaml", result.accelerate_config)
+    env = launch_env(out)
+    assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == str(stage)
+    assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    ("stage", "strategy"), [(3, "FULL_SHARD"), (2, "SHARD_GRAD_OP"), (0, "NO_SHARD")]
+)
+def test_zero_stage_maps_to_sharding_strategy_fsdp1_env(tmp_path: Path, stage: int, strategy: str):
+    src = write_yaml(tmp_path / "d.yaml", deepspeed({"zero_stage": stage}))
+    result = convert_file(src, "fsdp", fsdp_version=1)
+    env = launch_env(write_yaml(tmp_path / "f.yaml", result.accelerate_config))
+    assert env["FSDP_VERSION"] == "1"
+    # FSDP1 in accelerate 1.15 takes the strategy from FSDP_SHARDING_STRATEGY.
+    assert env["FSDP_SHARDING_STRATEGY"].upper() == strategy
+
+
+def test_zero3_to_fsdp2_uses_reshard_after_forward(tmp_path: Path):
+    src = write_yaml(tmp_path / "d.yaml", deepspeed({"zero_stage": 2}))
+    result = convert_file(src, "fsdp")
+    env = launch_env(write_yaml(tmp_path / "f.yaml", result.accelerate_config))
+    assert env["FSDP_VERSION"] == "2"
+    assert env["FSDP_RESHARD_AFTER_FORWARD"] == "false"  # SHARD_GRAD_OP
+
+
+def test_offload_ram_efficient_loading_and_state_dict(tmp_path: Path):
+    src = write_yaml(
+        tmp_path / "f.yaml",
+        fsdp(
+            {
+                "fsdp_sharding_strategy": "FULL_SHARD",
+                "fsdp_offload_params": True,
+                "fsdp_cpu_ram_efficient_loading": True,
+                "fsdp_sync_module_states": True,
+                "fsdp_state_dict_type": "FULL_STATE_DICT",
+            }
+        ),
+    )
+    result = convert_file(src, "deepspeed")
+    out = write_yaml(tmp_path / "ds.yaml", result.accelerate_config)
+    env = launch_env(out)
+    assert env["ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"] == "cpu"
+    assert env["ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"] == "cpu"
+    assert env["ACCELERATE_DEEPSPEED_ZERO3_INIT"] == "true"
+    assert env["ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"] == "true"
+    ds = deepspeed_plugin_config(env, tmp_path)
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert ds["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] is True
+    assert ds["zero3_init"] is True
+
+
+def test_deepspeed_to_fsdp_forces_sync_module_states_and_says_so(tmp_path: Path):
+    src = write_yaml(
+        tmp_path / "d.yaml",
+        deepspeed(
+            {
+                "zero_stage": 3,
+                "zero3_init_flag": True,
+                "offload_param_device": "cpu",
+                "offload_optimizer_device": "cpu",
+                "zero3_save_16bit_model": False,
+                "gradient_accumulation_steps": 4,
+                "gradient_clipping": 1.0,
+            },
+            mixed_precision="bf16",
+        ),
+    )
+    result = convert_file(src, "fsdp", fsdp_version=1)
+    env = launch_env(write_yaml(tmp_path / "f.yaml", result.accelerate_config))
+    assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"
+    assert env["FSDP_SYNC_MODULE_STATES"] == "true"
+    assert env["FSDP_OFFLOAD_PARAMS"] == "true"
+    assert env["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT"
+    notes = {n.setting: n.message for n in result.notes}
+    assert "forced to true" in notes["fsdp_sync_module_states"]
+    # Gradient accumulation and clipping have no FSDP key: carried into the report.
+    ga = notes["gradient_accumulation_steps/gradient_clipping"]
+    assert "4/1.0" in ga and "Accelerator(gradient_accumulation_steps" in ga
+
+
+def test_gradient_accumulation_and_clipping_carried_from_a_job_spec(tmp_path: Path):
+    data = yaml.safe_load(TINY.read_text())
+    data["train"]["grad_accum"] = 4
+    data["train"]["clip"] = 0.5
+    result = convert_data(data, "deepspeed")
+    ds = result.accelerate_config["deepspeed_config"]
+    assert ds["gradient_accumulation_steps"] == 4
+    assert ds["gradient_clipping"] == 0.5
+    assert ds["zero_stage"] == 3
+    assert result.accelerate_config["num_processes"] == 2
+    assert result.accelerate_config["mixed_precision"] == "bf16"
+    assert result.spec_strategy == {
+        "backend": "deepspeed",
+        "zero_stage": 3,
+        "offload": "none",
+        "precision": "bf16-mixed",
+        "activation_checkpointing": False,
+    }
+    out = write_yaml(tmp_path / "ds.yaml", result.accelerate_config)
+    env = launch_env(out)
+    assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == "4"
+    assert env["ACCELERATE_GRADIENT_CLIPPING"] == "0.5"
+
+
+def test_job_spec_bf16_pure_to_deepspeed_is_changed_with_a_reason():
+    data = yaml.safe_load(TINY.read_text())
+    data["strategy"]["precision"] = "bf16-pure"
+    result = convert_data(data, "deepspeed")
+    assert result.spec_strategy is not None
+    assert result.spec_strategy["precision"] == "bf16-mixed"
+    changed = [n for n in result.notes if n.setting == "strategy.precision"]
+    assert changed and "fp32 master weights" in changed[0].message
+
+
+def test_unmapped_fsdp_settings_are_reported_by_name():
+    cfg = FSDP_CONFIGS["v1-full-shard-everything"]
+    result = convert_data(cfg, "deepspeed")
+    reported = {n.setting for n in result.notes if n.kind == "not-mapped"}
+    for key in (
+        "fsdp_backward_prefetch",
+        "fsdp_forward_prefetch",
+        "fsdp_auto_wrap_policy",
+        "fsdp_transformer_layer_cls_to_wrap",
+        "fsdp_use_orig_params",
+        "fsdp_activation_checkpointing",
+    ):
+        assert f"fsdp_config.{key}" in reported, key
+    # Every input key is either mapped or named in the report.
+    text = " ".join(str(n) for n in result.notes)
+    for key in cfg["fsdp_config"]:
+        assert key in text, key
+
+
+def test_deepspeed_json_only_keys_are_reported(tmp_path: Path):
+    (tmp_path / "ds.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "bf16": {"enabled": True},
+                "gradient_accumulation_steps": 8,
+                "zero_optimization": {
+                    "stage": 1,
+                    "overlap_comm": True,
+                    "reduce_bucket_size": 5e8,
+                    "offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"},
+                },
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            }
+        )
+    )
+    src = write_yaml(
+        tmp_path / "acc.yaml",
+        deepspeed({"deepspeed_config_file": "ds.json", "deepspeed_multinode_launcher": "standard"}),
+    )
+    result = convert_file(src, "fsdp")
+    cfg = result.accelerate_config
+    assert cfg["mixed_precision"] == "bf16"
+    assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] is False  # ZeRO-1 → SHARD_GRAD_OP
+    assert cfg["fsdp_config"]["fsdp_offload_params"] is True
+    reported = {n.setting for n in result.notes}
+    for key in (
+        "zero_optimization.overlap_comm",
+        "zero_optimization.reduce_bucket_size",
+        "zero_optimization.offload_optimizer.nvme_path",
+        "optimizer.type",
+        "optimizer.params.lr",
+        "deepspeed_config.deepspeed_multinode_launcher",
+    ):
+        assert key in reported, key
+    changed = " ".join(n.message for n in result.notes if n.kind == "changed")
+    assert "optimizer-state sharding only" in changed and "NVMe" in changed
+    load_with_accelerate(write_yaml(tmp_path / "f.yaml", cfg))
+
+
+def test_precision_difference_is_stated_both_ways():
+    to_ds = convert_data(
+        fsdp({"fsdp_sharding_strategy": "FULL_SHARD"}, mixed_precision="no"), "deepspeed"
+    )
+    to_fsdp = convert_data(deepspeed({"zero_stage": 3}), "fsdp")
+    for result in (to_ds, to_fsdp):
+        text = " ".join(n.message for n in result.notes if n.kind == "precision")
+        assert "fp32 master weights" in text
+        assert "dtype the model was loaded in" in text
+        assert "load the model in fp32" in text and "bf16-mixed" in text
+    assert any("different training run" in n.message for n in to_ds.notes)
+
+
+# ------------------------------------------------------------------- the CLI
+
+
+def test_cli_text_mode_config_on_stdout_notes_on_stderr(tmp_path: Path):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-everything"])
+    res = CliRunner().invoke(cli, ["convert", str(src), "--to", "deepspeed"])
+    assert res.exit_code == 0, res.stderr
+    out = write_yaml(tmp_path / "ds.yaml", yaml.safe_load(res.stdout))
+    assert load_with_accelerate(out).deepspeed_config["zero_stage"] == 3
+    assert "note: [precision]" in res.stderr
+    assert "fsdp_config.fsdp_backward_prefetch" in res.stderr
+
+
+def test_cli_json_output_and_files(tmp_path: Path):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
+    out, ds_json = tmp_path / "out" / "ds.yaml", tmp_path / "out" / "ds.json"
+    res = CliRunner().invoke(
+        cli,
+        [
+            "convert",
+            str(src),
+            "--to",
+            "deepspeed",
+            "--out",
+            str(out),
+            "--ds-json",
+            str(ds_json),
+            "--output",
+            "json",
+        ],
+    )
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["written"] == [str(ds_json), str(out)]
+    assert doc["deepspeed_config"] == json.loads(ds_json.read_text())
+    assert any(n["kind"] == "precision" for n in doc["notes"])
+    env = launch_env(out)
+    assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"] == str(ds_json)
+    ds = deepspeed_plugin_config(env, tmp_path)
+    assert ds["zero_optimization"]["offload_param"] == {"device": "cpu"}
+    assert ds["bf16"] == {"enabled": True}
+
+
+def test_written_deepspeed_json_passes_deepspeeds_own_zero_config(tmp_path: Path):
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    result = convert_data(
+        fsdp(
+            {
+                "fsdp_sharding_strategy": "HYBRID_SHARD",
+                "fsdp_offload_params": True,
+                "fsdp_state_dict_type": "FULL_STATE_DICT",
+            },
+            num_machines=2,
+            num_processes=4,
+        ),
+        "deepspeed",
+        deepspeed_json_path="ds.json",
+    )
+    assert result.deepspeed_json is not None
+    zero = DeepSpeedZeroConfig(**result.deepspeed_json["zero_optimization"])
+    assert zero.stage == 3 and zero.zero_hpz_partition_size == 2
+    assert zero.offload_param is not None and zero.offload_param.device == "cpu"
+    assert zero.gather_16bit_weights_on_model_save is True
+
+
+def test_cli_refuses_to_overwrite_its_input(tmp_path: Path):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v2-reshard-false"])
+    res = CliRunner().invoke(cli, ["convert", str(src), "--to", "deepspeed", "--out", str(src)])
+    assert res.exit_code == 2
+    assert "refusing to overwrite" in res.stderr
+
+
+# ------------------------------------------------------------------- bad input
+
+BAD = [
+    ("not: [valid", "not valid YAML at line 1"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("foo: 1\n", "neither an accelerate config"),
+    ("distributed_type: MULTI_GPU\n", "'MULTI_GPU' is neither backend"),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: QUARTER_SHARD\n",
+        "fsdp_config.fsdp_sharding_strategy 'QUARTER_SHARD' is not an FSDP sharding strategy; "
+        "accepted: FULL_SHARD (1)",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: 7\n",
+        "fsdp_config.fsdp_sharding_strategy 7 is not an FSDP sharding strategy",
+    ),
+    (
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n",
+        "deepspeed_config.zero_stage 5 is not valid; accepted: 0, 1, 2, 3",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_ofload_params: true\n",
+        "unknown key 'fsdp_ofload_params' in fsdp_config; did you mean 'fsdp_offload_params'?",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: maybe\n",
+        "fsdp_config.fsdp_offload_params 'maybe' is not a boolean; accepted: true, false",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n"
+        "  fsdp_sharding_strategy: NO_SHARD\n",
+        "is an FSDP1 key; with fsdp_version 2 accepted: fsdp_reshard_after_forward",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n",
+        "fsdp_config.fsdp_version 3 is not valid; accepted: 1, 2",
+    ),
+    (
+        "distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n"
+        "  fsdp_reshard_after_forward: SHARD_GRAD_OP\n",
+        "disagree",
+    ),
+    (
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  offload_param_device: gpu\n",
+        "deepspeed_config.offload_param_device 'gpu' is not valid; accepted: none, cpu, nvme",
+    ),
+    (
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: nope.json\n",
+        "deepspeed_config.deepspeed_config_file 'nope.json' does not exist",
+    ),
+    (
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: x.json\n"
+        "  zero_stage: 3\n",
+        "accelerate refuses that pair",
+    ),
+    (
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: lots\n",
+        "deepspeed_config.gradient_clipping 'lots' is not valid; accepted: 'auto' or a positive",
+    ),
+    (
+        "compute_environment: AMAZON_SAGEMAKER\ndistributed_type: FSDP\n",
+        "compute_environment 'AMAZON_SAGEMAKER' is not supported",
+    ),
+    (
+        "distributed_type: FSDP\nnum_procesess: 2\n",
+        "unknown key 'num_procesess' in the accelerate config; did you mean 'num_processes'?",
+    ),
+    (
+        "name: BAD_NAME\ntrain: {steps: 1, model: {llama: {}}, data: {builtin: python-stdlib}}\n",
+        "name: 'BAD_NAME' cannot be a Slurm job",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[m[:40] for _, m in BAD])
+def test_bad_input_names_key_value_and_accepted(tmp_path: Path, text: str, message: str):
+    src = tmp_path / "bad.yaml"
+    src.write_text(text, encoding="utf-8")
+    with pytest.raises(SpecError) as exc:
+        convert_file(src, "deepspeed" if "FSDP" in text else "fsdp")
+    assert message in str(exc.value)
+
+
+def test_missing_file_and_no_traceback_through_the_real_cli(tmp_path: Path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardctl.orchestrator.cli",
+            "convert",
+            str(tmp_path / "missing.yaml"),
+            "--to",
+            "fsdp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.cli", "convert", str(bad), "--to", "fsdp"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "zero_stage 5" in proc.stderr and "accepted: 0, 1, 2, 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
