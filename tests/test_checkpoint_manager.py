@@ -1,0 +1,334 @@
+"""CheckpointManager in one process (no process group): layout, manifest,
+verification, atomic publication, retention, resume policy, and the CLI.
+
+Real DCP writes through a real (unsharded) model; the multi-rank behaviour is in
+test_checkpoint_dist.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from click.testing import CliRunner  # noqa: E402
+from shardctl.orchestrator.cli import cli  # noqa: E402
+from shardctl.orchestrator.errors import CheckpointError  # noqa: E402
+from shardctl.orchestrator.spec import parse_spec  # noqa: E402
+from shardctl.train import checkpoint as ckpt  # noqa: E402
+from shardctl.train.checkpoint import (  # noqa: E402
+    CheckpointManager,
+    ModelState,
+    OptimizerState,
+    latest_complete,
+    list_checkpoints,
+    verify,
+)
+from shardctl.train.manifest import sha256_file  # noqa: E402
+
+
+def make_spec(tmp_path: Path, **checkpoint) -> object:
+    return parse_spec(
+        {
+            "name": "unit",
+            "strategy": {"backend": "fsdp", "precision": "fp32"},
+            "train": {
+                "model": {"factory": "pkg.mod:fn"},
+                "data": {"builtin": "python-stdlib"},
+                "steps": 100,
+            },
+            "checkpoint": {"dir": str(tmp_path / "run" / "checkpoints"), **checkpoint},
+        }
+    )
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.step = 0
+        self.loaded: dict | None = None
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "rng": ckpt.capture_rng()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = sd["step"]
+        ckpt.restore_rng(sd["rng"])
+        self.loaded = sd
+
+
+class Setup:
+    """A small model + optimizer + trainer, and a way to take one training step."""
+
+    def __init__(self, tmp_path: Path, seed: int = 0, **checkpoint) -> None:
+        torch.manual_seed(seed)
+        self.spec = make_spec(tmp_path, **checkpoint)
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.trainer = Trainer()
+        self.app_state = {
+            "model": ModelState(self.model),
+            "optim": OptimizerState(self.model, self.optim),
+            "trainer": self.trainer,
+        }
+        self.mgr = CheckpointManager(
+            self.spec, rank=0, world_size=1, model_meta={"source": "factory", "dtype": "fp32"}
+        )
+        self.ckdir = Path(self.spec.checkpoint_dir)
+
+    def step(self) -> None:
+        x = torch.randn(4, 8)
+        loss = self.model(x).pow(2).mean()
+        loss.backward()
+        self.optim.step()
+        self.optim.zero_grad()
+        self.trainer.step += 1
+
+    def train_and_save(self, steps: list[int]) -> None:
+        for target in steps:
+            while self.trainer.step < target:
+                self.step()
+            self.mgr.save(target, self.app_state)
+        self.mgr.wait()
+
+    def weights(self) -> list:
+        return [p.detach().clone() for p in self.model.parameters()]
+
+
+def flip_byte(path: Path, offset: int = 10) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_layout_and_manifest(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([3])
+    step_dir = s.ckdir / "step-00000003"
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000003"]
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    assert manifest["format_version"] == 1
+    assert manifest["step"] == 3 and manifest["world_size"] == 1
+    assert manifest["backend"] == "fsdp" and manifest["sharding"] == "full_shard"
+    assert manifest["zero_stage"] == 3 and manifest["precision"] == "fp32"
+    assert manifest["model"] == {"source": "factory", "dtype": "fp32"}
+    assert manifest["versions"]["torch"] == torch.__version__
+    files = manifest["files"]
+    assert "dcp/.metadata" in files and "train_state/rank-00000.pt" in files
+    on_disk = sorted(
+        p.relative_to(step_dir).as_posix()
+        for p in step_dir.rglob("*")
+        if p.is_file() and p.name != "manifest.json"
+    )
+    assert sorted(files) == on_disk
+    for rel, want in files.items():
+        assert want["size"] == (step_dir / rel).stat().st_size
+        assert want["sha256"] == sha256_file(step_dir / rel)
+    assert verify(step_dir) == []
+    # DCP keys: the plain FQNs under "model", the optimizer under "optim".
+    import torch.distributed.checkpoint as dcp
+
+    keys = set(dcp.FileSystemReader(str(step_dir / "dcp")).read_metadata().state_dict_metadata)
+    assert "model.0.weight" in keys and any(k.startswith("optim.") for k in keys)
+
+
+def test_verify_names_file_expected_and_found(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+    step_dir = s.ckdir / "step-00000002"
+    target = step_dir / "train_state" / "rank-00000.pt"
+    size = target.stat().st_size
+    flip_byte(target)
+    [problem] = verify(step_dir)
+    assert str(target) in problem and "sha256" in problem and "manifest expects" in problem
+    with open(target, "r+b") as f:
+        f.truncate(size - 5)
+    [problem] = verify(step_dir)
+    assert f"size {size - 5} bytes, manifest expects {size}" in problem
+    target.unlink()
+    [problem] = verify(step_dir)
+    assert "missing" in problem
+
+
+def test_resume_bit_exact_and_fallback_when_newest_corrupt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2, 4])
+    at4 = s.weights()
+    s.train_and_save([6])
+    at6 = s.weights()
+    rng_after_6 = torch.get_rng_state()
+
+    fresh = Setup(tmp_path, seed=99)
+    assert fresh.mgr.restore(fresh.app_state) == 6
+    assert all(torch.equal(a, b) for a, b in zip(at6, fresh.weights(), strict=True))
+    assert fresh.trainer.step == 6
+    assert torch.equal(torch.get_rng_state(), rng_after_6)
+    # Optimizer state came back too: one more identical step gives identical weights.
+    torch.manual_seed(5)
+    s.step()
+    torch.manual_seed(5)
+    fresh.step()
+    assert all(torch.equal(a, b) for a, b in zip(s.weights(), fresh.weights(), strict=True))
+
+    flip_byte(next((s.ckdir / "step-00000006" / "dcp").glob("*.distcp")), 200)
+    other = Setup(tmp_path, seed=7)
+    with caplog.at_level(logging.WARNING):
+        assert other.mgr.restore(other.app_state) == 4
+    assert "step-00000006" in caplog.text and "manifest expects" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(at4, other.weights(), strict=True))
+    assert latest_complete(s.ckdir) == s.ckdir / "step-00000004"
+
+
+def test_resume_never_and_explicit_path(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2, 4])
+    never = Setup(tmp_path, resume="never")
+    assert never.mgr.restore(never.app_state) is None
+    explicit = Setup(tmp_path, resume=str(s.ckdir / "step-00000002"))
+    assert explicit.mgr.restore(explicit.app_state) == 2
+
+    flip_byte(s.ckdir / "step-00000002" / "train_state" / "rank-00000.pt")
+    corrupt = Setup(tmp_path, resume=str(s.ckdir / "step-00000002"))
+    with pytest.raises(CheckpointError, match=r"is corrupt:\n.*rank-00000.pt: sha256"):
+        corrupt.mgr.restore(corrupt.app_state)
+
+    missing = Setup(tmp_path, resume=str(s.ckdir / "step-00000077"))
+    with pytest.raises(CheckpointError, match="no such checkpoint folder"):
+        missing.mgr.restore(missing.app_state)
+
+    (s.ckdir / "step-00000004" / "manifest.json").rename(s.ckdir / "m.json")
+    incomplete = Setup(tmp_path, resume=str(s.ckdir / "step-00000004"))
+    with pytest.raises(CheckpointError, match=r"no manifest.json, so the checkpoint is incomplete"):
+        incomplete.mgr.restore(incomplete.app_state)
+
+
+def test_every_checkpoint_corrupt_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2, 4])
+    for step in (2, 4):
+        flip_byte(s.ckdir / f"step-{step:08d}" / "dcp" / ".metadata")
+    again = Setup(tmp_path)
+    with pytest.raises(CheckpointError, match=r"every complete checkpoint .* failed verification"):
+        again.mgr.restore(again.app_state)
+
+
+def test_nothing_to_resume_starts_at_zero(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    assert s.mgr.restore(s.app_state) is None
+
+
+def test_crash_before_rename_leaves_previous_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+
+    def crash(tmp: Path, final: Path) -> None:
+        raise OSError("simulated crash before the rename")
+
+    monkeypatch.setattr(ckpt, "_publish", crash)
+    with pytest.raises(CheckpointError, match="simulated crash"):
+        s.train_and_save([4])
+    monkeypatch.undo()
+    infos = list_checkpoints(s.ckdir)
+    assert [(i.step, i.complete) for i in infos] == [(2, True), (4, False)]
+    assert infos[1].path.endswith("step-00000004.tmp")
+    assert (Path(infos[1].path) / "manifest.json").exists()  # written, but never renamed
+    fresh = Setup(tmp_path)
+    assert fresh.mgr.restore(fresh.app_state) == 2
+    # The next save removes the stale .tmp before writing.
+    fresh.train_and_save([3])
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002", "step-00000003"]
+
+
+def test_retention_keeps_newest_and_deletes_only_after_publish(tmp_path: Path) -> None:
+    s = Setup(tmp_path, keep=2)
+    s.train_and_save([1, 2, 3, 4])
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000003", "step-00000004"]
+    # A save that fails deletes nothing.
+    (s.ckdir / ".trash-step-00000001-1-2").mkdir()  # a half-finished deletion
+    s.mgr.save(5, s.app_state)
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000004", "step-00000005"]
+
+
+def test_resaving_an_existing_step_replaces_it_atomically(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+    first = json.loads((s.ckdir / "step-00000002" / "manifest.json").read_text())
+    s.step()
+    s.mgr.save(2, s.app_state, final=True)
+    second = json.loads((s.ckdir / "step-00000002" / "manifest.json").read_text())
+    assert first["files"] != second["files"]
+    assert verify(s.ckdir / "step-00000002") == []
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002"]
+
+
+def test_async_save_single_process(tmp_path: Path) -> None:
+    s = Setup(tmp_path, **{"async": True})
+    s.train_and_save([2])
+    s.step()
+    s.mgr.save(3, s.app_state)
+    s.mgr.close()
+    assert [i.step for i in list_checkpoints(s.ckdir) if i.complete] == [2, 3]
+    assert verify(s.ckdir / "step-00000003") == []
+
+
+def test_backend_mismatch_is_refused(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+    path = s.ckdir / "step-00000002" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["backend"] = "deepspeed"
+    path.write_text(json.dumps(manifest))
+    again = Setup(tmp_path)
+    with pytest.raises(CheckpointError, match="written by backend 'deepspeed'"):
+        again.mgr.restore(again.app_state)
+
+
+def test_cli_lists_and_verifies(tmp_path: Path) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2, 4])
+    (s.ckdir / "step-00000006.tmp").mkdir()
+    run_dir = s.ckdir.parent
+    runner = CliRunner()
+    res = runner.invoke(cli, ["checkpoints", str(run_dir), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    rows = [(r["step"], r["status"], r["world_size"], r["backend"]) for r in data["checkpoints"]]
+    assert rows == [
+        (2, "complete", 1, "fsdp"),
+        (4, "complete", 1, "fsdp"),
+        (6, "incomplete", None, None),
+    ]
+    assert all(r["size_bytes"] > 0 for r in data["checkpoints"][:2])
+    assert data["latest_complete"].endswith("step-00000004")
+
+    flip_byte(s.ckdir / "step-00000004" / "dcp" / ".metadata")
+    res = runner.invoke(cli, ["checkpoints", str(s.ckdir), "--verify"])
+    assert res.exit_code == 1
+    assert "corrupt" in res.output and ".metadata: sha256" in res.output
+    assert "would use: " + str(s.ckdir / "step-00000002") in res.output
+
+    res = runner.invoke(cli, ["checkpoints", str(s.ckdir / "step-00000002"), "-o", "json"])
+    assert [r["step"] for r in json.loads(res.output)["checkpoints"]] == [2]
+
+    res = runner.invoke(cli, ["checkpoints", str(tmp_path / "nope")])
+    assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_cli_module_does_not_import_torch() -> None:
+    code = (
+        "import sys; import shardctl.orchestrator.cli_checkpoints as m; "
+        "from shardctl.train import manifest; "
+        "bad = [x for x in ('torch', 'deepspeed') if x in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
