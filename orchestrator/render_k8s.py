@@ -9,7 +9,8 @@ the values rendered here yields the very same objects (a test compares them).
 Layout inside every pod (the paths are part of the interface, see README `k8s`):
 
     /etc/shardctl/job.yaml     the validated spec, from the ConfigMap (read-only)
-    /etc/shardctl/launch.sh    the launch script (`launch_script(spec, "k8s", ...)`)
+    /etc/shardctl/launch.sh    the launch script (`launch_script(spec, "k8s", ...)`), and
+                               beside it the files it reads (accelerate config, hostfile)
     /shardctl/runs/            the PVC (or an emptyDir when no PVC is given); the
                                run dir is /shardctl/runs/<name>, checkpoints in
                                /shardctl/runs/<name>/checkpoints, whatever
@@ -25,6 +26,7 @@ complete checkpoint there.
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from typing import Any
@@ -124,6 +126,31 @@ def launch_sh(spec: JobSpec) -> str:
     return launch_script(pod_spec(spec), "k8s", f"{SPEC_DIR}/{SPEC_FILE}")
 
 
+def launcher_files(spec: JobSpec) -> dict[str, str]:
+    """Files the launch script reads beside itself (accelerate config, hostfile ...).
+
+    They go into the ConfigMap next to launch.sh, so `${SHARDCTL_RENDER_DIR}` (the
+    script's folder, /etc/shardctl in the pod) holds them. Which ones is read off
+    the launcher's own words; their text is what `shardctl render` writes.
+    """
+    from . import launch
+
+    argv = launch.launch_argv(spec, f"{SPEC_DIR}/{SPEC_FILE}")
+    names = [
+        name
+        for name in (launch.HOSTFILE, launch.ACCELERATE_CONFIG, launch.DS_CONFIG)
+        if f"${{{launch.RENDER_DIR_VAR}}}/{name}" in argv
+    ]
+    if not names:
+        return {}
+    from .render import local_artifacts
+
+    # The launcher files do not depend on the cluster; "local" keeps the renderer
+    # from calling back into this module.
+    rendered = local_artifacts(spec, "local")
+    return {name: rendered[name] for name in names}
+
+
 def memory_quantity(value: str) -> str:
     """A spec memory size as a Kubernetes quantity: Slurm's `64G` is `64Gi`, bare MB → `Mi`."""
     if SLURM_MEM_RE.match(value):
@@ -205,6 +232,7 @@ def helm_values(spec: JobSpec) -> dict[str, Any]:
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "jobSpec": job_yaml(spec),
         "launchScript": launch_sh(spec),
+        "launcherFiles": launcher_files(pod_spec(spec)),
     }
 
 
@@ -231,21 +259,30 @@ def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
             "namespace": values["namespace"],
             "labels": labels(name),
         },
-        "data": {SPEC_FILE: values["jobSpec"], LAUNCH_FILE: values["launchScript"]},
+        "data": {
+            **values["launcherFiles"],
+            SPEC_FILE: values["jobSpec"],
+            LAUNCH_FILE: values["launchScript"],
+        },
     }
 
 
 def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
     nodes = values["nodes"]
-    template = _pod_template(values, name)
+    # Each replica gets its own copy of the pod template: one shared dict would
+    # make a change to the Master's silently change the Workers'.
     replica_specs: dict[str, Any] = {
-        "Master": {"replicas": 1, "restartPolicy": values["restartPolicy"], "template": template}
+        "Master": {
+            "replicas": 1,
+            "restartPolicy": values["restartPolicy"],
+            "template": _pod_template(values, name),
+        }
     }
     if nodes > 1:
         replica_specs["Worker"] = {
             "replicas": nodes - 1,
             "restartPolicy": values["restartPolicy"],
-            "template": template,
+            "template": _pod_template(values, name),
         }
     job_spec: dict[str, Any] = {
         "nprocPerNode": str(values["nprocPerNode"]),
@@ -264,6 +301,7 @@ def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
+    values = copy.deepcopy(values)  # the template owns everything it holds
     security = values["securityContext"]
     uid = security["runAsUser"]
     claim = values["storage"]["claimName"]

@@ -1,0 +1,490 @@
+"""`--cluster k8s`: a Kubeflow PyTorchJob created through the `kubernetes` client.
+
+`dryrun` renders the ConfigMap and the PyTorchJob (render_k8s) and contacts
+nothing; `schedule` sends exactly those two objects. Job states come from the
+PyTorchJob's status conditions through `CONDITION_STATES`, the one table.
+
+Which cluster: the kubeconfig the `kubernetes` client finds (`$KUBECONFIG`,
+else ~/.kube/config), overridden by `$SHARDCTL_KUBECONFIG` and
+`$SHARDCTL_KUBE_CONTEXT`; inside a pod without a kubeconfig, the in-cluster
+service account. The client is imported only here, only when a call needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import ClusterError, JobNotFoundError, MissingDependencyError
+from ..render_k8s import (
+    CONTAINER,
+    GROUP,
+    PLURAL,
+    RUNS_MOUNT,
+    VERSION,
+    configmap_name,
+    k8s_artifacts,
+    k8s_objects,
+    manifests,
+)
+from ..spec import JobSpec
+from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+
+T = TypeVar("T")
+
+# The PyTorchJob condition that is currently true → our state. Anything else
+# (a future operator's new condition) is UNKNOWN rather than a guess.
+CONDITION_STATES: dict[str, JobState] = {
+    "Pending": JobState.PENDING,  # no condition yet: the operator has not picked it up
+    "Created": JobState.PENDING,  # pods created, not all running
+    "Suspended": JobState.PENDING,  # runPolicy.suspend: waits to be resumed
+    "Running": JobState.RUNNING,
+    # A pod failed or was preempted and is restarting; the loop resumes from the
+    # newest complete checkpoint on the PVC.
+    "Restarting": JobState.PREEMPTED,
+    "Succeeded": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
+}
+TERMINAL_CONDITIONS = ("Succeeded", "Failed")
+
+# Labels the training operator puts on every pod of a job.
+LABEL_JOB = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
+
+REQUEST_TIMEOUT_S = 30
+REPLACE_TIMEOUT_S = 180.0
+RBAC_HINT = "the Role in manifests/rbac.yaml grants what shardctl needs"
+OPERATOR_HINT = (
+    "install the Kubeflow training operator, which serves PyTorchJob "
+    f"({GROUP}/{VERSION}): see the README section 'k8s'"
+)
+
+
+def current_condition(job: dict[str, Any]) -> tuple[str, str]:
+    """(type, message) of the condition that holds now; ("Pending", "") without any.
+
+    The operator keeps the history of conditions; those with status "True" hold.
+    A terminal one wins, otherwise the last true one (the newest transition).
+    """
+    conditions = (job.get("status") or {}).get("conditions") or []
+    held = [c for c in conditions if str(c.get("status")) == "True"]
+    for cond in held:
+        if cond.get("type") in TERMINAL_CONDITIONS:
+            return cond["type"], cond.get("message", "")
+    if held:
+        return str(held[-1].get("type")), held[-1].get("message", "")
+    return "Pending", ""
+
+
+def state_of(job: dict[str, Any]) -> JobStatus:
+    native, message = current_condition(job)
+    state = CONDITION_STATES.get(native, JobState.UNKNOWN)
+    return JobStatus(state=state, native_state=native, detail=message or "")
+
+
+class K8sCluster(Cluster):
+    name = "k8s"
+
+    def __init__(self, replace: bool | None = None, api_client: Any = None) -> None:
+        # --replace (or SHARDCTL_K8S_REPLACE=1): delete a job of the same name first.
+        if replace is None:
+            replace = os.environ.get("SHARDCTL_K8S_REPLACE", "") not in ("", "0", "false")
+        self.replace = replace
+        self._api_client = api_client
+
+    # ----------------------------------------------------------------- submit
+
+    def dryrun(self, spec: JobSpec) -> DryRun:
+        objects = k8s_objects(spec)
+        return DryRun(
+            cluster=self.name,
+            spec=spec,
+            artifacts=k8s_artifacts(spec),
+            request=objects,
+            text=manifests(spec),
+        )
+
+    def schedule(self, dryrun: DryRun) -> JobRef:
+        spec = dryrun.spec
+        cm, job = dryrun.request["configmap"], dryrun.request["pytorchjob"]
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        core, custom = self._core(), self._custom()
+        if self.replace:
+            self._delete_everything(ns, name, wait=True)
+        self._create_configmap(core, custom, cm, ns, name)
+        try:
+            created = self._call(
+                "create",
+                "pytorchjobs",
+                ns,
+                lambda: custom.create_namespaced_custom_object(
+                    GROUP, VERSION, ns, PLURAL, job, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+                not_found=f"the cluster does not serve {PLURAL}.{GROUP}/{VERSION} "
+                f"(the PyTorchJob CRD is not installed); {OPERATOR_HINT}",
+                conflict=_exists_message(ns, name),
+            )
+        except ClusterError:
+            # Leave nothing behind from a submission that did not happen; a failing
+            # clean-up must not hide the reason the submission failed.
+            with contextlib.suppress(ClusterError):
+                self._ignore_missing(
+                    lambda: self._call(
+                        "delete",
+                        "configmaps",
+                        ns,
+                        lambda: core.delete_namespaced_config_map(
+                            cm["metadata"]["name"], ns, _request_timeout=REQUEST_TIMEOUT_S
+                        ),
+                    )
+                )
+            raise
+        uid = ((created or {}).get("metadata") or {}).get("uid")
+        return JobRef(
+            cluster=self.name,
+            job_id=f"{ns}/{name}",
+            name=spec.name,
+            run_dir=f"{RUNS_MOUNT}/{spec.name}",
+            extra={"namespace": ns, "job": name, "pvc": spec.k8s.pvc, "uid": uid},
+        )
+
+    def _create_configmap(
+        self, core: Any, custom: Any, cm: dict[str, Any], ns: str, name: str
+    ) -> None:
+        cm_name = cm["metadata"]["name"]
+        try:
+            self._call(
+                "create",
+                "configmaps",
+                ns,
+                lambda: core.create_namespaced_config_map(
+                    ns, cm, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+                not_found=f"namespace {ns!r} does not exist (k8s.namespace); create it with "
+                "`kubectl apply -f manifests/namespace.yaml` or `kubectl create namespace "
+                f"{ns}`",
+            )
+        except _Conflict:
+            if self._job_exists(custom, ns, name):
+                raise ClusterError(_exists_message(ns, name)) from None
+            # A ConfigMap left from a job that is gone (deleted by hand, TTL): ours to update.
+            self._call(
+                "update",
+                "configmaps",
+                ns,
+                lambda: core.replace_namespaced_config_map(
+                    cm_name, ns, cm, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+
+    def _job_exists(self, custom: Any, ns: str, name: str) -> bool:
+        try:
+            self._get_job(custom, ns, name)
+        except JobNotFoundError:
+            return False
+        return True
+
+    # ------------------------------------------------------------- follow-up
+
+    def status(self, ref: JobRef) -> JobStatus:
+        ns, name = _where(ref)
+        try:
+            job = self._get_job(self._custom(), ns, name)
+        except JobNotFoundError:
+            return JobStatus(
+                JobState.UNKNOWN,
+                "NotFound",
+                f"PyTorchJob {name} is gone from namespace {ns} "
+                "(cancelled, deleted, or cleaned up after ttlSecondsAfterFinished)",
+            )
+        return state_of(job)
+
+    def wait(
+        self,
+        ref: JobRef,
+        timeout_s: float | None = None,
+        poll_s: float = 5.0,
+        on_change: Callable[[JobStatus], None] | None = None,
+    ) -> JobStatus:
+        """Poll until the job succeeded or failed (or disappeared); ClusterError on timeout."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last: JobStatus | None = None
+        while True:
+            st = self.status(ref)
+            if on_change is not None and (last is None or st != last):
+                on_change(st)
+            last = st
+            if st.state.is_terminal or st.native_state == "NotFound":
+                return st
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"PyTorchJob {ref.job_id} still {st.state.value} [{st.native_state}] "
+                    f"after {timeout_s:g} s"
+                )
+            time.sleep(poll_s)
+
+    def pods(self, ref: JobRef) -> list[dict[str, Any]]:
+        """The job's pods (found by the operator's labels), master first, then by index."""
+        ns, name = _where(ref)
+        core = self._core()
+        found = self._call(
+            "list",
+            "pods",
+            ns,
+            lambda: core.list_namespaced_pod(
+                ns, label_selector=f"{LABEL_JOB}={name}", _request_timeout=REQUEST_TIMEOUT_S
+            ),
+        )
+        pods = [p.to_dict() if hasattr(p, "to_dict") else p for p in found.items]
+        # Filter again: the selector is the server's job, but a pod of another job
+        # must never be reported under this one.
+        pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == name]
+
+        def order(pod: dict[str, Any]) -> tuple[int, int, str]:
+            labels = pod["metadata"].get("labels") or {}
+            kind = labels.get(LABEL_REPLICA_TYPE, "").lower()
+            index = labels.get(LABEL_REPLICA_INDEX, "")
+            return (0 if kind == "master" else 1, int(index) if index.isdigit() else 0,
+                    pod["metadata"]["name"])  # fmt: skip
+
+        return sorted(pods, key=order)
+
+    def logs(self, ref: JobRef, tail: int | None = None) -> str:
+        ns, name = _where(ref)
+        core = self._core()
+        pods = self.pods(ref)
+        if not pods:
+            return f"(no pods of PyTorchJob {name} in namespace {ns} yet)\n"
+        out: list[str] = []
+        for pod in pods:
+            pod_name = pod["metadata"]["name"]
+            labels = pod["metadata"].get("labels") or {}
+            role = f"{labels.get(LABEL_REPLICA_TYPE, '?')} {labels.get(LABEL_REPLICA_INDEX, '?')}"
+            out.append(f"==> {pod_name} ({role}) <==\n")
+            try:
+                text = self._call(
+                    "get",
+                    "pods/log",
+                    ns,
+                    lambda pod_name=pod_name: core.read_namespaced_pod_log(
+                        pod_name,
+                        ns,
+                        container=CONTAINER,
+                        tail_lines=tail,
+                        _request_timeout=REQUEST_TIMEOUT_S,
+                    ),
+                    bad_request_ok=True,
+                )
+            except _BadRequest as exc:  # e.g. the container is still being created
+                text = f"(no log yet: {exc})\n"
+            if text and not text.endswith("\n"):
+                text += "\n"
+            out.append(text or "")
+        return "".join(out)
+
+    def cancel(self, ref: JobRef) -> None:
+        ns, name = _where(ref)
+        self._delete_everything(ns, name, wait=False, missing_ok=False)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _delete_everything(self, ns: str, name: str, wait: bool, missing_ok: bool = True) -> None:
+        """Delete the PyTorchJob (its pods first: Foreground) and its ConfigMap."""
+        custom, core = self._custom(), self._core()
+        try:
+            self._call(
+                "delete",
+                "pytorchjobs",
+                ns,
+                lambda: custom.delete_namespaced_custom_object(
+                    GROUP,
+                    VERSION,
+                    ns,
+                    PLURAL,
+                    name,
+                    propagation_policy="Foreground",
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                ),
+                not_found=f"no PyTorchJob {name} in namespace {ns} (already deleted or never "
+                "created)",
+            )
+        except JobNotFoundError:
+            if not missing_ok:
+                raise
+        self._ignore_missing(
+            lambda: self._call(
+                "delete",
+                "configmaps",
+                ns,
+                lambda: core.delete_namespaced_config_map(
+                    configmap_name(name), ns, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+        )
+        if wait:
+            # Foreground deletion keeps the job visible until its pods are gone;
+            # a new job of the same name can only be created after that.
+            deadline = time.monotonic() + REPLACE_TIMEOUT_S
+            while self._job_exists(custom, ns, name):
+                if time.monotonic() >= deadline:
+                    raise ClusterError(
+                        f"PyTorchJob {ns}/{name} is still being deleted after "
+                        f"{REPLACE_TIMEOUT_S:g} s; try again when "
+                        f"`kubectl -n {ns} get pytorchjob {name}` finds nothing"
+                    )
+                time.sleep(1.0)
+
+    def _get_job(self, custom: Any, ns: str, name: str) -> dict[str, Any]:
+        return self._call(
+            "get",
+            "pytorchjobs",
+            ns,
+            lambda: custom.get_namespaced_custom_object(
+                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S
+            ),
+            not_found=f"no PyTorchJob {name} in namespace {ns}",
+        )
+
+    @staticmethod
+    def _ignore_missing(fn: Callable[[], Any]) -> None:
+        with contextlib.suppress(JobNotFoundError):  # what `_call` makes of a 404
+            fn()
+
+    def _call(
+        self,
+        verb: str,
+        resource: str,
+        ns: str,
+        fn: Callable[[], T],
+        not_found: str | None = None,
+        conflict: str | None = None,
+        bad_request_ok: bool = False,
+    ) -> T:
+        """Run one API call; turn the client's exceptions into messages that say what to do."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return fn()
+        except ApiException as exc:
+            reason = _server_message(exc)
+            if exc.status == 404:
+                raise JobNotFoundError(not_found or f"{resource} not found: {reason}") from None
+            if exc.status == 409:
+                if conflict is None:
+                    raise _Conflict(reason) from None
+                raise ClusterError(conflict) from None
+            if exc.status == 403:
+                raise ClusterError(
+                    f"forbidden: the credentials in use may not {verb!r} {resource!r} in "
+                    f"namespace {ns!r} (the RBAC rule missing: verb {verb}, resource "
+                    f"{resource}); {RBAC_HINT}. Server said: {reason}"
+                ) from None
+            if exc.status == 401:
+                raise ClusterError(
+                    f"unauthorized: the API server rejected the credentials of the kubeconfig "
+                    f"({reason}); refresh them (e.g. log in again) or set SHARDCTL_KUBECONFIG"
+                ) from None
+            if exc.status == 400 and bad_request_ok:
+                raise _BadRequest(reason) from None
+            if exc.status == 422:
+                raise ClusterError(f"the API server rejected the {resource}: {reason}") from None
+            raise ClusterError(
+                f"{verb} {resource} in namespace {ns!r} failed: HTTP {exc.status} {reason}"
+            ) from None
+        except (OSError, _urllib3_errors()) as exc:
+            host = getattr(getattr(self._api(), "configuration", None), "host", "?")
+            raise ClusterError(f"cannot reach the Kubernetes API server at {host}: {exc}") from None
+
+    # The client is built on first use, so dryrun never touches kubeconfig or network.
+    def _api(self) -> Any:
+        if self._api_client is None:
+            self._api_client = load_api_client()
+        return self._api_client
+
+    def _custom(self) -> Any:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self._api())
+
+    def _core(self) -> Any:
+        from kubernetes import client
+
+        return client.CoreV1Api(self._api())
+
+
+class _Conflict(ClusterError):
+    """409 where the caller decides what it means."""
+
+
+class _BadRequest(ClusterError):
+    """400 where the caller has a better message (a log that does not exist yet)."""
+
+
+def _urllib3_errors() -> type[Exception]:
+    import urllib3.exceptions
+
+    return urllib3.exceptions.HTTPError
+
+
+def _where(ref: JobRef) -> tuple[str, str]:
+    ns = ref.extra.get("namespace")
+    name = ref.extra.get("job")
+    if not ns or not name:
+        ns, _, name = ref.job_id.partition("/")
+    return ns, name
+
+
+def _exists_message(ns: str, name: str) -> str:
+    return (
+        f"a PyTorchJob named {name!r} already exists in namespace {ns!r}; replace it with "
+        f"`shardctl submit SPEC --cluster k8s --replace` (deletes it and its pods first; "
+        f"checkpoints on the PVC stay and the new job resumes from them), or rename the job "
+        f"(the spec's name)"
+    )
+
+
+def _server_message(exc: Any) -> str:
+    """The `message` of the API server's Status body, else the HTTP reason."""
+    import json
+
+    try:
+        body = json.loads(exc.body or "{}")
+        if isinstance(body, dict) and body.get("message"):
+            return str(body["message"])
+    except (TypeError, ValueError):
+        pass
+    return str(exc.reason or exc.status)
+
+
+def load_api_client() -> Any:
+    """An ApiClient from the kubeconfig (or in-cluster config), never touching globals."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise MissingDependencyError("kubernetes", "k8s", "--cluster k8s") from None
+    from kubernetes.config.config_exception import ConfigException
+
+    config_file = os.environ.get("SHARDCTL_KUBECONFIG") or None
+    context = os.environ.get("SHARDCTL_KUBE_CONTEXT") or None
+    kubeconfig_known = bool(config_file or os.environ.get("KUBECONFIG")) or os.path.exists(
+        os.path.expanduser("~/.kube/config")
+    )
+    if not kubeconfig_known and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException as exc:
+            raise ClusterError(f"in-cluster Kubernetes config is unusable: {exc}") from None
+        return client.ApiClient(configuration)
+    try:
+        return config.new_client_from_config(config_file=config_file, context=context)
+    except (ConfigException, OSError) as exc:
+        where = config_file or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise ClusterError(
+            f"no usable kubeconfig ({where}): {exc}; point KUBECONFIG or SHARDCTL_KUBECONFIG "
+            "at one (and SHARDCTL_KUBE_CONTEXT at its context), or run inside the cluster"
+        ) from None

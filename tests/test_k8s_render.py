@@ -1,0 +1,310 @@
+"""The PyTorchJob and ConfigMap renderer (orchestrator/render_k8s.py).
+
+Every rendered object is validated: the PyTorchJob against the training
+operator's CRD schema (strict), each pod template and the ConfigMap against
+kubernetes-validate.
+"""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import yaml
+from helpers.k8s_schemas import validate_core, validate_pytorchjob
+from shardctl.orchestrator import render_k8s
+from shardctl.orchestrator.spec import JobSpec, load_spec, parse_spec
+
+BASE: dict[str, Any] = {
+    "name": "k8s-test",
+    "resources": {"nodes": 2, "procs_per_node": 2, "device": "cpu"},
+    "train": {
+        "model": {"llama": {"vocab_size": 256, "hidden_size": 32, "num_hidden_layers": 1}},
+        "data": {"builtin": "python-stdlib"},
+        "steps": 4,
+    },
+    "checkpoint": {"every_steps": 2, "dir": "/somewhere/on/my/laptop/ckpt"},
+    "k8s": {"namespace": "ml", "image": "registry.example/shardctl:1", "pvc": "runs"},
+}
+
+
+def make(**overrides: Any) -> JobSpec:
+    data = copy.deepcopy(BASE)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return parse_spec(data)
+
+
+def container(job: dict[str, Any], replica: str = "Master") -> dict[str, Any]:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
+
+
+def pod(job: dict[str, Any], replica: str = "Master") -> dict[str, Any]:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]
+
+
+VARIANTS = {
+    "two-nodes-cpu": {},
+    "one-node": {"resources__nodes": 1},
+    "cuda-elastic-everything": {
+        "resources__device": "cuda",
+        "resources__procs_per_node": 8,
+        "resources__nodes": 3,
+        "resources__memory": "500G",
+        "k8s__elastic": {"min_nodes": 2, "max_nodes": 4, "max_restarts": 2},
+        "k8s__node_selector": {"nvidia.com/gpu.product": "H100"},
+        "k8s__tolerations": [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "value": "yes", "effect": "NoExecute", "tolerationSeconds": 60},
+        ],
+        "k8s__priority_class": "training-high",
+        "k8s__image_pull_secrets": ["regcred"],
+        "k8s__env_from_config_maps": ["team-env"],
+        "k8s__env_from_secrets": ["wandb-key"],
+        "k8s__restart_policy": "ExitCode",
+        "k8s__ttl_seconds_after_finished": 0,
+        "k8s__active_deadline_seconds": 172800,
+        "k8s__suspend": True,
+        "k8s__clean_pod_policy": "All",
+    },
+    "no-pvc-writable-root": {"k8s__pvc": None, "k8s__read_only_root_filesystem": False},
+    "accelerate-deepspeed": {
+        "launcher": "accelerate",
+        "strategy": {"backend": "deepspeed", "zero_stage": 2},
+    },
+    "deepspeed-launcher-cuda": {
+        "launcher": "deepspeed",
+        "resources__device": "cuda",
+        "strategy": {"backend": "deepspeed", "zero_stage": 3},
+    },
+}
+
+
+@pytest.fixture(params=sorted(VARIANTS), name="variant")
+def _variant(request: pytest.FixtureRequest) -> JobSpec:
+    return make(**VARIANTS[request.param])
+
+
+def test_every_variant_validates_against_crd_and_core_schemas(variant: JobSpec) -> None:
+    objects = render_k8s.k8s_objects(variant)
+    validate_pytorchjob(objects["pytorchjob"])
+    validate_core(objects["configmap"])
+
+
+def test_crd_validation_is_strict_about_misspelt_keys() -> None:
+    job = render_k8s.pytorchjob(make())
+    job["spec"]["runPolicy"]["backofLimit"] = 3
+    with pytest.raises(AssertionError, match="backofLimit"):
+        validate_pytorchjob(job)
+
+
+def test_master_and_workers() -> None:
+    job = render_k8s.pytorchjob(make(resources__nodes=4))
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1
+    assert replicas["Worker"]["replicas"] == 3
+    assert job["spec"]["nprocPerNode"] == "2"
+    assert (
+        "Worker"
+        not in render_k8s.pytorchjob(make(resources__nodes=1))["spec"]["pytorchReplicaSpecs"]
+    )
+    # The two templates are equal but independent objects.
+    assert replicas["Master"]["template"] == replicas["Worker"]["template"]
+    container(job)["image"] = "changed"
+    assert container(job, "Worker")["image"] == "registry.example/shardctl:1"
+
+
+def test_container_runs_the_launch_script_with_operator_rank_removed() -> None:
+    spec = make()
+    objects = render_k8s.k8s_objects(spec)
+    c = container(objects["pytorchjob"])
+    # RANK/WORLD_SIZE from the operator are node-level; they must not reach torchrun.
+    assert c["command"] == [
+        "env", "-u", "RANK", "-u", "WORLD_SIZE", "bash", "/etc/shardctl/launch.sh",
+    ]  # fmt: skip
+    script = objects["configmap"]["data"]["launch.sh"]
+    for var in ("PET_NODE_RANK", "PET_NNODES", "PET_NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT"):
+        assert "${" + var in script
+    assert "/etc/shardctl/job.yaml" in script
+    assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+
+
+def test_launch_script_runs_with_operator_env(tmp_path: Any) -> None:
+    """Execute the rendered command line as the pod would, with torchrun replaced by echo."""
+    objects = render_k8s.k8s_objects(make())
+    folder = tmp_path / "etc"
+    folder.mkdir()
+    for name, text in objects["configmap"]["data"].items():
+        (folder / name).write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "torchrun"
+    fake.write_text('#!/usr/bin/env bash\necho "RANK=${RANK:-unset} WS=${WORLD_SIZE:-unset} $*"\n')
+    fake.chmod(0o755)
+    command = container(objects["pytorchjob"])["command"]
+    command = [w.replace("/etc/shardctl", str(folder)) for w in command]
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "PET_NODE_RANK": "1",
+        "PET_NNODES": "2",
+        "PET_NPROC_PER_NODE": "2",
+        "MASTER_ADDR": "k8s-test-master-0",
+        "MASTER_PORT": "23456",
+    }
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("RANK=unset WS=unset ")
+    assert "--node-rank 1" in out.stdout
+    assert "--rdzv-endpoint k8s-test-master-0:23456" in out.stdout
+
+
+def test_checkpoints_live_on_the_pvc() -> None:
+    spec = make()
+    objects = render_k8s.k8s_objects(spec)
+    inside = yaml.safe_load(objects["configmap"]["data"]["job.yaml"])
+    assert inside["checkpoint"]["dir"] == "/shardctl/runs/k8s-test/checkpoints"
+    # Everything else is the user's spec, unchanged.
+    assert parse_spec(inside).model_copy(update={"checkpoint": spec.checkpoint}) == spec
+    p = pod(objects["pytorchjob"])
+    runs = next(v for v in p["volumes"] if v["name"] == "runs")
+    assert runs["persistentVolumeClaim"] == {"claimName": "runs"}
+    mounts = {m["name"]: m for m in container(objects["pytorchjob"])["volumeMounts"]}
+    assert mounts["runs"]["mountPath"] == "/shardctl/runs"
+    assert mounts["spec"] == {"name": "spec", "mountPath": "/etc/shardctl", "readOnly": True}
+    without = pod(render_k8s.pytorchjob(make(k8s__pvc=None)))
+    assert next(v for v in without["volumes"] if v["name"] == "runs") == {
+        "name": "runs",
+        "emptyDir": {},
+    }
+
+
+def test_secure_by_default() -> None:
+    job = render_k8s.pytorchjob(make())
+    p, c = pod(job), container(job)
+    assert p["securityContext"]["runAsNonRoot"] is True
+    assert p["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert p["automountServiceAccountToken"] is False
+    assert p["serviceAccountName"] == "shardctl-trainer"
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    # With a read-only root, every place a rank writes is a volume.
+    mounted = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {"/tmp", "/dev/shm", "/shardctl/cache", "/shardctl/runs"} <= mounted
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["HOME"].startswith("/shardctl/cache")
+    assert env["TRITON_CACHE_DIR"].startswith("/shardctl/cache")
+    shm = next(v for v in p["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+
+
+def test_resources_gpus_and_memory() -> None:
+    job = render_k8s.pytorchjob(
+        make(
+            resources__device="cuda",
+            resources__procs_per_node=4,
+            resources__memory="64G",
+            resources__cpus_per_proc=3,
+        )
+    )
+    res = container(job)["resources"]
+    assert res["limits"] == {"cpu": "12", "memory": "64Gi", "nvidia.com/gpu": "4"}
+    assert res["requests"] == res["limits"]
+    cpu_only = container(render_k8s.pytorchjob(make(k8s__cpu="1500m")))["resources"]
+    assert cpu_only["limits"] == {"cpu": "1500m"}
+
+
+@pytest.mark.parametrize(
+    ("given", "quantity"),
+    [("64G", "64Gi"), ("512M", "512Mi"), ("4096", "4096Mi"), ("2T", "2Ti"), ("8Gi", "8Gi")],
+)
+def test_memory_quantity(given: str, quantity: str) -> None:
+    assert render_k8s.memory_quantity(given) == quantity
+
+
+def test_scheduling_and_env_refs_never_inline_secrets() -> None:
+    spec = make(**VARIANTS["cuda-elastic-everything"])
+    job = render_k8s.pytorchjob(spec)
+    p, c = pod(job), container(job)
+    assert p["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
+    assert p["tolerations"][1] == {
+        "key": "spot",
+        "operator": "Equal",
+        "value": "yes",
+        "effect": "NoExecute",
+        "tolerationSeconds": 60,
+    }
+    assert p["priorityClassName"] == "training-high"
+    assert p["imagePullSecrets"] == [{"name": "regcred"}]
+    assert c["envFrom"] == [
+        {"configMapRef": {"name": "team-env"}},
+        {"secretRef": {"name": "wandb-key"}},
+    ]
+    assert job["spec"]["elasticPolicy"] == {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "maxRestarts": 2,
+        "rdzvBackend": "c10d",
+    }
+    assert job["spec"]["runPolicy"] == {
+        "backoffLimit": 6,
+        "cleanPodPolicy": "All",
+        "suspend": True,
+        "ttlSecondsAfterFinished": 0,
+        "activeDeadlineSeconds": 172800,
+    }
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["restartPolicy"] == "ExitCode"
+
+
+def test_launcher_files_travel_in_the_configmap() -> None:
+    acc = render_k8s.configmap(make(**VARIANTS["accelerate-deepspeed"]))["data"]
+    assert {"accelerate_config.yaml", "ds_config.json"} <= set(acc)
+    assert "/etc/shardctl/accelerate_config.yaml" in acc["launch.sh"] or (
+        "${SHARDCTL_RENDER_DIR}" in acc["launch.sh"]
+    )
+    ds = render_k8s.configmap(make(**VARIANTS["deepspeed-launcher-cuda"]))["data"]
+    assert "hostfile" in ds
+    plain = render_k8s.configmap(make())["data"]
+    assert set(plain) == {"job.yaml", "launch.sh"}
+
+
+def test_names_are_cut_to_63() -> None:
+    assert render_k8s.cut_name("a" * 70) == "a" * 63
+    assert render_k8s.cut_name("a" * 62 + "-b") == "a" * 62
+    longest = "x" * 50
+    assert render_k8s.configmap_name(longest) == longest + "-spec"
+    assert render_k8s.DNS_LABEL_RE.match(render_k8s.configmap_name(longest))
+
+
+def test_deterministic_and_sorted() -> None:
+    a = render_k8s.k8s_artifacts(make())
+    b = render_k8s.k8s_artifacts(make())
+    assert a == b
+    assert set(a) == {"pytorchjob.yaml", "configmap.yaml", "values.yaml"}
+    job = yaml.safe_load(a["pytorchjob.yaml"])
+    assert list(job) == sorted(job)
+    assert "&id" not in a["pytorchjob.yaml"]  # no YAML anchors: readable for kubectl users
+    assert yaml.safe_load(a["configmap.yaml"]) == render_k8s.configmap(make())
+
+
+def test_module_prints_manifests(tmp_path: Any) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    out = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.render_k8s", str(path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob"]
+    assert docs[1] == render_k8s.pytorchjob(load_spec(path))
