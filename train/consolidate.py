@@ -20,10 +20,8 @@ model is only replaced (with `force`) once the new one is complete.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -35,7 +33,6 @@ from ..orchestrator.errors import CheckpointError, UsageError
 from .consolidate_io import SourceTensor
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
 _MARKER = ".shardctl-consolidating"
 # Wrapper modules whose names leak into FQNs (torch.compile, activation checkpointing,
 # FSDP1); the unwrapped model has none of them.
@@ -67,92 +64,63 @@ class ConsolidationResult:
 
 
 # ------------------------------------------------------------------ finding the checkpoint
-
-
-def _steps(checkpoint_dir: Path) -> list[tuple[int, Path, bool]]:
-    found = []
-    for p in checkpoint_dir.iterdir() if checkpoint_dir.is_dir() else []:
-        m = STEP_RE.match(p.name)
-        if m and p.is_dir():
-            complete = m.group(2) is None and (p / "manifest.json").is_file()
-            found.append((int(m.group(1)), p, complete))
-    return sorted(found, key=lambda t: (t[0], t[2]))
-
-
-def newest_complete(checkpoint_dir: Path) -> Path | None:
-    complete = [p for _, p, ok in _steps(checkpoint_dir) if ok]
-    return complete[-1] if complete else None
+# The layout rules (what is complete, how it is verified) belong to `manifest`, shared
+# with `shardctl checkpoints` and resume; this only picks the folder to consolidate.
 
 
 def _newest_hint(checkpoint_dir: Path) -> str:
-    newest = newest_complete(checkpoint_dir)
-    if newest is None:
+    from .manifest import list_checkpoints
+
+    complete = [c for c in list_checkpoints(checkpoint_dir) if c.complete]
+    if not complete:
         return f"there is no complete checkpoint in {checkpoint_dir}"
-    return f"the newest complete checkpoint is {newest}"
+    return f"the newest complete checkpoint is {complete[-1].path}"
 
 
 def resolve_checkpoint(path: Path) -> Path:
     """A complete step folder from a step folder, a checkpoints folder or a run folder."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if (path / "manifest.json").is_file() and not path.name.endswith(".tmp"):
-        return path
-    if STEP_RE.match(path.name):
+    from .manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
+
+    folder, one_step = resolve_checkpoint_dir(path)
+    if one_step:
+        if folder.name.endswith(".tmp") or not (folder / MANIFEST).is_file():
+            raise CheckpointError(
+                f"checkpoint {folder} is incomplete (no {MANIFEST}: it was still being "
+                f"written or its save was interrupted); {_newest_hint(folder.parent)}"
+            )
+        return folder
+    found = list_checkpoints(folder)
+    if not found:
         raise CheckpointError(
-            f"checkpoint {path} is incomplete (no manifest.json: it was still being written "
-            f"or its save was interrupted); {_newest_hint(path.parent)}"
+            f"{path} is not a checkpoint: expected a step-NNNNNNNN folder with a {MANIFEST}, "
+            "a checkpoints folder holding them, or a run folder with checkpoints/"
         )
-    for candidate in (path, path / "checkpoints"):
-        if _steps(candidate):
-            newest = newest_complete(candidate)
-            if newest is None:
-                raise CheckpointError(
-                    f"{candidate} holds only incomplete checkpoints "
-                    f"({', '.join(p.name for _, p, _ in _steps(candidate))}); nothing to consolidate"
-                )
-            return newest
-    raise CheckpointError(
-        f"{path} is not a checkpoint: expected a step-NNNNNNNN folder with a manifest.json, "
-        "a checkpoints folder holding them, or a run folder with checkpoints/"
-    )
+    complete = [c for c in found if c.complete]
+    if not complete:
+        why = "; ".join(f"{Path(c.path).name}: {c.why_incomplete}" for c in found)
+        raise CheckpointError(f"{folder} holds no complete checkpoint ({why})")
+    return Path(complete[-1].path)
 
 
 def read_manifest(step_dir: Path) -> dict[str, Any]:
-    path = step_dir / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path} is corrupt: {exc}") from exc
-    backend = manifest.get("backend") if isinstance(manifest, dict) else None
+    from . import manifest as layout
+
+    manifest = layout.read_manifest(step_dir)
+    backend = manifest.get("backend")
     if backend not in ("fsdp", "deepspeed"):
-        raise CheckpointError(f"{path}: backend is {backend!r}; accepted: 'fsdp' or 'deepspeed'")
+        raise CheckpointError(
+            f"{step_dir / layout.MANIFEST}: backend is {backend!r}; accepted: 'fsdp' or 'deepspeed'"
+        )
     return manifest
 
 
 def check_files(step_dir: Path, manifest: dict[str, Any], *, verify: bool) -> None:
     """Every file of the manifest exists with its size (always), and its sha256 (`verify`)."""
-    problems = []
-    for rel, info in sorted((manifest.get("files") or {}).items()):
-        p = step_dir / rel
-        if not p.is_file():
-            problems.append(f"{p} is missing")
-        elif p.stat().st_size != info.get("size"):
-            problems.append(
-                f"{p} is corrupt: {p.stat().st_size} bytes, the manifest says {info.get('size')}"
-            )
-        elif verify and info.get("sha256") and _sha256(p) != info["sha256"]:
-            problems.append(f"{p} is corrupt: its sha256 differs from the manifest's")
+    from .manifest import verify as verify_files
+
+    problems = verify_files(step_dir, hashes=verify, manifest=manifest)
     if problems:
         raise CheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- the plan
@@ -234,12 +202,16 @@ def _hf_keys(hf_config: dict | None, notes: list[str]) -> tuple[list[str] | None
 # ------------------------------------------------------------------------- the output
 
 
-def _prepare_tmp(out_dir: Path, force: bool) -> Path:
+def _check_out(out_dir: Path, force: bool) -> None:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
         raise UsageError(
             f"output {out_dir} exists and is not empty; pass --force to replace it "
             "(it is replaced only once the new model is complete)"
         )
+
+
+def _prepare_tmp(out_dir: Path, force: bool) -> Path:
+    _check_out(out_dir, force)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
         if not (tmp / _MARKER).exists():
@@ -315,6 +287,7 @@ def consolidate(
     started = time.perf_counter()
     step_dir = resolve_checkpoint(Path(checkpoint))
     out_dir = Path(out_dir)
+    _check_out(out_dir, force)  # before any reading: refuse early and cheaply
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest, verify=verify)
     tensors, notes = source_tensors(step_dir, manifest)

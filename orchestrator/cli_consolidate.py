@@ -1,0 +1,147 @@
+"""`shardctl consolidate`: a sharded checkpoint → safetensors a `from_pretrained` loads.
+
+torch, transformers and DeepSpeed are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from .errors import ShardctlError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """'5GB' (10^9, as transformers counts), '2GiB' (2^30), '500MB' or plain bytes."""
+    m = _SIZE_RE.match(text)
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise UsageError(
+            f"--max-shard-size {text!r} is not a size; accepted: a positive number with "
+            "an optional unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB"
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+def _report_errors(fn: F) -> F:
+    """Library errors → one message on stderr and the error's exit code
+    (cli.handle_errors cannot be imported here: cli imports this module)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardctlError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"
+
+
+@click.command("consolidate")
+@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Output folder. Default: model/ in the run directory (next to checkpoints/).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["fp32", "bf16"]),
+    default="fp32",
+    show_default=True,
+    help="dtype of the floating-point weights written.",
+)
+@click.option(
+    "--max-shard-size",
+    default="5GiB",
+    show_default=True,
+    help="Split into model-0000i-of-0000n.safetensors + index above this size.",
+)
+@click.option("--force", is_flag=True, help="Replace a non-empty output folder (once done).")
+@click.option(
+    "--verify", is_flag=True, help="Check every file's sha256 against the manifest first."
+)
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Human-readable text or one JSON document on stdout.",
+)
+@_report_errors
+def consolidate_cmd(
+    checkpoint: Path,
+    out: Path | None,
+    dtype: str,
+    max_shard_size: str,
+    force: bool,
+    verify: bool,
+    no_progress: bool,
+    output: str,
+) -> None:
+    """Write the model weights of CHECKPOINT as safetensors with its HF config.
+
+    CHECKPOINT is a step-NNNNNNNN folder, or a checkpoints/ or run folder (its newest
+    complete checkpoint is used). FSDP (DCP) and DeepSpeed ZeRO 1/2/3 checkpoints;
+    DeepSpeed's fp32 master weights are what is written. Memory stays bounded by the
+    largest tensor, whatever the model size.
+
+    \b
+    shardctl consolidate runs/tiny-llama                      # → runs/tiny-llama/model
+    shardctl consolidate runs/x/checkpoints/step-00000200 --out hf/ --dtype bf16
+    """
+    from ..train.consolidate import consolidate, resolve_checkpoint
+
+    max_bytes = parse_size(max_shard_size)
+    step_dir = resolve_checkpoint(checkpoint)
+    if out is None:
+        out = step_dir.parent.parent / "model"
+    result = consolidate(
+        step_dir,
+        out,
+        dtype=dtype,
+        max_shard_bytes=max_bytes,
+        progress=not no_progress and output == "text",
+        force=force,
+        verify=verify,
+    )
+    if output == "json":
+        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        return
+    rate = result.total_bytes / result.seconds if result.seconds else 0.0
+    click.echo(
+        f"consolidated {result.checkpoint} → {result.out_dir}: {result.tensors} tensors, "
+        f"{_human(result.total_bytes)} {result.dtype} in {len(result.files)} file(s), "
+        f"{result.seconds:.1f} s ({_human(rate)}/s)"
+    )
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"model: {result.out_dir}")
