@@ -1,0 +1,62 @@
+"""`python -m shardctl.train SPEC` — what every rank runs.
+
+Launch commands (one line per node; `shardctl render` writes them for you):
+
+    torchrun --nnodes 1 --nproc-per-node 2 -m shardctl.train job.yaml
+    accelerate launch --config_file accelerate_config.yaml -m shardctl.train job.yaml
+    deepspeed --num_gpus 2 --module shardctl.train job.yaml
+
+Exit codes: 0 finished (or already complete), 42 preempted after saving a checkpoint
+(`shardctl.train.preemption.EXIT_PREEMPTED`), 2 invalid spec, 1 any other failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from shardctl.orchestrator.errors import ShardctlError
+
+
+def _spec_arg(argv: list[str]) -> str:
+    # The deepspeed launcher appends `--local_rank=N` to the script's arguments; the
+    # rank comes from the LOCAL_RANK env var anyway, so it is accepted and ignored.
+    words: list[str] = []
+    skip_next = False
+    for word in argv:
+        if skip_next:
+            skip_next = False
+            continue
+        if word in ("--local_rank", "--local-rank"):
+            skip_next = True
+            continue
+        if word.startswith(("--local_rank=", "--local-rank=")):
+            continue
+        words.append(word)
+    if len(words) != 1 or words[0] in ("-h", "--help"):
+        print("usage: python -m shardctl.train SPEC.yaml", file=sys.stderr)
+        sys.exit(2)
+    return words[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    path = _spec_arg(sys.argv[1:] if argv is None else argv)
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING,
+        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        from shardctl.orchestrator.spec import load_spec
+
+        from .loop import run
+
+        return run(load_spec(path))
+    except ShardctlError as exc:
+        print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""The training loop: one `while`, in the order of the algorithm.
+
+    set lr → micro-steps (forward, backward; grad accumulation) → clip → step →
+    zero_grad → agree on loss and preemption (one all-reduce) → log →
+    maybe checkpoint → maybe stop
+
+Backends (`FsdpBackend`, `DeepSpeedBackend`) provide `set_lr`, `micro_step` and
+`step`; the loop does not know which one it drives. Step numbers count finished
+optimizer steps: checkpoint `step-N` holds the state after N steps, and resuming
+from it runs step N+1 next.
+
+Determinism: every rank seeds identically before building the model (same initial
+weights), then re-seeds per rank; the data order is a function of the seed and the
+global sample index; the trainer state (step, data position, RNG of every rank) is
+saved per rank. So a run stopped and resumed at the same world size ends bit-for-bit
+where an uninterrupted run ends.
+
+Run-directory markers written by rank 0 (see `shardctl.train.preemption` for codes):
+`DONE` (JSON: step) once every step ran, the final checkpoint exists and the optional
+consolidation finished; `PREEMPTED` (JSON: step, reason) when the run stopped for a
+preemption signal after saving — launchers like torchrun report any non-zero rank exit
+as 1, so this file is how a supervisor tells "checkpointed, resume me" from a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.spec import JobSpec
+
+from . import distributed
+from .distributed import DistEnv
+from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
+
+log = logging.getLogger("shardctl.train")
+
+DONE_FILE = "DONE"
+PREEMPTED_FILE = "PREEMPTED"
+
+
+def done_step(run_dir: str | Path) -> int | None:
+    """The step recorded in the run's DONE marker, or None when it has none."""
+    path = Path(run_dir) / DONE_FILE
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_complete(spec: JobSpec) -> bool:
+    step = done_step(spec.run_dir)
+    return step is not None and step >= spec.train.steps
+
+
+def _write_marker(run_dir: Path, name: str, data: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f".{name}.tmp"
+    tmp.write_text(json.dumps(data) + "\n")
+    tmp.replace(run_dir / name)
+
+
+class TrainerState:
+    """The loop's own `Stateful`: step, data position and this rank's RNG streams."""
+
+    def __init__(self, seed: int, rank: int, data: Any) -> None:
+        self.seed = seed
+        self.rank = rank
+        self.data = data
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        from .checkpoint import capture_rng
+
+        return {"step": self.step, "data": self.data.state_dict(), "rng": capture_rng()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from .checkpoint import restore_rng
+
+        self.step = int(state["step"])
+        self.data.load_state_dict(state["data"])
+        restore_rng(state["rng"])
+
+    def reshard(self, old_world_size: int, new_world_size: int) -> None:
+        # The data position is global, so only the per-rank RNG streams need rebuilding.
+        from .checkpoint import reseed_rng
+
+        reseed_rng(self.seed, self.step, self.rank)
+
+
+def _seed_all(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _check_vocab(spec: JobSpec, meta: dict[str, Any]) -> None:
+    d = spec.train.data
+    vocab = (meta.get("hf_config") or {}).get("vocab_size")
+    if (d.text is not None or d.builtin is not None) and vocab is not None and vocab < 256:
+        raise ShardctlError(
+            f"train.data is byte-level text (token ids 0..255) but the model's vocab_size is "
+            f"{vocab}; accepted: vocab_size >= 256"
+        )
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, env: DistEnv) -> None:
+        import torch
+
+        from .checkpoint import CheckpointManager, reseed_rng
+        from .data import build_data
+        from .model import build_model
+
+        self.spec, self.env = spec, env
+        t = spec.train
+        # Same seed on every rank: identical initial weights before sharding.
+        _seed_all(t.seed)
+        model, self.model_meta = build_model(spec)
+        _check_vocab(spec, self.model_meta)
+        if spec.strategy.backend == "deepspeed":
+            from .ds_engine import DeepSpeedBackend
+
+            self.backend: Any = DeepSpeedBackend(model, spec, env)
+        else:
+            from .fsdp import FsdpBackend
+
+            self.backend = FsdpBackend(model, spec, env)
+        # From here on each rank has its own RNG stream (dropout etc.).
+        reseed_rng(t.seed, 0, env.rank)
+        self.data = build_data(spec, env.rank, env.world_size)
+        self.state = TrainerState(t.seed, env.rank, self.data)
+        self.app_state = {**self.backend.app_state(), "trainer": self.state}
+        self.engine = getattr(self.backend, "engine", None)
+        self.ckpt = CheckpointManager(
+            spec, rank=env.rank, world_size=env.world_size, model_meta=self.model_meta
+        )
+        self.run_dir = Path(spec.run_dir)
+        self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
+        # One buffer for the per-step agreement: [sum of losses, ranks wanting to stop].
+        self._agree = torch.zeros(2, dtype=torch.float64, device=env.device)
+
+    def _agree_on(self, loss: Any, stop: bool) -> tuple[float, bool]:
+        import torch.distributed as dist
+
+        self._agree[0] = loss
+        self._agree[1] = 1.0 if stop else 0.0
+        if distributed.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(self._agree)
+        return float(self._agree[0]) / self.env.world_size, bool(self._agree[1] > 0)
+
+    def fit(self) -> tuple[int, int]:
+        """Train until the last step or a preemption; (exit code, last step)."""
+        from .metrics import MetricsLogger
+        from .optim import lr_at
+
+        spec, t, env = self.spec, self.spec.train, self.env
+        metrics = MetricsLogger(self.run_dir, enabled=env.is_main, total_steps=t.steps)
+        flag = PreemptionFlag()
+        flag.install()
+        try:
+            restored = self.ckpt.restore(self.app_state, engine=self.engine)
+            step = restored or 0
+            self.state.step = step
+            if env.is_main:
+                (self.run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+                where = f"resumed at step {step}" if restored is not None else "starting at step 0"
+                metrics.info(
+                    f"{spec.name}: {spec.strategy.backend} on {env.world_size} rank(s), "
+                    f"{where} of {t.steps}"
+                )
+            scale = 1.0 / t.grad_accum
+            every = spec.checkpoint.every_steps
+            t_last = time.perf_counter()
+            while step < t.steps:
+                lr = lr_at(step, t)
+                self.backend.set_lr(lr)
+                loss_sum: Any = 0.0
+                for micro in range(t.grad_accum):
+                    batch = self.data.next_batch()
+                    # Kept as a tensor: no host sync per micro-step on accelerators.
+                    loss_sum = loss_sum + self.backend.micro_step(
+                        batch, micro == t.grad_accum - 1, scale
+                    )
+                grad_norm = self.backend.step()  # clip → optimizer step → zero_grad
+                step += 1
+                self.state.step = step
+                loss_avg, stop = self._agree_on(loss_sum / t.grad_accum, flag.local(step))
+                now = time.perf_counter()
+                if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
+                    tps = self.tokens_per_step / max(now - t_last, 1e-9)
+                    metrics.log(step, loss=loss_avg, lr=lr, grad_norm=grad_norm, tokens_per_s=tps)
+                if step % every == 0 or step == t.steps or stop:
+                    final = step == t.steps or stop
+                    self.ckpt.save(step, self.app_state, engine=self.engine, final=final)
+                if stop:
+                    self.ckpt.wait()
+                    if env.is_main:
+                        reason = flag.reason(step)
+                        _write_marker(
+                            self.run_dir, PREEMPTED_FILE, {"step": step, "reason": reason}
+                        )
+                        metrics.info(
+                            f"preempted ({reason}): saved step {step}; "
+                            f"exiting with code {EXIT_PREEMPTED}"
+                        )
+                    return EXIT_PREEMPTED, step
+                # Saves are not training time: start the next step's clock after them.
+                t_last = time.perf_counter()
+            self.ckpt.wait()
+            return EXIT_OK, step
+        finally:
+            flag.uninstall()
+            self.ckpt.close()
+            metrics.close()
+
+
+def _consolidate(spec: JobSpec, step: int) -> Path:
+    from .consolidate import consolidate
+    from .manifest import step_dirname
+
+    ckpt = Path(spec.checkpoint_dir) / step_dirname(step)
+    out = Path(spec.run_dir) / "model"
+    consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype)
+    return out
+
+
+def run(spec: JobSpec) -> int:
+    """Everything one rank does for a job; returns the process exit code."""
+    if is_complete(spec):
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{spec.name}: run complete (DONE in {spec.run_dir}); nothing to do", flush=True)
+        return EXIT_OK
+    env = distributed.init(spec.resources.device, spec.world_size)
+    try:
+        code, step = Trainer(spec, env).fit()
+    finally:
+        distributed.destroy()
+    if code != EXIT_OK or not env.is_main:
+        return code
+    # Rank 0 alone, after the final save and outside the process group (no timeout
+    # can fire on the other ranks while a large model is consolidated).
+    if spec.checkpoint.consolidate_on_finish:
+        out = _consolidate(spec, step)
+        print(f"{spec.name}: consolidated model written to {out}", flush=True)
+    _write_marker(Path(spec.run_dir), DONE_FILE, {"step": step, "time": time.time()})
+    print(f"{spec.name}: finished {step} steps; checkpoints in {spec.checkpoint_dir}", flush=True)
+    return EXIT_OK

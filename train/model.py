@@ -1,0 +1,100 @@
+"""Build the model a spec names: a Llama from a config, a local pretrained folder, or a factory.
+
+Nothing is downloaded: `llama` builds `LlamaForCausalLM(LlamaConfig(**kwargs))` from
+the spec's keyword arguments, `pretrained` must be a local directory, and a factory
+is the user's own `package.module:function`.
+
+Every rank builds the same full model from the same seed (so the weights agree before
+sharding) and returns it on CPU in the spec's `model.dtype`; the backend decides the
+training dtype from `strategy.precision`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.spec import JobSpec
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def load_factory(ref: str, field: str) -> Any:
+    """Import `package.module:function`, with an error that names the spec field."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ShardctlError(
+            f"{field} {ref!r}: cannot import module {module_name!r} ({exc}); it must be "
+            "importable on every node (installed, or on PYTHONPATH)"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ShardctlError(f"{field} {ref!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def build_model(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
+    """The model (on CPU, in `train.model.dtype`) and its manifest description.
+
+    The description is what the checkpoint manifest stores under `model`:
+    `{"source", "dtype", "hf_config"}`; `hf_config` lets consolidation write a
+    folder that `transformers` loads.
+    """
+    import torch
+
+    src = spec.train.model
+    dtype = getattr(torch, DTYPES[src.dtype])
+    if src.llama is not None:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        try:
+            config = LlamaConfig(**src.llama)
+        except (TypeError, ValueError) as exc:
+            raise ShardctlError(f"train.model.llama: not a valid LlamaConfig: {exc}") from None
+        model = LlamaForCausalLM(config)
+        source = "llama"
+    elif src.pretrained is not None:
+        path = Path(src.pretrained)
+        if not (path / "config.json").is_file():
+            raise ShardctlError(
+                f"train.model.pretrained {src.pretrained!r} is not a local model folder "
+                "(no config.json in it); accepted: a directory written by save_pretrained "
+                "or `shardctl consolidate` — nothing is downloaded"
+            )
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        source = "pretrained"
+    else:
+        assert src.factory is not None  # the spec guarantees exactly one source
+        fn = load_factory(src.factory, "train.model.factory")
+        model = fn(spec) if inspect.signature(fn).parameters else fn()
+        if not isinstance(model, torch.nn.Module):
+            raise ShardctlError(
+                f"train.model.factory {src.factory!r} returned {type(model).__name__}, "
+                "not a torch.nn.Module"
+            )
+        source = "factory"
+    model = model.to(dtype=dtype)
+    config = getattr(model, "config", None)
+    hf_config = config.to_dict() if hasattr(config, "to_dict") else None
+    # Training never reuses a key/value cache; turning it off saves memory and warnings.
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+    meta = {"source": source, "dtype": src.dtype, "hf_config": hf_config}
+    return model, meta
+
+
+def logits_of(output: Any) -> Any:
+    """The logits tensor from a model's output (HF output objects, tuples, or a tensor)."""
+    logits = getattr(output, "logits", None)
+    if logits is not None:
+        return logits
+    if isinstance(output, tuple | list):
+        return output[0]
+    return output

@@ -1,0 +1,63 @@
+"""Preemption: a signal sets a flag; ranks agree at the step boundary; save; exit 42.
+
+SIGUSR2 (what `checkpoint.signal`-style Slurm setups send before the time limit) and
+SIGTERM (what Kubernetes, torchrun and `shardctl cancel` send) only set a flag — no
+work happens inside the handler. After every optimizer step the loop all-reduces the
+flag (in the same collective as the logged loss, so it costs nothing extra); if any
+rank saw a signal, every rank saves the same step together and the process exits with
+`EXIT_PREEMPTED`. Launch scripts and the Slurm/Kubernetes backends treat that code
+as "checkpointed, resume me", distinct from success (0) and failure (anything else).
+
+Testing aid: `SHARDCTL_STOP_AFTER_STEP=K` makes the loop behave exactly as if a
+preemption signal had arrived during step K (save step K, exit `EXIT_PREEMPTED`).
+It exists so tests can stop a run at a known step; do not set it in real jobs.
+
+This module imports nothing heavy: the orchestrator side reads the exit codes from it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_PREEMPTED = 42
+"""Exit code of a rank that saved a checkpoint because of a preemption signal."""
+
+SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+STOP_AFTER_STEP_ENV = "SHARDCTL_STOP_AFTER_STEP"
+
+
+class PreemptionFlag:
+    """Set by SIGUSR2/SIGTERM (or the test env var); read at step boundaries."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        raw = os.environ.get(STOP_AFTER_STEP_ENV, "").strip()
+        self.stop_after_step = int(raw) if raw else None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+    def local(self, step: int) -> bool:
+        """Whether this rank wants to stop after `step` (before agreement)."""
+        if self.signum is not None:
+            return True
+        return self.stop_after_step is not None and step >= self.stop_after_step
+
+    def reason(self, step: int) -> str:
+        if self.signum is not None:
+            return f"signal {signal.Signals(self.signum).name}"
+        return f"{STOP_AFTER_STEP_ENV}={self.stop_after_step} (testing aid)"
