@@ -31,6 +31,7 @@ keeps parameter names unchanged (checkpoints stay plain-FQN).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from shardctl.orchestrator.errors import ShardctlError
@@ -133,7 +134,7 @@ def shard_model(model: Any, spec: JobSpec, env: DistEnv) -> Any:
     # are needed right after forward for the loss, so it is never resharded early.
     fully_shard(model, reshard_after_forward=False, **kwargs)
     if s.forward_prefetch:
-        for this, nxt in zip(blocks, blocks[1:], strict=False):
+        for this, nxt in itertools.pairwise(blocks):
             this.set_modules_to_forward_prefetch([nxt])
     return model
 
