@@ -120,6 +120,9 @@ def convert_cmd(
         click.echo(text, nl=False)
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+    if result.spec_strategy is not None:
+        strategy = json.dumps(result.spec_strategy, sort_keys=False)
+        click.echo(f"in the job spec, this backend is: strategy: {strategy}", err=True)
     for path in written:
         click.echo(f"wrote {path}", err=True)
 
