@@ -202,13 +202,13 @@ def env_file(spec: JobSpec, cluster: str) -> str:
 # ------------------------------------------------------------------- launcher
 
 
-def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word) -> list[list[Word]]:
+def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word, module: str) -> list[list[Word]]:
     """The launcher command as groups of words (one flag and its value per group)."""
 
     def file(name: str) -> Word:
         return (*files_dir, "/" + name)
 
-    train = [[_w("-m"), _w(TRAIN_MODULE), spec_word]]
+    train = [[_w("-m"), _w(module), spec_word]]
     elastic = spec.k8s.elastic
     if spec.launcher == "torchrun":
         head: list[list[Word]] = [[_w("torchrun")]]
@@ -217,9 +217,11 @@ def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word) -> list[list[W
             flags = [[_w("--standalone")], [_w("--nnodes"), _w("1")]]
             flags.append([_w("--nproc-per-node"), _w(NPROC)])
         else:
+            # c10d rendezvous on the first node: nodes may start in any order and
+            # get their group rank from the rendezvous (torchrun ignores, with a
+            # warning, --node-rank for c10d, so it is not passed).
             flags = [
                 [_w("--nnodes"), _w(NNODES)],
-                [_w("--node-rank"), _w(NODE_RANK)],
                 [_w("--nproc-per-node"), _w(NPROC)],
                 [_w("--rdzv-backend"), _w("c10d")],
                 [_w("--rdzv-endpoint"), _w(MASTER_ADDR, ":", MASTER_PORT)],
@@ -253,18 +255,18 @@ def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word) -> list[list[W
         [_w("--master_port"), _w(MASTER_PORT)],
         # Ranks read LOCAL_RANK from the environment; no `--local_rank=N` argument.
         [_w("--no_local_rank")],
-        [_w("--module"), _w(TRAIN_MODULE), spec_word],
+        [_w("--module"), _w(module), spec_word],
     ]
     return head + flags
 
 
-def launch_argv(spec: JobSpec, spec_path: str) -> list[str]:
-    """The launcher's words, ending in the training module and `spec_path`.
+def launch_argv(spec: JobSpec, spec_path: str, *, module: str = TRAIN_MODULE) -> list[str]:
+    """The launcher's words, ending in `-m <module> <spec_path>` (module: the trainer).
 
     Runtime values appear as `${SHARDCTL_NODE_RANK}`-style references (see
     RUNTIME_VARS); files the launcher reads as `${SHARDCTL_RENDER_DIR}/<name>`.
     """
-    groups = _argv_groups(spec, _w(spec_path), _w(Var(RENDER_DIR_VAR)))
+    groups = _argv_groups(spec, _w(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     return [plain_word(word) for group in groups for word in group]
 
 
@@ -276,14 +278,17 @@ def _spec_word(spec_path: str) -> Word:
     return _w(Var(RENDER_DIR_VAR), "/" + spec_path)
 
 
-def launch_script(spec: JobSpec, cluster: str, spec_path: str) -> str:
+def launch_script(
+    spec: JobSpec, cluster: str, spec_path: str, *, module: str = TRAIN_MODULE
+) -> str:
     """A complete bash script that sets one node's environment and execs the launcher.
 
     `spec_path` (the rendered `job.yaml`) is used as-is when absolute, else it is
-    taken relative to the script's own folder.
+    taken relative to the script's own folder. `module` is what every rank runs
+    with `python -m` (the trainer; tests start a probe instead).
     """
     check_cluster(cluster)
-    groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)))
+    groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
     return render_template(
         "launch.sh.j2",
