@@ -1,0 +1,102 @@
+"""Helpers shared by the consolidation tests: checkpoints in the shardctl layout.
+
+`make_dcp_step` writes a real (single-process, `no_dist`) DCP checkpoint with a
+manifest exactly like the checkpoint contract; the multi-rank FSDP and DeepSpeed
+checkpoints come from tests/helpers/consolidate_make_ckpt.py under torchrun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MAKE_CKPT = ROOT / "tests" / "helpers" / "consolidate_make_ckpt.py"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(step_dir: Path, *, backend: str, hf_config: dict | None, step: int) -> None:
+    files = {
+        str(p.relative_to(step_dir)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(step_dir.rglob("*"))
+        if p.is_file() and p.name != "manifest.json"
+    }
+    manifest = {
+        "format_version": 1,
+        "step": step,
+        "world_size": 1,
+        "backend": backend,
+        "sharding": "full_shard",
+        "zero_stage": 3,
+        "precision": "fp32",
+        "model": {"source": "llama", "dtype": "fp32", "hf_config": hf_config},
+        "versions": {"torch": "x", "shardctl": "0.1.0", "deepspeed": None},
+        "files": files,
+    }
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def make_dcp_step(
+    checkpoint_dir: Path, step: int, model_sd: dict[str, Any], hf_config: dict | None
+) -> Path:
+    """A complete step folder whose dcp/ holds {'model': model_sd, 'optim': {...}}."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    step_dir = checkpoint_dir / f"step-{step:08d}"
+    optim = {"state": {k: {"exp_avg": torch.zeros_like(v)} for k, v in model_sd.items()}}
+    dcp.save({"model": model_sd, "optim": optim}, checkpoint_id=str(step_dir / "dcp"), no_dist=True)
+    write_manifest(step_dir, backend="fsdp", hf_config=hf_config, step=step)
+    return step_dir
+
+
+def tiny_llama(tied: bool = False, seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=131,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=tied,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 300) -> None:
+    """Run the checkpoint maker on 2 CPU ranks; kill its process group on timeout."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-port", str(29500 + os.getpid() % 2000), str(MAKE_CKPT),
+        "--out", str(out_step), *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.decode()[-4000:]}")
