@@ -1,0 +1,560 @@
+"""The Slurm backend: submitit submits; every node runs its launcher; preemption requeues.
+
+Submission. `dryrun(spec)` is pure: it makes the run directory absolute (the
+nodes read it from `job.yaml`), renders every file the nodes need (`launch.sh`,
+`job.yaml`, launcher configs) and the submission (`submitit.json`,
+`sbatch.sh`, see `render_slurm`). `schedule` first asks Slurm whether it would
+take that script (`sbatch --test-only`: a bad partition or time limit is
+refused before anything is written), then writes the files into the run
+directory and submits through submitit: ONE submitit task per node
+(`nodes=N, ntasks_per_node=1`), each running `NodeTask`, which runs the node's
+`launch.sh` (torchrun / accelerate launch / deepspeed) with node rank and master
+address taken from Slurm at run time.
+
+Preemption and time limits. Slurm sends the spec's signal (USR2 by default;
+USR1 is NCCL's) `signal_delay_s` before the time limit, on `scancel
+--signal=USR2`, and on a preemption (`preempt_send_user_signal`). Without `B:`
+it goes to every process of the job step, so every rank on every node gets it
+(proctrack/cgroup and linuxproc signal the whole process tree; where the
+cluster uses proctrack/pgid only the task's process group would, so `NodeTask`
+forwards it as well, see below). The ranks set a flag, agree at the next step
+boundary, save one sharded checkpoint together, and exit with
+`EXIT_PREEMPTED`; rank 0 writes `PREEMPTED` in the run directory. Then the
+task of node 0 requeues the job (`scontrol requeue`), which starts again after
+Slurm's requeue hold and resumes from that checkpoint (`checkpoint.resume:
+auto`). `slurm.max_requeues` bounds the number of requeues (Slurm counts them in
+`SLURM_RESTART_COUNT`).
+
+Why not submitit's own checkpoint/requeue. submitit installs a handler for USR2
+in every task process that, on global rank 0 only, calls the callable's
+`checkpoint()` and requeues AT ONCE — the requeue kills the job while the ranks
+(separate processes, started by the launcher) are still writing their shards —
+and counts signals that come late in a job as time-outs against
+`max_num_timeout`. So `NodeTask` replaces submitit's handlers while it runs:
+
+- the launcher is started in its own session with the preemption signal
+  ignored (torchrun, accelerate and deepspeed have no handler for USR2, so its
+  default action would kill the launcher and orphan the ranks); the ranks
+  install their own handler, which overrides the inherited "ignore";
+- on the signal, the task forwards it to every descendant that catches it (the
+  ranks), again every 2 s to ranks that installed their handler later, so a
+  rank still importing torch when the signal came is not missed; a rank that
+  also got it from Slurm sees one flag either way;
+- when the launcher has exited, node 0 decides: preempted (the ranks saved, or
+  the signal came) → requeue; finished → done; anything else → the job fails
+  (a dead node, a crash), and resubmitting resumes from the newest complete
+  checkpoint. SIGTERM alone (`scancel`, `shardctl cancel`, or a Slurm
+  preemption that requeues by itself) is forwarded but never requeues.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ClusterError, MissingDependencyError
+from ..spec import JobSpec, parse_spec
+from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+
+log = logging.getLogger(__name__)
+
+# Marker files the training loop writes in the run directory (shardctl.train.loop;
+# not imported here: it would import the training stack into the task process).
+PREEMPTED_FILE = "PREEMPTED"
+DONE_FILE = "DONE"
+# `shardctl.train.preemption.EXIT_PREEMPTED`, as the deepspeed launcher passes it on
+# (torchrun and accelerate turn any failed worker into exit 1).
+EXIT_PREEMPTED = 42
+# How long a node whose launcher failed waits for rank 0's PREEMPTED marker.
+MARKER_WAIT_S = 10.0
+
+# Slurm job states (sacct / scontrol) → shardctl's. One table; UNKNOWN otherwise.
+STATE_TABLE: dict[str, JobState] = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "COMPLETED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "DEADLINE": JobState.FAILED,
+    "TIMEOUT": JobState.FAILED,
+    "SPECIAL_EXIT": JobState.FAILED,
+    "CANCELLED": JobState.CANCELLED,
+    "REVOKED": JobState.CANCELLED,
+    "PREEMPTED": JobState.PREEMPTED,
+    "REQUEUED": JobState.PREEMPTED,
+    "REQUEUE_FED": JobState.PREEMPTED,
+    "SUSPENDED": JobState.PREEMPTED,
+    "STOPPED": JobState.PREEMPTED,
+}
+
+
+def map_state(native: str) -> JobState:
+    """A Slurm state word (`CANCELLED by 0` → CANCELLED) as a JobState."""
+    word = native.strip().split(" ", 1)[0].rstrip("+").upper() if native.strip() else ""
+    return STATE_TABLE.get(word, JobState.UNKNOWN)
+
+
+# --------------------------------------------------------------------- the backend
+
+
+class SlurmCluster(Cluster):
+    name = "slurm"
+
+    def dryrun(self, spec: JobSpec) -> DryRun:
+        from ..render import local_artifacts
+        from ..render_slurm import SBATCH_FILE, slurm_artifacts, submission
+
+        node_spec = _absolute_run_dir(spec)
+        run_dir = node_spec.run_dir
+        python = shlex.quote(sys.executable)
+        files = local_artifacts(node_spec, "slurm")
+        files.update(slurm_artifacts(node_spec, python=python, run_dir=run_dir))
+        request = submission(node_spec, python=python, run_dir=run_dir)
+        text = (
+            "# submitit.SlurmExecutor(**executor).update_parameters(**parameters); "
+            "one task per node runs `task`\n"
+            + json.dumps(request, indent=2, sort_keys=True)
+            + f"\n# {SBATCH_FILE}: the script submitit gives to sbatch\n"
+            + files[SBATCH_FILE]
+        )
+        return DryRun(
+            cluster=self.name,
+            spec=node_spec,
+            artifacts=dict(sorted(files.items())),
+            request=request,
+            text=text,
+        )
+
+    def schedule(self, dryrun: DryRun) -> JobRef:
+        from ..render_slurm import SBATCH_FILE
+
+        spec, request = dryrun.spec, dryrun.request
+        _require_slurm()
+        # Slurm judges the script before anything is written or submitted.
+        _test_only(spec, dryrun.artifacts[SBATCH_FILE])
+        run_dir = Path(spec.run_dir)
+        created = _write_files(run_dir, dryrun.artifacts)
+        before = _listing(run_dir / "submitit")
+        try:
+            job = _submit(request)
+        except BaseException:
+            _undo(run_dir, created, before)
+            raise
+        submitted = Path(job.paths.submission_file)
+        same = submitted.is_file() and submitted.read_text() == dryrun.artifacts[SBATCH_FILE]
+        if not same:
+            log.warning("the sbatch script submitit wrote differs from the dry run: %s", submitted)
+        return JobRef(
+            cluster=self.name,
+            job_id=str(job.job_id),
+            name=spec.name,
+            run_dir=str(run_dir),
+            extra={
+                "folder": str(Path(request["executor"]["folder"].replace("%j", str(job.job_id)))),
+                "nodes": spec.resources.nodes,
+                "sbatch_matches_dry_run": same,
+            },
+        )
+
+    def status(self, ref: JobRef) -> JobStatus:
+        info = _scontrol_job(ref.job_id)
+        if info is not None:
+            native = info.get("JobState", "")
+            detail = []
+            if info.get("Reason") not in (None, "None"):
+                detail.append(f"reason {info['Reason']}")
+            restarts = int(info.get("Restarts", "0") or 0)
+            if restarts:
+                detail.append(f"requeued {restarts} time(s)")
+            if info.get("NodeList") not in (None, "(null)", ""):
+                detail.append(f"nodes {info['NodeList']}")
+            return JobStatus(map_state(native), native, ", ".join(detail))
+        # Gone from the controller's memory (MinJobAge): ask the accounting database.
+        out = _run(["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,NodeList"])
+        line = next((x for x in out.splitlines() if x.strip()), "")
+        if not line:
+            return JobStatus(JobState.UNKNOWN, "", f"Slurm knows no job {ref.job_id}")
+        native, exit_code, nodes = ([*line.split("|"), "", ""])[:3]
+        return JobStatus(map_state(native), native, f"exit code {exit_code}, nodes {nodes}")
+
+    def logs(self, ref: JobRef, tail: int | None = None) -> str:
+        folder = Path(ref.extra.get("folder") or Path(ref.run_dir) / "submitit" / ref.job_id)
+        nodes = int(ref.extra.get("nodes", 1))
+        parts: list[str] = []
+        for node in range(nodes):
+            for kind in ("out", "err"):
+                path = folder / f"{ref.job_id}_{node}_log.{kind}"
+                parts.append(f"==> node {node} std{kind} ({path}) <==\n")
+                if not path.is_file():
+                    parts.append("(no output yet)\n")
+                    continue
+                text = path.read_text(errors="replace")
+                if tail is not None:
+                    text = "".join(text.splitlines(keepends=True)[-tail:])
+                parts.append(text if text.endswith("\n") or not text else text + "\n")
+        return "".join(parts)
+
+    def cancel(self, ref: JobRef) -> None:
+        _require_slurm()
+        # scancel signals every step on every node (SIGTERM, then SIGKILL after KillWait).
+        _run(["scancel", ref.job_id], what=f"cancel job {ref.job_id}")
+
+
+# ------------------------------------------------------------- submit-side helpers
+
+
+def _absolute_run_dir(spec: JobSpec) -> JobSpec:
+    """The spec as the nodes read it: its checkpoint (and so run) directory absolute."""
+    absolute = os.path.abspath(spec.checkpoint_dir)
+    if absolute == spec.checkpoint_dir:
+        return spec
+    data = spec.to_yaml_dict()
+    data["checkpoint"]["dir"] = absolute
+    return parse_spec(data)
+
+
+def _require_slurm() -> None:
+    if shutil.which("sbatch") is None:
+        raise ClusterError(
+            "no Slurm client (sbatch) on PATH; run shardctl on a Slurm login node, or start "
+            "a single-machine Slurm with `sudo scripts/slurm-dev-cluster up`"
+        )
+
+
+def _run(argv: list[str], what: str | None = None, stdin: str | None = None) -> str:
+    try:
+        proc = subprocess.run(
+            argv, input=stdin, capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterError(f"{what or argv[0]}: {exc}") from None
+    if proc.returncode != 0 and what is not None:
+        raise ClusterError(f"{what}: {argv[0]} says: {_slurm_message(proc.stderr)}")
+    return proc.stdout
+
+
+def _slurm_message(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    # sbatch prints "sbatch: error: Batch job submission failed: <reason>" last.
+    for ln in reversed(lines):
+        m = re.search(r"error:\s*(.*)", ln)
+        if m:
+            return m.group(1)
+    return lines[-1] if lines else "(no message)"
+
+
+def _test_only(spec: JobSpec, sbatch: str) -> None:
+    """Ask slurmctld whether it would accept the script; raise a clear error if not."""
+    proc = subprocess.run(
+        ["sbatch", "--test-only"], input=sbatch, capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode == 0:
+        return
+    reason = _slurm_message(proc.stderr)
+    s = spec.slurm
+    low = reason.lower()
+    if "partition" in low:
+        known = _run(["sinfo", "-h", "-o", "%R"]).split()
+        raise ClusterError(
+            f"slurm.partition {s.partition!r} was refused by Slurm ({reason}); "
+            f"partitions here: {', '.join(sorted(set(known))) or 'none'}"
+        )
+    if "time limit" in low:
+        limits = _run(["sinfo", "-h", "-o", "%R=%l"]).split()
+        raise ClusterError(
+            f"slurm.time {s.time!r} was refused by Slurm ({reason}); partition time limits: "
+            f"{', '.join(sorted(set(limits))) or 'unknown'}"
+        )
+    raise ClusterError(f"Slurm refused job {spec.name!r}: {reason}")
+
+
+def _write_files(run_dir: Path, files: dict[str, str]) -> list[Path]:
+    """Write the rendered files; return what did not exist before (for undo)."""
+    created: list[Path] = []
+    missing = run_dir
+    while not missing.exists():
+        created.append(missing)
+        missing = missing.parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        path = run_dir / name
+        if not path.exists():
+            created.append(path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(content)
+        if name.endswith(".sh"):
+            tmp.chmod(0o755)
+        tmp.replace(path)
+    return created
+
+
+def _listing(folder: Path) -> set[Path]:
+    return set(folder.rglob("*")) if folder.is_dir() else set()
+
+
+def _undo(run_dir: Path, created: list[Path], before: set[Path]) -> None:
+    """Remove what a failed submission left: submitit's files, then ours."""
+    for path in sorted(_listing(run_dir / "submitit") - before, reverse=True):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for path in sorted(created, key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    sub = run_dir / "submitit"
+    if sub.is_dir() and not before and not any(sub.iterdir()):
+        sub.rmdir()
+
+
+def _submit(request: dict[str, Any]) -> Any:
+    try:
+        import submitit
+        from submitit.core.utils import FailedJobError
+    except ImportError:
+        raise MissingDependencyError("submitit", "slurm", "submitting to Slurm") from None
+    ex = request["executor"]
+    executor = submitit.SlurmExecutor(
+        folder=ex["folder"], max_num_timeout=ex["max_num_timeout"], python=ex["python"]
+    )
+    executor.update_parameters(**request["parameters"])
+    task = request["task"]
+    try:
+        return executor.submit(
+            NodeTask(
+                command=task["command"],
+                run_dir=task["run_dir"],
+                signal_name=task["signal"],
+                max_requeues=task["max_requeues"],
+            )
+        )
+    except (FailedJobError, subprocess.CalledProcessError) as exc:
+        raise ClusterError(f"sbatch refused the job: {_slurm_message(str(exc))}") from None
+
+
+def _scontrol_job(job_id: str) -> dict[str, str] | None:
+    proc = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    fields: dict[str, str] = {}
+    for word in proc.stdout.split():
+        key, sep, value = word.partition("=")
+        if sep and key not in fields:
+            fields[key] = value
+    return fields
+
+
+# ------------------------------------------------------------ the task on each node
+
+
+@dataclass(frozen=True)
+class NodeTask:
+    """What the submitit task on every node runs (pickled by reference).
+
+    Runs the node's launch script and turns its end into the job's next state:
+    returns when the node finished, requeues the job (node 0) after a
+    preemption save, raises when the node failed. See the module docstring.
+    """
+
+    command: list[str]
+    run_dir: str
+    signal_name: str = "USR2"
+    max_requeues: int = 10
+
+    def __call__(self) -> str:
+        env = os.environ
+        node = int(env.get("SLURM_NODEID", "0"))
+        job_id = env.get("SLURM_JOB_ID", "?")
+        restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+        preempt_sig = signal.Signals[f"SIG{self.signal_name}"]
+        marker = Path(self.run_dir) / PREEMPTED_FILE
+        started = time.time()
+        received: list[int] = []
+        forwarded: set[int] = set()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            received.append(signum)
+            _say(f"node {node}: got {signal.Signals(signum).name}; passing it to the ranks")
+
+        # Replaces submitit's handlers (immediate requeue on rank 0) for this task.
+        signal.signal(preempt_sig, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        child_env = dict(env)
+        # The launchers of the environment that runs this task (torchrun, accelerate,
+        # deepspeed live beside its python), whatever PATH the job inherited.
+        child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        # submitit's own variables would make a rank's submitit think it is a task.
+        for key in ("SUBMITIT_FOLDER", "SUBMITIT_EXECUTOR"):
+            child_env.pop(key, None)
+        _say(
+            f"node {node} of job {job_id} (restart {restarts}): running {shlex.join(self.command)}"
+        )
+        child = subprocess.Popen(
+            self.command,
+            env=child_env,
+            start_new_session=True,
+            # The launcher must survive the preemption signal; ranks catch it themselves.
+            preexec_fn=lambda: signal.signal(preempt_sig, signal.SIG_IGN),
+        )
+        while True:
+            try:
+                rc = child.wait(timeout=2.0)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            for signum in set(received):
+                forwarded |= _forward(child.pid, signum, forwarded)
+        signal.signal(preempt_sig, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return self._after(node, job_id, restarts, rc, received, preempt_sig, marker, started)
+
+    def _after(
+        self,
+        node: int,
+        job_id: str,
+        restarts: int,
+        rc: int,
+        received: list[int],
+        preempt_sig: signal.Signals,
+        marker: Path,
+        started: float,
+    ) -> str:
+        if rc == 0:
+            _say(f"node {node}: launcher finished")
+            return "finished"
+        saved = _preempted_marker(marker, started)
+        # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
+        by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
+        preempted = preempt_sig in received or (saved is not None and not by_term_only)
+        if not preempted and saved is None:
+            # Global rank 0 may run on another node (the rendezvous picks ranks), and
+            # this node's ranks may have exited a moment before it wrote the marker.
+            saved = _wait_for_marker(marker, started, MARKER_WAIT_S)
+            by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
+            preempted = saved is not None and not by_term_only
+        if not preempted:
+            if signal.SIGTERM in received or by_term_only:
+                _say(f"node {node}: stopped by SIGTERM (cancel); launcher exit {rc}")
+                return "terminated"
+            raise RuntimeError(
+                f"node {node} of job {job_id}: the launcher exited with code {rc}; the job "
+                "failed. Resubmitting resumes from the newest complete checkpoint."
+            )
+        what = f"saved step {saved['step']}" if saved else "no new checkpoint"
+        if node != 0:
+            _say(f"node {node}: preempted ({what}); node 0 requeues the job")
+            return "preempted"
+        if restarts >= self.max_requeues:
+            raise RuntimeError(
+                f"job {job_id} was preempted ({what}) after {restarts} requeue(s), which is "
+                f"slurm.max_requeues ({self.max_requeues}); not requeued. Resubmit to resume."
+            )
+        _say(f"node 0: preempted ({what}); requeueing job {job_id} ({restarts + 1} of at most "
+             f"{self.max_requeues})")  # fmt: skip
+        proc = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        )
+        if proc.returncode != 0:
+            # E.g. a Slurm preemption already requeues it: say so, do not fail the node.
+            _say(f"node 0: scontrol requeue {job_id}: {proc.stderr.strip()}")
+        return "requeued"
+
+
+def _say(message: str) -> None:
+    # The task's stdout is the node's log file (submitit's %j_%t_log.out).
+    print(f"[shardctl] {message}", flush=True)
+
+
+def _preempted_marker(marker: Path, started: float) -> dict[str, Any] | None:
+    """The PREEMPTED marker if the ranks wrote it during this attempt."""
+    try:
+        if marker.stat().st_mtime < started - 1.0:
+            return None
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_for_marker(marker: Path, started: float, seconds: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = _preempted_marker(marker, started)
+        if found is not None:
+            return found
+        time.sleep(0.5)
+    return None
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process below `root` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read().decode(errors="replace")
+        except OSError:
+            continue
+        # The command name is in parentheses and may contain spaces.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler installed for `signum` (SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def _forward(root: int, signum: int, done: set[int]) -> set[int]:
+    """Send `signum` once to each process under `root` that catches it."""
+    sent: set[int] = set()
+    for pid in [root, *_descendants(root)]:
+        key = pid * 100 + signum
+        if key in done or not _catches(pid, signum):
+            continue
+        try:
+            os.kill(pid, signum)
+            sent.add(key)
+        except ProcessLookupError:
+            pass
+    return sent

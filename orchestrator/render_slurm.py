@@ -1,0 +1,205 @@
+"""The Slurm submission of a job: what submitit is given, and the sbatch script it makes.
+
+    submitit.json   the submitit executor arguments, its parameters (submitit's own
+                    names), and the task every node runs: `bash <run_dir>/launch.sh`
+    sbatch.sh       the sbatch script submitit generates from those parameters
+
+Pure and deterministic, like every renderer: no clock, no cluster query, no
+submitit import. `shardctl render` and `shardctl submit --dry-run` must not
+import submitit (start-up time, and submitit is an optional extra), so the
+sbatch text is laid out here the way `submitit.slurm.slurm._make_sbatch_string`
+lays it out — sorted `#SBATCH` flags with shlex-quoted values, the setup lines,
+then `srun ... <python> -u -m submitit.core._submit <folder>` — and a test holds
+this function byte-for-byte equal to submitit's own for every example spec.
+When shardctl submits, submitit generates the script itself; the backend checks
+that it is the one shown by `--dry-run`.
+
+One submitit task per node (`ntasks_per_node=1`): the task starts that node's
+launcher (torchrun, accelerate launch or deepspeed), which starts the node's
+ranks. Node rank and master address come from Slurm at run time (see
+`launch.py`), never from this file.
+
+Two inputs are not in the spec: the Python that runs submitit's entry point on
+the nodes (`python`, default `python3`; the backend passes the interpreter that
+runs shardctl, as submitit itself does) and the run directory (default: the
+spec's, possibly relative; the backend passes it made absolute, as submitit
+makes its folder absolute).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import PurePosixPath
+from typing import Any
+
+from .errors import SpecError
+from .spec import JobSpec, slurm_time_minutes
+
+SUBMITIT_FILE = "submitit.json"
+SBATCH_FILE = "sbatch.sh"
+LAUNCH_FILE = "launch.sh"  # rendered by launch.py beside job.yaml; the node task runs it
+SUBMITIT_DIR = "submitit"
+# The callable that every submitit task runs (pickled by reference).
+NODE_TASK = "shardctl.orchestrator.clusters.slurm:NodeTask"
+
+# submitit's defaults that always reach the sbatch script (non-None defaults of
+# `_make_sbatch_string` that are Slurm flags).
+_SUBMITIT_DEFAULTS: dict[str, Any] = {
+    "job_name": "submitit",
+    "time": 5,
+    "nodes": 1,
+    "wckey": "submitit",
+}
+# Parameters of `_make_sbatch_string` that are not `#SBATCH` flags.
+_NON_SLURM = frozenset(
+    {
+        "setup", "teardown", "signal_delay_s", "srun_args", "additional_parameters",
+        "array_parallelism", "stderr_to_stdout", "use_srun", "map_count",
+    }
+)  # fmt: skip
+
+_K8S_MEM = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)$")
+
+
+def slurm_memory(value: str) -> str:
+    """resources.memory in Slurm's units (`64G`); k8s binary suffixes map (Gi → G)."""
+    if re.fullmatch(r"[0-9]+[KMGT]?", value):
+        return value
+    m = _K8S_MEM.match(value)
+    if m:
+        return m.group(1) + m.group(2)[0]
+    raise SpecError(
+        [
+            f"resources.memory {value!r} has no Slurm equivalent; accepted for Slurm: "
+            "a number of megabytes or a size with K, M, G, T (e.g. '64G'), or Ki, Mi, Gi, Ti"
+        ]
+    )
+
+
+def submitit_folder(run_dir: str) -> str:
+    """submitit's folder: one subfolder per job id (pickles, per-node logs)."""
+    return str(PurePosixPath(run_dir) / SUBMITIT_DIR / "%j")
+
+
+def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
+    """The parameters given to `SlurmExecutor.update_parameters`, in submitit's names."""
+    s, r = spec.slurm, spec.resources
+    minutes = slurm_time_minutes(s.time)
+    assert minutes is not None  # validated by the spec
+    params: dict[str, Any] = {
+        "job_name": spec.name,
+        "nodes": r.nodes,
+        # One task per node: it runs the node's launcher, which starts the ranks.
+        "ntasks_per_node": 1,
+        "cpus_per_task": r.procs_per_node * r.cpus_per_proc,
+        "time": minutes,
+        # Sent `signal_delay_s` before the time limit, and the signal a preemption
+        # sends (preempt_send_user_signal). Without `B:` Slurm sends it to every
+        # process of the job step: every rank on every node.
+        "signal_delay_s": s.signal_delay_s,
+        # A job submitted with --requeue may be requeued even where the cluster's
+        # JobRequeue default is 0; shardctl requeues after a preemption save.
+        "additional_parameters": {"requeue": True},
+    }
+    if s.signal != "USR2":
+        # submitit always writes USR2; a spec that asks for another signal overrides it.
+        params["additional_parameters"]["signal"] = f"{s.signal}@{s.signal_delay_s}"
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(s, key)
+        if value is not None:
+            params[key] = value
+    if s.gres is not None:
+        params["gres"] = s.gres
+    elif r.device == "cuda":
+        params["gpus_per_node"] = r.procs_per_node
+    if r.memory is not None:
+        params["mem"] = slurm_memory(r.memory)
+    if s.exclusive:
+        params["exclusive"] = True
+    if s.setup:
+        params["setup"] = list(s.setup)
+    if s.srun_args:
+        params["srun_args"] = list(s.srun_args)
+    return params
+
+
+def submitit_command(python: str, folder: str) -> str:
+    """The command submitit puts after `srun`: its entry point, reading the pickled task."""
+    return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
+
+
+def _sbatch_flag(key: str, value: Any) -> str:
+    key = key.replace("_", "-")
+    if value is True:
+        return f"#SBATCH --{key}"
+    return f"#SBATCH --{key}={shlex.quote(str(value))}"
+
+
+def sbatch_text(parameters: dict[str, Any], folder: str, command: str) -> str:
+    """The sbatch script submitit writes for `parameters` (see the module docstring)."""
+    flags = {**_SUBMITIT_DEFAULTS}
+    flags.update({k: v for k, v in parameters.items() if k not in _NON_SLURM and v is not None})
+    flags["signal"] = f"USR2@{parameters.get('signal_delay_s', 90)}"
+    stdout = str(PurePosixPath(folder) / "%j_%t_log.out")
+    stderr = str(PurePosixPath(folder) / "%j_%t_log.err")
+    flags["output"] = stdout.replace("%t", "0")
+    flags["error"] = stderr.replace("%t", "0")
+    flags["open-mode"] = "append"
+    flags.update(parameters.get("additional_parameters") or {})
+    lines = ["#!/bin/bash", "", "# Parameters"]
+    lines += [_sbatch_flag(k, flags[k]) for k in sorted(flags)]
+    if parameters.get("setup"):
+        lines += ["", "# setup", *parameters["setup"]]
+    srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr]
+    srun += list(parameters.get("srun_args") or [])
+    lines += [
+        "",
+        "# command",
+        "export SUBMITIT_EXECUTOR=slurm",
+        " ".join(shlex.quote(w) for w in srun) + " " + command,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def node_task(spec: JobSpec, run_dir: str) -> dict[str, Any]:
+    """What the submitit task on every node runs (arguments of `NodeTask`)."""
+    return {
+        "callable": NODE_TASK,
+        "command": ["bash", str(PurePosixPath(run_dir) / LAUNCH_FILE)],
+        "signal": spec.slurm.signal,
+        "max_requeues": spec.slurm.max_requeues,
+        "run_dir": run_dir,
+    }
+
+
+def submission(spec: JobSpec, *, python: str = "python3", run_dir: str | None = None) -> dict:
+    """Everything given to submitit: executor arguments, parameters, the node task."""
+    run_dir = run_dir or spec.run_dir
+    folder = submitit_folder(run_dir)
+    return {
+        "executor": {
+            "folder": folder,
+            # Unused by shardctl's node task (it requeues itself after the ranks
+            # saved, see clusters/slurm.py); set to the same bound for clarity.
+            "max_num_timeout": spec.slurm.max_requeues,
+            "python": python,
+        },
+        "parameters": submitit_parameters(spec),
+        "task": node_task(spec, run_dir),
+    }
+
+
+def slurm_artifacts(
+    spec: JobSpec, *, python: str = "python3", run_dir: str | None = None
+) -> dict[str, str]:
+    """`submitit.json` and `sbatch.sh` for `spec` (see the module docstring)."""
+    sub = submission(spec, python=python, run_dir=run_dir)
+    folder = sub["executor"]["folder"]
+    text = sbatch_text(sub["parameters"], folder, submitit_command(python, folder))
+    return {
+        SUBMITIT_FILE: json.dumps(sub, indent=2, sort_keys=True) + "\n",
+        SBATCH_FILE: text,
+    }
