@@ -31,7 +31,9 @@ def example_data(name: str = "tiny-llama") -> dict[str, Any]:
 def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is None:  # None removes the key
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
             out[key] = value
@@ -39,7 +41,7 @@ def merge(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
 
 
 def variant(patch: dict[str, Any] | None = None, example: str = "tiny-llama") -> JobSpec:
-    """An example spec with `patch` deep-merged into it (a dict value replaces a section's keys)."""
+    """An example spec with `patch` deep-merged into it (a None value removes that key)."""
     return parse_spec(merge(example_data(example), patch or {}))
 
 
