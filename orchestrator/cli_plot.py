@@ -1,0 +1,106 @@
+"""`shardctl plot RUN`: the loss curve of a run as a PNG.
+
+RUN is a run directory (the one holding `logs/metrics.jsonl`), a job spec file, or
+the name of a submitted job. matplotlib is imported only here, with the Agg
+backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from .errors import ShardctlError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _report_errors(fn: F) -> F:
+    """Library errors → one message on stderr and the error's exit code
+    (cli.handle_errors cannot be imported here: cli imports this module)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ShardctlError as exc:
+            click.secho(f"error: {exc}", fg="red", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def resolve_run_dir(run: str) -> Path:
+    """A run directory from a path, a spec file or a submitted job's name."""
+    path = Path(run)
+    if path.is_dir():
+        return path
+    if path.is_file():
+        from .spec import load_spec
+
+        return Path(load_spec(path).run_dir)
+    from .clusters.base import recall
+
+    return Path(recall(run).run_dir)
+
+
+def plot_loss(run_dir: Path, out: Path) -> int:
+    """Write the loss curve PNG; returns the number of steps plotted."""
+    from shardctl.train.metrics import metrics_path, read_metrics
+
+    if not metrics_path(run_dir).is_file():
+        raise UsageError(
+            f"no metrics in {run_dir}: {metrics_path(run_dir)} does not exist (has the run "
+            "logged a step yet?)"
+        )
+    rows = [r for r in read_metrics(run_dir) if isinstance(r.get("loss"), int | float)]
+    if not rows:
+        raise UsageError(f"{metrics_path(run_dir)} holds no logged steps yet")
+    try:
+        import matplotlib
+    except ImportError:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError("matplotlib", "train", "shardctl plot") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    ax.plot(steps, [r["loss"] for r in rows], color="tab:blue", linewidth=1.2, label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{run_dir.name}: training loss")
+    ax.grid(True, alpha=0.3)
+    lrs = [r.get("lr") for r in rows]
+    if all(isinstance(v, int | float) for v in lrs):
+        ax2 = ax.twinx()
+        ax2.plot(steps, lrs, color="tab:orange", linewidth=0.8, alpha=0.7, label="lr")
+        ax2.set_ylabel("learning rate")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return len(rows)
+
+
+@click.command("plot")
+@click.argument("run")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PNG to write (default: RUN_DIR/loss.png).",
+)
+@_report_errors
+def plot_cmd(run: str, out: Path | None) -> None:
+    """Plot the loss curve of RUN (run dir, spec file or job name) to a PNG."""
+    run_dir = resolve_run_dir(run)
+    target = out or run_dir / "loss.png"
+    n = plot_loss(run_dir, target)
+    click.echo(f"wrote {target} ({n} steps)")

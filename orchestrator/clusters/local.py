@@ -1,0 +1,387 @@
+"""The embedded default cluster: the rendered launch script, run on this host.
+
+`dryrun` renders the artifacts (`shardctl.orchestrator.render.render_artifacts`) and
+the exact command; `schedule` writes them into the run directory and starts the
+launch script detached — in its own session, under a small bash supervisor that
+records the script's exit code — so the job outlives the `shardctl` process.
+
+Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
+
+    launch.sh, env.sh, ...   the rendered artifacts (what runs)
+    local.pid                "<pid> <start-ticks>" of the supervisor (its process group)
+    local.exit               the launch script's exit code, once it ended
+    CANCELLED                written by `cancel`
+    logs/launcher.out|.err   everything the launcher and its ranks print
+    DONE / PREEMPTED         written by the trainer (see `shardctl.train.loop`)
+
+Status comes from those files: RUNNING while the supervisor lives; then SUCCEEDED
+(exit 0), PREEMPTED (a `PREEMPTED` marker: the ranks saved a checkpoint on a signal;
+submit again to resume — torchrun reports that as exit 1, so the marker decides),
+CANCELLED, or FAILED. Submitting a spec again resumes from its newest complete
+checkpoint, or does nothing when the run is already complete (`DONE`).
+
+`cancel` sends SIGTERM to the supervisor's process group and to every process
+descended from it (torchrun starts ranks in sessions of their own): ranks take it as
+a preemption signal and checkpoint; after a grace period what is left gets SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ClusterError
+from ..spec import JobSpec
+from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+
+PID_FILE = "local.pid"
+EXIT_FILE = "local.exit"
+CANCELLED_FILE = "CANCELLED"
+LAUNCH_SCRIPT = "launch.sh"
+SPEC_FILE = "job.yaml"
+LOG_FILES = ("launcher.out", "launcher.err")
+# Marker names written by the trainer (shardctl.train.loop); repeated here so this
+# module does not import the training package.
+DONE_FILE = "DONE"
+PREEMPTED_FILE = "PREEMPTED"
+EXIT_PREEMPTED = 42  # shardctl.train.preemption.EXIT_PREEMPTED
+# Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
+CANCEL_GRACE_S = 60.0
+
+# Runs the launch script, forwards TERM/INT to it, and records its exit code. A
+# trap handler (not an ignored signal) keeps the children's default dispositions;
+# `wait` returns early when a trapped signal arrives, so it is repeated until the
+# script's own status comes back.
+SUPERVISOR = r"""
+launch="$1"; out="$2"; err="$3"; code_file="$4"
+bash "$launch" >>"$out" 2>>"$err" </dev/null &
+child=$!
+got=0
+trap 'got=1; kill -TERM "$child" 2>/dev/null || true' TERM INT
+while :; do
+  got=0; rc=0
+  wait "$child" || rc=$?
+  [ "$got" = 1 ] || break
+done
+printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
+exit "$rc"
+"""
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): with the
+    pid it identifies one process even after the pid number is reused."""
+    text = _read(Path(f"/proc/{pid}/stat"))
+    if text is None:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _alive(pid: int, ticks: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _start_ticks(pid)
+    if ticks is None or now is None:
+        return True
+    state = _read(Path(f"/proc/{pid}/stat"))
+    zombie = state is not None and state[state.rfind(")") + 2 :].startswith("Z")
+    return now == ticks and not zombie
+
+
+def _descendants(root: int) -> list[tuple[int, str | None]]:
+    """(pid, start ticks) of every process below `root`, found through /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        text = _read(entry / "stat")
+        if text is None:
+            continue
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: list[tuple[int, str | None]] = []
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append((pid, _start_ticks(pid)))
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _signal(procs: Iterable[tuple[int, str | None]], sig: int) -> None:
+    for pid, ticks in procs:
+        if _alive(pid, ticks):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+class LocalCluster(Cluster):
+    name = "local"
+
+    # -- dryrun / schedule -----------------------------------------------------------
+
+    def dryrun(self, spec: JobSpec) -> DryRun:
+        from ..render import render_artifacts
+
+        # launch.sh finds job.yaml (and the launcher configs) beside itself.
+        artifacts = dict(render_artifacts(spec, "local"))
+        run_dir = Path(spec.run_dir)
+        logs = run_dir / "logs"
+        argv = ["bash", str(run_dir / LAUNCH_SCRIPT)]
+        command = (
+            f"{shlex.join(argv)} >>{shlex.quote(str(logs / LOG_FILES[0]))} "
+            f"2>>{shlex.quote(str(logs / LOG_FILES[1]))}"
+        )
+        request = {
+            "argv": argv,
+            "run_dir": str(run_dir),
+            "logs": [str(logs / name) for name in LOG_FILES],
+        }
+        text = (
+            f"# cluster local: write these files into {run_dir}/ and run, detached, from "
+            f"the current directory:\n{command}\n"
+            + "".join(
+                f"\n# ---- {run_dir / name} ----\n{content}"
+                + ("" if content.endswith("\n") else "\n")
+                for name, content in sorted(artifacts.items())
+            )
+        )
+        return DryRun(cluster="local", spec=spec, artifacts=artifacts, request=request, text=text)
+
+    def schedule(self, dryrun: DryRun) -> JobRef:
+        spec = dryrun.spec
+        run_dir = Path(spec.run_dir)
+        ref = JobRef(
+            cluster="local",
+            job_id="",
+            name=spec.name,
+            # Absolute: `status`/`logs` may run from another directory later.
+            run_dir=str(run_dir.resolve()),
+            extra={"cwd": os.getcwd()},
+        )
+        done = _json(run_dir / DONE_FILE)
+        if done is not None and int(done.get("step", -1)) >= spec.train.steps:
+            return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
+        pid_info = self._pid(run_dir)
+        if pid_info is not None and _alive(*pid_info):
+            raise ClusterError(
+                f"job {spec.name!r} is already running here (pid {pid_info[0]}, run dir "
+                f"{run_dir}); follow it with `shardctl logs {spec.name}` or stop it with "
+                f"`shardctl cancel {spec.name}`"
+            )
+        logs = run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for name, content in dryrun.artifacts.items():
+            path = run_dir / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+        (run_dir / LAUNCH_SCRIPT).chmod(0o755)
+        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE):
+            (run_dir / stale).unlink(missing_ok=True)
+        env = dict(os.environ)
+        # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        proc = subprocess.Popen(
+            [
+                "bash",
+                "-c",
+                SUPERVISOR,
+                "shardctl-local",
+                str(run_dir / LAUNCH_SCRIPT),
+                str(logs / LOG_FILES[0]),
+                str(logs / LOG_FILES[1]),
+                str(run_dir / EXIT_FILE),
+            ],
+            cwd=os.getcwd(),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        ticks = _start_ticks(proc.pid)
+        tmp = run_dir / f".{PID_FILE}.tmp"
+        tmp.write_text(f"{proc.pid} {ticks or ''}\n")
+        tmp.replace(run_dir / PID_FILE)
+        return JobRef(**{**ref.to_json(), "job_id": str(proc.pid)})
+
+    # -- status / logs / cancel ----------------------------------------------------------
+
+    @staticmethod
+    def _pid(run_dir: Path) -> tuple[int, str | None] | None:
+        text = _read(run_dir / PID_FILE)
+        if not text or not text.split():
+            return None
+        words = text.split()
+        try:
+            return int(words[0]), (words[1] if len(words) > 1 else None)
+        except ValueError:
+            return None
+
+    @staticmethod
+    def _exit_code(run_dir: Path) -> int | None:
+        text = _read(run_dir / EXIT_FILE)
+        try:
+            return int(text.strip()) if text else None
+        except ValueError:
+            return None
+
+    def status(self, ref: JobRef) -> JobStatus:
+        run_dir = Path(ref.run_dir)
+        pid_info = self._pid(run_dir)
+        if pid_info is not None and _alive(*pid_info):
+            return JobStatus(JobState.RUNNING, "running", f"pid {pid_info[0]}")
+        rc = self._exit_code(run_dir)
+        done = _json(run_dir / DONE_FILE)
+        preempted = _json(run_dir / PREEMPTED_FILE)
+        if (run_dir / CANCELLED_FILE).exists() and (rc is None or rc != 0 or preempted):
+            step = f"; checkpoint at step {preempted['step']}" if preempted else ""
+            return JobStatus(JobState.CANCELLED, "cancelled", f"cancelled by the user{step}")
+        if preempted is not None and rc != 0:
+            return JobStatus(
+                JobState.PREEMPTED,
+                f"exit {rc}" if rc is not None else "preempted",
+                f"saved step {preempted.get('step')} ({preempted.get('reason')}); "
+                "submit the spec again to resume",
+            )
+        if rc == 0 or (rc is None and pid_info is None and done is not None):
+            detail = f"finished step {done.get('step')}" if done else "exit 0"
+            return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
+        if rc is not None:
+            return JobStatus(JobState.FAILED, f"exit {rc}", f"see `shardctl logs {ref.name}`")
+        if pid_info is not None:
+            return JobStatus(
+                JobState.FAILED,
+                "vanished",
+                "the launcher ended without recording an exit code (killed?)",
+            )
+        return JobStatus(JobState.UNKNOWN, "no record", f"nothing started in {run_dir}")
+
+    def exit_code(self, ref: JobRef) -> int:
+        """The job's exit code for `submit --wait`: the launch script's own, except that
+        a preempted run reports EXIT_PREEMPTED (torchrun turns every rank failure into 1)."""
+        st = self.status(ref)
+        if st.state in (JobState.PREEMPTED, JobState.CANCELLED):
+            return EXIT_PREEMPTED
+        rc = self._exit_code(Path(ref.run_dir))
+        if rc is not None:
+            return rc
+        return 0 if st.state == JobState.SUCCEEDED else 1
+
+    def logs(self, ref: JobRef, tail: int | None = None) -> str:
+        logs = Path(ref.run_dir) / "logs"
+        parts: list[str] = []
+        for name in LOG_FILES:
+            text = _read(logs / name)
+            if text is None:
+                continue
+            lines = text.splitlines(keepends=True)
+            if tail is not None:
+                lines = lines[-tail:]
+            parts.append(f"==> {logs / name} <==\n" + "".join(lines))
+            if parts[-1] and not parts[-1].endswith("\n"):
+                parts[-1] += "\n"
+        if not parts:
+            return f"no logs yet in {logs}\n"
+        return "\n".join(parts)
+
+    def cancel(self, ref: JobRef, grace_s: float | None = None) -> None:
+        run_dir = Path(ref.run_dir)
+        pid_info = self._pid(run_dir)
+        if pid_info is None or not _alive(*pid_info):
+            st = self.status(ref)
+            raise ClusterError(
+                f"job {ref.name!r} is not running (state {st.state.value}); nothing to cancel"
+            )
+        grace = CANCEL_GRACE_S if grace_s is None else grace_s
+        pid, ticks = pid_info
+        (run_dir / CANCELLED_FILE).write_text(f"{time.time()}\n")
+        # Collected before signalling: once a parent exits, its children are re-parented
+        # and no longer look like ours.
+        procs = [(pid, ticks), *_descendants(pid)]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        _signal(procs, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            procs = [p for p in procs if _alive(*p)]
+            if not procs:
+                return
+            time.sleep(0.2)
+        _signal(procs, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    # -- foreground ------------------------------------------------------------------------
+
+    def follow(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> int:
+        """Stream the job's logs until it ends; return its exit code (see `exit_code`).
+
+        Ctrl-C cancels the run gracefully (the ranks checkpoint) and keeps following
+        until it has stopped; submitting the spec again resumes it.
+        """
+        out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+        logs = Path(ref.run_dir) / "logs"
+        offsets = dict.fromkeys(LOG_FILES, 0)
+
+        def pump() -> None:
+            for name in LOG_FILES:
+                path = logs / name
+                try:
+                    with path.open("rb") as f:
+                        f.seek(offsets[name])
+                        chunk = f.read()
+                except OSError:
+                    continue
+                if chunk:
+                    offsets[name] += len(chunk)
+                    out(chunk.decode("utf-8", errors="replace"))
+
+        pid_info = self._pid(Path(ref.run_dir))
+        while pid_info is not None and _alive(*pid_info):
+            try:
+                pump()
+                time.sleep(poll_s)
+            except KeyboardInterrupt:
+                out("\nshardctl: stopping the run (ranks checkpoint first) ...\n")
+                self.cancel(ref)
+        pump()
+        return self.exit_code(ref)
