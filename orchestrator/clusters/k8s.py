@@ -171,14 +171,24 @@ class K8sCluster(Cluster):
         except _Conflict:
             if self._job_exists(custom, ns, name):
                 raise ClusterError(_exists_message(ns, name)) from None
-            # A ConfigMap left from a job that is gone (deleted by hand, TTL): ours to update.
+            # A ConfigMap left from a job that is gone (deleted by hand, TTL cleanup):
+            # ours to renew. Delete and create rather than merge, so no stale file stays.
             self._call(
-                "update",
+                "delete",
                 "configmaps",
                 ns,
-                lambda: core.replace_namespaced_config_map(
-                    cm_name, ns, cm, _request_timeout=REQUEST_TIMEOUT_S
+                lambda: core.delete_namespaced_config_map(
+                    cm_name, ns, _request_timeout=REQUEST_TIMEOUT_S
                 ),
+            )
+            self._call(
+                "create",
+                "configmaps",
+                ns,
+                lambda: core.create_namespaced_config_map(
+                    ns, cm, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+                conflict=f"ConfigMap {ns}/{cm_name} was re-created by someone else meanwhile",
             )
 
     def _job_exists(self, custom: Any, ns: str, name: str) -> bool:
@@ -468,11 +478,11 @@ def load_api_client() -> Any:
         raise MissingDependencyError("kubernetes", "k8s", "--cluster k8s") from None
     from kubernetes.config.config_exception import ConfigException
 
-    config_file = os.environ.get("SHARDCTL_KUBECONFIG") or None
+    # Read KUBECONFIG now: the client captures it once, when it is first imported.
+    # (A `a:b` list is merged by the client like kubectl does.)
+    config_file = os.environ.get("SHARDCTL_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
     context = os.environ.get("SHARDCTL_KUBE_CONTEXT") or None
-    kubeconfig_known = bool(config_file or os.environ.get("KUBECONFIG")) or os.path.exists(
-        os.path.expanduser("~/.kube/config")
-    )
+    kubeconfig_known = bool(config_file) or os.path.exists(os.path.expanduser("~/.kube/config"))
     if not kubeconfig_known and os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = client.Configuration()
         try:
@@ -483,7 +493,7 @@ def load_api_client() -> Any:
     try:
         return config.new_client_from_config(config_file=config_file, context=context)
     except (ConfigException, OSError) as exc:
-        where = config_file or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        where = config_file or "~/.kube/config"
         raise ClusterError(
             f"no usable kubeconfig ({where}): {exc}; point KUBECONFIG or SHARDCTL_KUBECONFIG "
             "at one (and SHARDCTL_KUBE_CONTEXT at its context), or run inside the cluster"

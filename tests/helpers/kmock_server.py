@@ -97,7 +97,7 @@ class KMockServer:
 
     def requests(self) -> list[Any]:
         """Every request the server has seen, in order."""
-        return list(self.handler[...])
+        return list(self.handler)
 
     def objects(self, resource: str) -> dict[tuple[str | None, str], dict[str, Any]]:
         """Live objects of a resource ('v1/pods', PYTORCHJOBS ...): (namespace, name) → object."""
@@ -108,6 +108,30 @@ class KMockServer:
                 out[(ns, name)] = obj.raw
         return out
 
-    def react(self, *criteria: Any) -> Any:
-        """A kmock reaction slot: `server.react('post', kmock.resource(...)) << 403`."""
-        return self.handler[criteria]
+    def fail(self, method: str, resource: str, status: int, message: str, **criteria: Any) -> None:
+        """Answer `method` on `resource` with an API Status error, as a real server would.
+
+        `criteria`: `name=` and/or `subresource=` narrow it to one object or subresource.
+        """
+        extra = []
+        if "name" in criteria:
+            extra.append(kmock.name(criteria["name"]))
+        if "subresource" in criteria:
+            extra.append(kmock.subresource(criteria["subresource"]))
+        status_body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "code": status,
+            "message": message,
+        }
+        slot = self.handler[kmock.method(method.upper()), kmock.resource(resource), *extra]
+        slot << status << status_body
+
+    def serve_log(self, pod: str, text: str) -> None:
+        """The log of `pod` (GET .../pods/<pod>/log) as text/plain."""
+        slot = self.handler[
+            kmock.method.GET, kmock.resource("v1/pods"), kmock.name(pod), kmock.subresource("log")
+        ]
+        slot << kmock.text(text)
