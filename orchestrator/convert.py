@@ -706,6 +706,13 @@ def _plan_from_spec(
         "fp32": "no",
         "bf16-pure": "no",
     }[s.precision]
+    if s.precision == "bf16-pure":
+        plan.note(
+            "precision",
+            "strategy.precision",
+            "'bf16-pure' has no accelerate mixed_precision value: it is mixed_precision 'no' "
+            "with the model loaded in bf16 (FSDP only)",
+        )
     if s.sharding == "hybrid_shard":
         plan.hpz_partition_size = r.procs_per_node
     plan.grad_accum = t.grad_accum

@@ -343,7 +343,7 @@ def test_job_spec_bf16_pure_to_deepspeed_is_changed_with_a_reason():
     result = convert_data(data, "deepspeed")
     assert result.spec_strategy is not None
     assert result.spec_strategy["precision"] == "bf16-mixed"
-    changed = [n for n in result.notes if n.setting == "strategy.precision"]
+    changed = [n for n in result.notes if n.setting == "strategy.precision" and n.kind == "changed"]
     assert changed and "fp32 master weights" in changed[0].message
 
 
@@ -605,3 +605,17 @@ def test_missing_file_and_no_traceback_through_the_real_cli(tmp_path: Path):
     assert proc.returncode == 2
     assert "zero_stage 5" in proc.stderr and "accepted: 0, 1, 2, 3" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_deepspeed_job_spec_to_fsdp(tmp_path: Path):
+    result = convert_file(ROOT / "examples" / "deepspeed-zero3.yaml", "fsdp")
+    cfg = result.accelerate_config
+    assert cfg["distributed_type"] == "FSDP"
+    assert cfg["fsdp_config"]["fsdp_version"] == 2
+    assert cfg["fsdp_config"]["fsdp_reshard_after_forward"] is True
+    assert cfg["num_processes"] == 2 and cfg["mixed_precision"] == "bf16"
+    assert result.spec_strategy is not None
+    assert result.spec_strategy["backend"] == "fsdp"
+    assert result.spec_strategy["sharding"] == "full_shard"
+    env = launch_env(write_yaml(tmp_path / "f.yaml", cfg))
+    assert env["FSDP_VERSION"] == "2" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
