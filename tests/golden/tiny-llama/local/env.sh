@@ -1,0 +1,12 @@
+# shellcheck shell=bash
+# Environment of one node of job tiny-llama (cluster: local), rendered by shardctl.
+# Runtime values are the cluster's own variables, expanded on the node when this runs.
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# this host is every node
+export SHARDCTL_NNODES=1
+# preset it to start another node of a multi-node spec on this host
+export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
+export SHARDCTL_NPROC_PER_NODE=2
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=29500

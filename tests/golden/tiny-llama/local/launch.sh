@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Starts the ranks of one node of job tiny-llama with torchrun (cluster: local).
+# Rendered by shardctl: run it once per node; edit the job spec, not this file.
+set -euo pipefail
+
+# The folder of this script: the files the launcher reads lie beside it.
+SHARDCTL_RENDER_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+export SHARDCTL_RENDER_DIR
+
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# this host is every node
+export SHARDCTL_NNODES=1
+# preset it to start another node of a multi-node spec on this host
+export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
+export SHARDCTL_NPROC_PER_NODE=2
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=29500
+
+exec torchrun \
+    --standalone \
+    --nnodes 1 \
+    --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
+    -m shardctl.train "${SHARDCTL_RENDER_DIR}"/job.yaml

@@ -1,0 +1,14 @@
+# shellcheck shell=bash
+# Environment of one node of job tiny-llama (cluster: slurm), rendered by shardctl.
+# Runtime values are the cluster's own variables, expanded on the node when this runs.
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
+# this node's index, set by Slurm
+export SHARDCTL_NODE_RANK="${SLURM_NODEID:?run this script inside a Slurm allocation (srun)}"
+export SHARDCTL_NPROC_PER_NODE=2
+# the first node of the allocation
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run this script inside a Slurm allocation (srun)}")"
+MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"
+export MASTER_ADDR
+export MASTER_PORT=29500

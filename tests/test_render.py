@@ -1,0 +1,177 @@
+"""render_artifacts and `shardctl render`: which files, their properties, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers.render_util import EXAMPLES, ROOT, variant
+from shardctl.orchestrator import render as render_mod
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.errors import RenderError
+from shardctl.orchestrator.render import local_artifacts, render_artifacts
+from shardctl.orchestrator.spec import load_spec
+from shardctl.orchestrator.templating import render_template
+
+COMMON = {"job.yaml", "env.sh", "launch.sh"}
+
+
+@pytest.mark.parametrize(
+    ("launcher", "backend", "extra"),
+    [
+        ("torchrun", "fsdp", set()),
+        ("torchrun", "deepspeed", {"ds_config.json"}),
+        ("accelerate", "fsdp", {"accelerate_config.yaml"}),
+        ("accelerate", "deepspeed", {"accelerate_config.yaml", "ds_config.json"}),
+        ("deepspeed", "deepspeed", {"hostfile", "ds_config.json"}),
+    ],
+)
+def test_files_follow_launcher_and_backend(launcher: str, backend: str, extra: set[str]) -> None:
+    spec = variant({"launcher": launcher, "strategy": {"backend": backend}})
+    assert set(render_artifacts(spec, "local")) == COMMON | extra
+
+
+def test_job_yaml_loads_back_to_an_equal_spec(tmp_path: Path) -> None:
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        spec = load_spec(path)
+        written = tmp_path / f"{path.stem}.yaml"
+        written.write_text(render_artifacts(spec, "local")["job.yaml"])
+        assert load_spec(written) == spec, path.name
+
+
+def test_launch_script_inlines_the_env_file() -> None:
+    files = render_artifacts(variant(), "local")
+    body = files["env.sh"].split("# Runtime values are")[1].split("\n", 1)[1]
+    assert body.strip() and body in files["launch.sh"]
+
+
+def test_cluster_artifacts_are_merged_in() -> None:
+    spec = load_spec(EXAMPLES / "k8s.yaml")
+    files = render_artifacts(spec, "k8s")
+    assert set(files) >= COMMON and "pytorchjob.yaml" in files
+    assert list(files) == sorted(files)
+
+
+def test_k8s_node_files_are_the_ones_the_pods_get() -> None:
+    """launch.sh and job.yaml of --cluster k8s are the ConfigMap's, byte for byte."""
+    import yaml
+
+    files = render_artifacts(load_spec(EXAMPLES / "k8s.yaml"), "k8s")
+    data = yaml.safe_load(files["configmap.yaml"])["data"]
+    assert data["launch.sh"] == files["launch.sh"]
+    assert data["job.yaml"] == files["job.yaml"]
+
+
+def test_missing_cluster_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        render_mod.CLUSTER_ARTIFACTS, "slurm", ("shardctl.orchestrator.no_such_mod", "x")
+    )
+    with pytest.raises(RenderError, match=r"cluster 'slurm' needs the module .*no_such_mod"):
+        render_artifacts(variant(), "slurm")
+    # Local rendering never needs it.
+    assert set(render_artifacts(variant(), "local")) == COMMON
+
+
+def test_conflicting_cluster_artifact_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(render_mod, "cluster_renderer", lambda c: lambda s: {"env.sh": "x\n"})
+    with pytest.raises(RenderError, match=r"env\.sh"):
+        render_artifacts(variant(), "slurm")
+
+
+def test_missing_template_variable_names_the_template() -> None:
+    with pytest.raises(RenderError, match=r"template 'launch.sh.j2'.*undefined"):
+        render_template("launch.sh.j2", job_name="x")
+    with pytest.raises(RenderError, match=r"no-such\.j2"):
+        render_template("no-such.j2")
+
+
+def test_rendering_is_pure() -> None:
+    spec = variant({"launcher": "accelerate", "strategy": {"backend": "deepspeed"}})
+    assert local_artifacts(spec, "local") == local_artifacts(spec, "local")
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def test_cli_writes_every_file_and_marks_scripts_executable(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        cli,
+        ["render", str(EXAMPLES / "deepspeed-zero3.yaml"), "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    expected = render_artifacts(load_spec(EXAMPLES / "deepspeed-zero3.yaml"), "local")
+    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    for name, content in expected.items():
+        assert (out / name).read_text() == content
+        executable = bool((out / name).stat().st_mode & stat.S_IXUSR)
+        assert executable is name.endswith(".sh"), name
+        assert name in result.output
+    assert "ds_config.json" in result.output and " B" in result.output
+
+
+def test_cli_default_out_dir_is_in_the_run_dir(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["render", str(EXAMPLES / "k8s.yaml"), "--cluster", "k8s"])
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "runs" / "k8s-tiny" / "rendered" / "k8s"
+    assert (out / "pytorchjob.yaml").is_file() and (out / "launch.sh").is_file()
+
+
+def test_cli_json_output(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        cli, ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(tmp_path), "-o", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["cluster"] == "local" and doc["name"] == "tiny-llama"
+    sizes = {f["name"]: f["bytes"] for f in doc["files"]}
+    assert sizes == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+
+
+def test_cli_bad_spec_exits_2_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad Name\ntrain: {}\n")
+    result = CliRunner().invoke(cli, ["render", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "name" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_out_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("")
+    result = CliRunner().invoke(
+        cli, ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(target / "sub")]
+    )
+    assert result.exit_code in (1, 2) and "error:" in result.output
+
+
+def test_render_imports_no_heavy_packages(tmp_path: Path) -> None:
+    """`shardctl render` (every cluster) never imports torch, deepspeed, kubernetes, submitit."""
+    code = (
+        "import sys\n"
+        "from shardctl.orchestrator.cli import main\n"
+        "for cluster in ('local', 'slurm', 'k8s'):\n"
+        "    try:\n"
+        f"        sys.argv = ['shardctl', 'render', {str(EXAMPLES / 'deepspeed-zero3.yaml')!r},\n"
+        f"                    '--cluster', cluster, '--out', {str(tmp_path)!r} + '/' + cluster]\n"
+        "        main()\n"
+        "    except SystemExit as exc:\n"
+        "        assert not exc.code, exc.code\n"
+        "heavy = ('torch', 'deepspeed', 'kubernetes', 'submitit', 'transformers', 'accelerate')\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "print(heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
