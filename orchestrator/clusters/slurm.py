@@ -449,9 +449,10 @@ class NodeTask:
         # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
         by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
         preempted = preempt_sig in received or (saved is not None and not by_term_only)
-        if not preempted and saved is None:
+        if not preempted and saved is None and rc in (1, EXIT_PREEMPTED):
             # Global rank 0 may run on another node (the rendezvous picks ranks), and
             # this node's ranks may have exited a moment before it wrote the marker.
+            # (torchrun and accelerate exit 1 when a rank exits 42.)
             saved = _wait_for_marker(marker, started, MARKER_WAIT_S)
             by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
             preempted = saved is not None and not by_term_only

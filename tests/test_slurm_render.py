@@ -1,0 +1,323 @@
+"""The Slurm submission without a cluster: rendering, state mapping, the node task.
+
+The sbatch text shardctl shows (render, --dry-run) is held byte-for-byte equal
+to what submitit's own generator makes from the same parameters. The node
+task's signal handling runs for real: a launcher in its own session, a rank
+process that catches USR2, the signal sent to the task process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator import render_slurm as rs
+from shardctl.orchestrator.clusters import slurm as backend
+from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.render import render_artifacts
+from shardctl.orchestrator.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def _spec(**slurm: object) -> object:
+    data = {
+        "name": "job-1",
+        "resources": {"nodes": 2, "procs_per_node": 4, "cpus_per_proc": 3},
+        "train": {"model": {"llama": {}}, "data": {"builtin": "python-stdlib"}, "steps": 10},
+        "checkpoint": {"every_steps": 5},
+        "slurm": slurm,
+    }
+    return parse_spec(data)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_sbatch_text_is_submitits_own(example: Path) -> None:
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    spec = load_spec(example)
+    sub = rs.submission(spec, python="/opt/py/bin/python3", run_dir="/shared/runs/x")
+    folder = sub["executor"]["folder"]
+    command = rs.submitit_command("/opt/py/bin/python3", folder)
+    ours = rs.sbatch_text(sub["parameters"], folder, command)
+    assert ours == _make_sbatch_string(command=command, folder=folder, **sub["parameters"])
+
+
+def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -> None:
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    spec = parse_spec(
+        {
+            "name": "big-job",
+            "resources": {"nodes": 4, "procs_per_node": 8, "device": "cuda", "memory": "500Gi"},
+            "train": {"model": {"llama": {}}, "data": {"builtin": "python-stdlib"}, "steps": 10},
+            "checkpoint": {"every_steps": 5, "dir": "/shared/runs/big/checkpoints"},
+            "slurm": {
+                "partition": "gpu",
+                "account": "proj-1",
+                "qos": "high",
+                "time": "1-12:30:00",
+                "signal": "USR1",
+                "signal_delay_s": 300,
+                "constraint": "h100",
+                "exclusive": True,
+                "setup": ["module load cuda/12.4", "source /shared/venv/bin/activate"],
+                "srun_args": ["--cpu-bind=none", "--label"],
+            },
+        }
+    )
+    files = rs.slurm_artifacts(spec)
+    params = json.loads(files["submitit.json"])["parameters"]
+    assert params["time"] == 36 * 60 + 30
+    assert params["gpus_per_node"] == 8
+    assert params["cpus_per_task"] == 8
+    assert params["mem"] == "500G"
+    text = files["sbatch.sh"]
+    for flag in (
+        "--partition=gpu", "--account=proj-1", "--qos=high", "--constraint=h100",
+        "--exclusive", "--gpus-per-node=8", "--nodes=4", "--ntasks-per-node=1",
+        "--signal=USR1@300", "--time=2190", "--mem=500G", "--requeue", "--job-name=big-job",
+        "--output=/shared/runs/big/submitit/%j/%j_0_log.out",
+    ):  # fmt: skip
+        assert f"#SBATCH {flag}\n" in text, flag
+    assert "module load cuda/12.4\nsource /shared/venv/bin/activate\n" in text
+    assert " --cpu-bind=none --label python3 -u -m submitit.core._submit " in text
+    # submitit validates parameters by generating a script with them.
+    sub = json.loads(files["submitit.json"])
+    _make_sbatch_string(command="x", folder=str(tmp_path), **sub["parameters"])
+    assert sub["task"]["command"] == ["bash", "/shared/runs/big/launch.sh"]
+
+
+def test_gres_replaces_gpus_per_node_and_cpu_jobs_ask_no_gpus() -> None:
+    cpu = rs.submitit_parameters(_spec())
+    assert "gpus_per_node" not in cpu and "gres" not in cpu
+    assert cpu["cpus_per_task"] == 12  # 4 procs × 3 cpus, one task per node
+    gres = rs.submitit_parameters(_spec(gres="gpu:a100:4"))
+    assert gres["gres"] == "gpu:a100:4" and "gpus_per_node" not in gres
+
+
+def test_hostile_values_stay_inert_in_sbatch() -> None:
+    spec = _spec(partition="p$(touch_x)", srun_args=["--comment=$(reboot); `id`"])
+    text = rs.slurm_artifacts(spec)["sbatch.sh"]
+    assert "#SBATCH --partition='p$(touch_x)'" in text
+    assert "'--comment=$(reboot); `id`'" in text
+
+
+def test_memory_conversion() -> None:
+    assert rs.slurm_memory("64G") == "64G"
+    assert rs.slurm_memory("2048") == "2048"
+    assert rs.slurm_memory("16Gi") == "16G"
+    with pytest.raises(SpecError, match=r"resources\.memory '1\.5Gi'"):
+        rs.slurm_memory("1.5Gi")
+
+
+def test_render_artifacts_include_the_submission() -> None:
+    spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
+    files = render_artifacts(spec, "slurm")
+    assert {"submitit.json", "sbatch.sh", "launch.sh", "job.yaml"} <= set(files)
+    task = json.loads(files["submitit.json"])["task"]
+    assert task["callable"] == "shardctl.orchestrator.clusters.slurm:NodeTask"
+    assert task["command"] == ["bash", "runs/slurm-2node/launch.sh"]
+    assert render_artifacts(spec, "slurm") == files  # deterministic
+
+
+def test_rendered_sbatch_passes_shellcheck(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck (Debian package) is not installed")
+    spec = _spec(setup=["echo ready"], srun_args=["--label"])
+    path = tmp_path / "sbatch.sh"
+    path.write_text(rs.slurm_artifacts(spec)["sbatch.sh"])
+    proc = subprocess.run(["shellcheck", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_dryrun_is_pure_and_imports_no_submitit(tmp_path: Path) -> None:
+    # A fresh interpreter with no Slurm on PATH: dry-run still works, contacts
+    # nothing, and never imports submitit.
+    code = textwrap.dedent(
+        f"""
+        import json, subprocess, sys
+        def forbidden(*a, **k):
+            raise AssertionError(f"dry-run started a process: {{a}}")
+        subprocess.run = subprocess.Popen = subprocess.check_output = forbidden
+        from shardctl.orchestrator.clusters.base import get_cluster
+        from shardctl.orchestrator.spec import load_spec
+        plan = get_cluster("slurm").dryrun(load_spec({str(ROOT / "examples/slurm-2node.yaml")!r}))
+        heavy = [m for m in ("submitit", "torch") if m in sys.modules]
+        print(json.dumps({{"heavy": heavy, "text": plan.text, "files": sorted(plan.artifacts)}}))
+        """
+    )
+    env = {**os.environ, "PATH": "/nonexistent"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["heavy"] == []
+    run_dir = str(tmp_path.resolve() / "runs" / "slurm-2node")
+    assert f'"folder": "{run_dir}/submitit/%j"' in out["text"]
+    assert f"#SBATCH --output={run_dir}/submitit/%j/%j_0_log.out" in out["text"]
+    assert {"job.yaml", "launch.sh", "sbatch.sh", "submitit.json"} <= set(out["files"])
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_dryrun_job_yaml_has_the_absolute_run_dir(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan = backend.SlurmCluster().dryrun(load_spec(ROOT / "examples" / "slurm-2node.yaml"))
+    node_spec = parse_spec(__import__("yaml").safe_load(plan.artifacts["job.yaml"]))
+    assert node_spec.run_dir == str(tmp_path.resolve() / "runs" / "slurm-2node")
+    assert plan.request["executor"]["python"] == shlex.quote(sys.executable)
+
+
+# ----------------------------------------------------------------- state mapping
+
+
+@pytest.mark.parametrize(
+    ("native", "state"),
+    [
+        ("PENDING", JobState.PENDING),
+        ("REQUEUE_HOLD", JobState.PENDING),
+        ("RUNNING", JobState.RUNNING),
+        ("COMPLETING", JobState.RUNNING),
+        ("COMPLETED", JobState.SUCCEEDED),
+        ("FAILED", JobState.FAILED),
+        ("NODE_FAIL", JobState.FAILED),
+        ("TIMEOUT", JobState.FAILED),
+        ("OUT_OF_MEMORY", JobState.FAILED),
+        ("CANCELLED by 0", JobState.CANCELLED),
+        ("CANCELLED+", JobState.CANCELLED),
+        ("REQUEUED", JobState.PREEMPTED),
+        ("PREEMPTED", JobState.PREEMPTED),
+        ("SUSPENDED", JobState.PREEMPTED),
+        ("", JobState.UNKNOWN),
+        ("SOMETHING_NEW", JobState.UNKNOWN),
+    ],
+)
+def test_state_table(native: str, state: JobState) -> None:
+    assert backend.map_state(native) is state
+
+
+def test_marker_names_match_the_training_loop() -> None:
+    from shardctl.train import preemption
+    from shardctl.train.loop import DONE_FILE, PREEMPTED_FILE
+
+    assert backend.PREEMPTED_FILE == PREEMPTED_FILE
+    assert backend.DONE_FILE == DONE_FILE
+    assert backend.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED
+
+
+def test_sbatch_error_message_is_parsed() -> None:
+    stderr = (
+        "sbatch: error: invalid partition specified: nope\n"
+        "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    )
+    assert (
+        backend._slurm_message(stderr)
+        == "Batch job submission failed: Invalid partition name specified"
+    )
+
+
+# ----------------------------------------------------------------- the node task
+
+RANK = """
+import os, signal, sys, time
+out = sys.argv[1]
+def on(sig, frame):
+    open(out, "a").write(f"rank got {signal.Signals(sig).name}\\n")
+    sys.exit(42)
+open(out, "a").write("rank ready\\n")
+signal.signal(signal.SIGUSR2, on)
+time.sleep(60)
+sys.exit(3)
+"""
+
+TASK = """
+import json, sys
+from shardctl.orchestrator.clusters.slurm import NodeTask
+task = NodeTask(command=json.loads(sys.argv[1]), run_dir=sys.argv[2], max_requeues=2)
+try:
+    print("RESULT", task(), flush=True)
+except RuntimeError as exc:
+    print("ERROR", exc, flush=True)
+"""
+
+
+def _run_task(tmp_path: Path, launcher: str, node: int, restarts: int = 0, signal_after=None):
+    rank = tmp_path / "rank.py"
+    rank.write_text(RANK)
+    script = tmp_path / "launch.sh"
+    script.write_text(
+        launcher.format(py=shlex.quote(sys.executable), rank=rank, out=tmp_path / "o")
+    )
+    env = {
+        **os.environ,
+        "SLURM_NODEID": str(node),
+        "SLURM_JOB_ID": "123",
+        "SLURM_RESTART_COUNT": str(restarts),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TASK, json.dumps(["bash", str(script)]), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        if signal_after is not None:
+            deadline = time.monotonic() + 30
+            out = tmp_path / "o"
+            while not (out.exists() and "ready" in out.read_text()):
+                assert time.monotonic() < deadline, "the rank never started"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGUSR2)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return stdout
+
+
+LAUNCHER = "{py} {rank} {out}\n"  # a launcher process (bash) with one rank below it
+
+
+def test_node_task_forwards_the_signal_to_the_ranks_and_the_launcher_survives(tmp_path):
+    # Node 1 of a preempted job: the rank gets USR2 through the task (the launcher
+    # ignores it), exits 42; the task reports "preempted" and leaves requeueing to node 0.
+    out = _run_task(tmp_path, LAUNCHER, node=1, signal_after=True)
+    assert "RESULT preempted" in out, out
+    assert (tmp_path / "o").read_text().count("rank got SIGUSR2") == 1
+
+
+def test_node_task_stops_requeueing_at_max_requeues(tmp_path):
+    out = _run_task(tmp_path, LAUNCHER, node=0, restarts=2, signal_after=True)
+    assert "ERROR job 123 was preempted" in out and "slurm.max_requeues (2)" in out, out
+
+
+def test_node_task_success_and_failure(tmp_path, monkeypatch):
+    assert "RESULT finished" in _run_task(tmp_path, "exit 0\n", node=0)
+    out = _run_task(tmp_path, "exit 7\n", node=1)
+    assert "ERROR node 1 of job 123: the launcher exited with code 7" in out, out
+
+
+def test_node_task_requeues_after_the_ranks_saved_without_a_signal(tmp_path):
+    # The ranks stopped and saved by themselves (SHARDCTL_STOP_AFTER_STEP, or a signal
+    # only they saw): rank 0's PREEMPTED marker written during this attempt counts.
+    launcher = 'echo \'{{"step": 7, "reason": "signal SIGUSR2"}}\' > {out}/../PREEMPTED\nexit 1\n'
+    out = _run_task(tmp_path, launcher.replace("{out}/..", str(tmp_path)), node=1)
+    assert "RESULT preempted" in out, out
+    # A marker from a save caused by SIGTERM alone (a cancel) never requeues.
+    term = launcher.replace("SIGUSR2", "SIGTERM").replace("{out}/..", str(tmp_path))
+    assert "RESULT terminated" in _run_task(tmp_path, term, node=0)
