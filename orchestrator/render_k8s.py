@@ -446,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m shardctl.orchestrator.render_k8s SPEC", file=sys.stderr)
         return 2
     try:
-        sys.stdout.write(manifests(load_spec(args[0])))
+        text = manifests(load_spec(args[0]))
+        sys.stdout.write(
+            f"# ConfigMap + PyTorchJob rendered by shardctl from {args[0]}.\n"
+            f"# Regenerate: python -m shardctl.orchestrator.render_k8s {args[0]}\n" + text
+        )
     except ShardctlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

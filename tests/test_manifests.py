@@ -1,0 +1,176 @@
+"""manifests/: every object validates, the example is in sync, the RBAC fits the client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kmock
+import pytest
+import yaml
+from helpers.k8s_schemas import validate_any
+from helpers.kmock_server import KMockServer
+from shardctl.orchestrator import render_k8s
+from shardctl.orchestrator.clusters.k8s import K8sCluster
+from shardctl.orchestrator.spec import load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFESTS = ROOT / "manifests"
+EXAMPLE_SPEC = ROOT / "examples" / "k8s.yaml"
+EXAMPLE = MANIFESTS / "example-pytorchjob.yaml"
+FILES = ["namespace.yaml", "serviceaccount.yaml", "rbac.yaml", "pvc.yaml", EXAMPLE.name]
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
+
+
+def all_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for name in FILES for d in docs(name)}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_manifest_validates(name: str) -> None:
+    objects = docs(name)
+    assert objects, f"{name} holds no object"
+    for obj in objects:
+        validate_any(obj)
+
+
+def test_example_is_rendered_from_examples_k8s_yaml() -> None:
+    spec = load_spec(EXAMPLE_SPEC)
+    expected = render_k8s.manifests(spec)
+    actual = EXAMPLE.read_text()
+    body = actual[actual.index("---") :]
+    assert body == expected, (
+        "manifests/example-pytorchjob.yaml is out of date; regenerate it with:\n"
+        "  python -m shardctl.orchestrator.render_k8s examples/k8s.yaml "
+        "> manifests/example-pytorchjob.yaml"
+    )
+
+
+def test_manifests_fit_together() -> None:
+    objects = all_objects()
+    job = objects[("PyTorchJob", "k8s-tiny")]
+    ns = job["metadata"]["namespace"]
+    assert objects[("Namespace", ns)]
+    for obj in objects.values():
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"]["namespace"] == ns, obj["metadata"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert ("ServiceAccount", pod["serviceAccountName"]) in objects
+    claim = next(v for v in pod["volumes"] if v["name"] == "runs")["persistentVolumeClaim"]
+    pvc = objects[("PersistentVolumeClaim", claim["claimName"])]
+    # Two nodes write into one checkpoint folder.
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    binding = objects[("RoleBinding", "shardctl-submitter")]
+    assert binding["roleRef"]["name"] == "shardctl-submitter"
+    for subject in binding["subjects"]:
+        assert ("ServiceAccount", subject["name"]) in objects
+
+
+def test_pods_meet_the_restricted_pod_security_standard() -> None:
+    """The namespace enforces `restricted`; the example's pods must pass it."""
+    objects = all_objects()
+    assert (
+        objects[("Namespace", "shardctl")]["metadata"]["labels"][
+            "pod-security.kubernetes.io/enforce"
+        ]
+        == "restricted"
+    )
+    job = objects[("PyTorchJob", "k8s-tiny")]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        allowed_volumes = {"configMap", "emptyDir", "persistentVolumeClaim", "secret"}
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= allowed_volumes, volume
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert "add" not in sc["capabilities"]
+            assert not any("hostPort" in p for p in c.get("ports", []))
+
+
+# ----------------------------------------------------- RBAC against real use
+
+VERBS = {
+    kmock.action.CREATE: "create",
+    kmock.action.FETCH: "get",
+    kmock.action.LIST: "list",
+    kmock.action.WATCH: "watch",
+    kmock.action.DELETE: "delete",
+}
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
+    srv = KMockServer().start()
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
+        monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
+    spec = load_spec(EXAMPLE_SPEC)
+    backend = K8sCluster()
+    ref = backend.submit(spec)
+    K8sCluster(replace=True).submit(spec)
+    backend.status(ref)
+    core = _operator_core(server)
+    core.create_namespaced_pod(
+        ref.extra["namespace"],
+        {
+            "metadata": {
+                "name": "k8s-tiny-master-0",
+                "labels": {
+                    "training.kubeflow.org/job-name": "k8s-tiny",
+                    "training.kubeflow.org/replica-type": "master",
+                    "training.kubeflow.org/replica-index": "0",
+                },
+            },
+            "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
+        },
+    )
+    server.serve_log("k8s-tiny-master-0", "step 1\n")
+    first_operator_request = len(server.requests()) - 1  # the pod above is the operator's
+    assert "step 1" in backend.logs(ref, tail=10)
+    backend.cancel(ref)
+    used: set[tuple[str, str, str]] = set()
+    requests = server.requests()
+    del requests[first_operator_request]
+    for request in requests:
+        res = request.resource
+        assert res is not None and request.action in VERBS, request
+        plural = res.plural + (f"/{request.subresource}" if request.subresource else "")
+        used.add((res.group, plural, VERBS[request.action]))
+    granted: set[tuple[str, str, str]] = set()
+    role = next(d for d in docs("rbac.yaml") if d["kind"] == "Role")
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted |= {(group, resource, verb) for verb in rule["verbs"]}
+    missing = used - granted
+    assert not missing, f"the client needs RBAC the Role does not grant: {sorted(missing)}"
+    # Beyond use only what `kubectl get pytorchjobs -w` and `kubectl logs POD` need.
+    extra = granted - used
+    assert extra <= {
+        ("kubeflow.org", "pytorchjobs", "list"),
+        ("kubeflow.org", "pytorchjobs", "watch"),
+        ("", "pods", "get"),
+    }, extra
+
+
+def _operator_core(server: KMockServer) -> Any:
+    """The test's own client, playing the operator (its requests are not the client's)."""
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = server.url
+    return client.CoreV1Api(client.ApiClient(cfg))
