@@ -34,6 +34,8 @@ def commands(spec: Path, out: Path) -> dict[str, list[str]]:
         "shardctl validate": [str(bindir / "shardctl"), "validate", str(spec)],
         "accelerate launch --help": [str(bindir / "accelerate"), "launch", "--help"],
         "deepspeed --help": [str(bindir / "deepspeed"), "--help"],
+        # The floor: an interpreter that imports nothing of ours.
+        "python -c pass": [sys.executable, "-c", "pass"],
     }  # fmt: skip
 
 
