@@ -87,6 +87,21 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "objects differ:\n" + "".join(lines)
 
 
+def test_shardctl_render_output_installs_the_same_objects(helm: str, tmp_path: Path) -> None:
+    """End to end: the files `shardctl render --cluster k8s` writes, through helm."""
+    from shardctl.orchestrator.render import render_artifacts
+
+    files = render_artifacts(CASES["examples/k8s.yaml"], "k8s")
+    values = tmp_path / "values.yaml"
+    values.write_text(files["values.yaml"])
+    objects = template(helm, values)
+    assert objects["PyTorchJob"] == yaml.safe_load(files["pytorchjob.yaml"])
+    assert objects["ConfigMap"] == yaml.safe_load(files["configmap.yaml"])
+    # The job.yaml and launch.sh shardctl render writes are the very ones the pods get.
+    assert objects["ConfigMap"]["data"]["job.yaml"] == files["job.yaml"]
+    assert objects["ConfigMap"]["data"]["launch.sh"] == files["launch.sh"]
+
+
 def test_lint_strict_with_rendered_values(helm: str, tmp_path: Path) -> None:
     values = write_values(tmp_path, CASES["examples/k8s.yaml"])
     out = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(values))

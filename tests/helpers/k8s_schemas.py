@@ -103,8 +103,14 @@ def validate_any(obj: dict[str, Any]) -> None:
 
 
 def find_helm() -> str:
-    """The helm binary: $SHARDCTL_HELM, then PATH; skip with the way to install one."""
-    helm = os.environ.get("SHARDCTL_HELM") or shutil.which("helm")
+    """The helm binary: $SHARDCTL_HELM, PATH, then where scripts/install-helm puts it."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    installed = cache / "shardctl" / "bin" / "helm"
+    helm = (
+        os.environ.get("SHARDCTL_HELM")
+        or shutil.which("helm")
+        or (str(installed) if installed.is_file() else None)
+    )
     if not helm or not os.access(helm, os.X_OK):
         pytest.skip(
             "no helm binary: run scripts/install-helm and put it on PATH or in $SHARDCTL_HELM"

@@ -1,17 +1,24 @@
 {{/*
-Every object and label name of this chart comes from this one helper.
-Kubernetes object names and label values are DNS-1123 labels, at most 63
-characters, so the name is cut to 63 and a trailing "-" left by the cut is
-removed. shardctl's Python renderer (render_k8s.cut_name) does the same.
+Every name this chart derives from the job name goes through "shardctl-job.cut".
+The job name becomes pod and Service names and label values, which are DNS-1123
+labels of at most 63 characters, so a derived name is cut to 63 and a trailing
+"-" left by the cut is removed. (Names given as values, such as the PVC and the
+service account, are used as they are; values.schema.json checks them.) shardctl's Python renderer (render_k8s.cut_name) does exactly the same,
+so `helm template` and `shardctl render` agree on every name.
 */}}
-{{- define "shardctl-job.name" -}}
-{{- $name := required "values.name is empty: set the job name, or render the values with `shardctl render SPEC --cluster k8s`" .Values.name -}}
-{{- $name | toString | trunc 63 | trimSuffix "-" -}}
+{{- define "shardctl-job.cut" -}}
+{{- . | toString | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The ConfigMap carrying job.yaml and launch.sh: "<name>-spec", cut the same way. */}}
+{{/* The job's name (the PyTorchJob, its pods' stem, the instance label). */}}
+{{- define "shardctl-job.name" -}}
+{{- $name := required "values.name is empty: set the job name, or render the values with `shardctl render SPEC --cluster k8s`" .Values.name -}}
+{{- include "shardctl-job.cut" $name -}}
+{{- end -}}
+
+{{/* The ConfigMap carrying job.yaml and launch.sh: "<name>-spec". */}}
 {{- define "shardctl-job.configmapName" -}}
-{{- printf "%s-spec" (include "shardctl-job.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "shardctl-job.cut" (printf "%s-spec" (include "shardctl-job.name" .)) -}}
 {{- end -}}
 
 {{- define "shardctl-job.labels" -}}
