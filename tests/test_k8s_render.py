@@ -74,6 +74,11 @@ VARIANTS = {
         "k8s__suspend": True,
         "k8s__clean_pod_policy": "All",
     },
+    "hostile-strings": {
+        "env": {"WEIRD": "it's \"$(rm -rf /)\" `id`\n  indented: {x} # ü ☃", "EMPTY": ""},
+        "k8s__node_selector": {"example.com/pool": "a: b # 'c' \"d\""},
+        "train__data": {"text": "/data/my corpus/it's here.txt"},
+    },
     "no-pvc-writable-root": {"k8s__pvc": None, "k8s__read_only_root_filesystem": False},
     "accelerate-deepspeed": {
         "launcher": "accelerate",
@@ -163,7 +168,8 @@ def test_launch_script_runs_with_operator_env(tmp_path: Any) -> None:
     out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("RANK=unset WS=unset ")
-    assert "--node-rank 1" in out.stdout
+    # The operator's values reach torchrun (node count, the master's rendezvous address).
+    assert "--nnodes 2 " in out.stdout
     assert "--rdzv-endpoint k8s-test-master-0:23456" in out.stdout
 
 
