@@ -75,7 +75,7 @@ VARIANTS = {
         "k8s__clean_pod_policy": "All",
     },
     "hostile-strings": {
-        "env": {"WEIRD": "it's \"$(rm -rf /)\" `id`\n  indented: {x} # ü ☃", "EMPTY": ""},
+        "env": {"WEIRD": 'it\'s "$(rm -rf /)" `id`\n  indented: {x} # ü ☃', "EMPTY": ""},
         "k8s__node_selector": {"example.com/pool": "a: b # 'c' \"d\""},
         "train__data": {"text": "/data/my corpus/it's here.txt"},
     },
