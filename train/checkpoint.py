@@ -575,7 +575,7 @@ class CheckpointManager:
         if self.backend == "deepspeed":
             if engine is None:
                 raise CheckpointError("strategy.backend deepspeed: restore() needs engine=")
-            if old_ws != self.world_size:
+            if old_ws != self.world_size and manifest.get("zero_stage") != 0:
                 raise CheckpointError(_deepspeed_reshard_refusal(path, manifest, self.world_size))
             load_path, _client = engine.load_checkpoint(
                 str(path),
@@ -622,11 +622,19 @@ class CheckpointManager:
 
 
 def _deepspeed_reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
+    # DeepSpeed's engine.load_checkpoint raises for a ZeRO (stage >= 1) checkpoint
+    # written at another data-parallel size; only its offline "universal checkpoint"
+    # conversion (deepspeed.checkpoint.ds_to_universal + `checkpoint.load_universal`
+    # in the DeepSpeed config) can reshard the partitioned optimizer state, and
+    # shardctl does not drive that conversion. Stage 0 keeps the whole optimizer
+    # state in one file, so it resumes on any world size.
     return (
         f"{path} is a DeepSpeed ZeRO-{manifest.get('zero_stage')} checkpoint written by "
-        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed keeps the "
-        "optimizer state partitioned per rank and cannot load it on another number of "
-        "ranks. Resume with the original world size, or consolidate the weights "
-        "(`shardctl consolidate`) and start a new run from them (train.model.pretrained), "
-        "which restarts the optimizer state"
+        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed partitions "
+        "the optimizer state (and with ZeRO-3 the parameters) per rank and cannot load it on "
+        "another number of ranks without an offline universal-checkpoint conversion, which "
+        "shardctl does not do. Resume with resources giving world size "
+        f"{manifest['world_size']}, or consolidate the weights (`shardctl consolidate`) and "
+        "start a new run from them (train.model.pretrained; the optimizer state restarts), "
+        "or use strategy.backend fsdp, whose checkpoints reshard"
     )

@@ -139,7 +139,7 @@ def main() -> int:
         optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: 1.0 / (1 + 0.1 * s))
         config = {
-            "train_micro_batch_size_per_gpu": 4,
+            "train_micro_batch_size_per_gpu": 16,
             "gradient_accumulation_steps": 1,
             "zero_optimization": {"stage": args.zero},
             "steps_per_print": 10**9,
@@ -157,10 +157,12 @@ def main() -> int:
         app_state |= {"model": ModelState(model), "optim": OptimizerState(model, optim)}
     resumed = mgr.restore(app_state, engine=engine)
     trainer.step = resumed or 0
+    restored_hash = weights_hash(model, engine, args.zero)
     loss_val = None
+    losses: list[float] = []
     while trainer.step < args.steps:
-        x = torch.randn(4, args.width, generator=trainer.gen)
-        y = x.sum(dim=1, keepdim=True)
+        x = torch.randn(16, args.width, generator=trainer.gen)
+        y = x[:, :4].sum(dim=1, keepdim=True)
         loss = ((train_model(x) - y) ** 2).mean()
         if engine is None:
             loss.backward()
@@ -171,6 +173,7 @@ def main() -> int:
             engine.backward(loss)
             engine.step()
         loss_val = loss.item()
+        losses.append(loss_val)
         trainer.step += 1
         if args.step_sleep:
             import time
@@ -180,13 +183,37 @@ def main() -> int:
             mgr.save(trainer.step, app_state, engine=engine)
         if args.stop_after and trainer.step == args.stop_after:
             mgr.close()
+            stop_hash = weights_hash(model, engine, args.zero)
+            if rank == 0 and args.out:
+                with open(args.out, "w") as f:
+                    json.dump({"sha256": stop_hash, "step": trainer.step, "losses": losses}, f)
             dist.barrier()
             dist.destroy_process_group()
             return 0
     mgr.save(trainer.step, app_state, engine=engine, final=True)
     mgr.close()
 
-    # full weights on rank 0
+    final_hash = weights_hash(model, engine, args.zero)
+    if rank == 0 and args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    "sha256": final_hash,
+                    "restored_sha256": restored_hash,
+                    "resumed": resumed,
+                    "loss": loss_val,
+                    "losses": losses,
+                    "world_size": world,
+                },
+                f,
+            )
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def weights_hash(model: nn.Module, engine, zero: int) -> str:
+    """sha256 of the full (unsharded) fp32 weights; a collective."""
     if engine is None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -194,23 +221,18 @@ def main() -> int:
             model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
     else:
-        if args.zero == 3:
+        if zero == 3:
             from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
             with GatheredParameters(list(engine.module.parameters()), modifier_rank=None):
                 full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
         else:
             full = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
-    if rank == 0 and args.out:
-        h = hashlib.sha256()
-        for k in sorted(full):
-            h.update(k.encode())
-            h.update(full[k].float().contiguous().numpy().tobytes())
-        with open(args.out, "w") as f:
-            json.dump({"sha256": h.hexdigest(), "resumed": resumed, "loss": loss_val}, f)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    h = hashlib.sha256()
+    for k in sorted(full):
+        h.update(k.encode())
+        h.update(full[k].float().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 if __name__ == "__main__":
