@@ -216,6 +216,17 @@ def test_wait_returns_when_the_operator_finishes(server: KMockServer) -> None:
     assert seen == ["Running", "Succeeded"]
 
 
+def test_follow_reports_changes_and_returns_the_exit_code(server: KMockServer) -> None:
+    backend = k8s_backend.K8sCluster()
+    ref = backend.submit(make())
+    set_conditions(server, ("Running", "False"), ("Failed", "True"))
+    lines: list[str] = []
+    assert backend.follow(ref, write=lines.append, poll_s=0.05) == 1
+    assert lines == [f"{NAME}: FAILED [Failed] — job is Failed\n"]
+    set_conditions(server, ("Running", "False"), ("Succeeded", "True"))
+    assert backend.follow(ref, write=lines.append, poll_s=0.05) == 0
+
+
 def test_wait_times_out(server: KMockServer) -> None:
     backend = k8s_backend.K8sCluster()
     ref = backend.submit(make())

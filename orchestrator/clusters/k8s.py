@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -236,6 +237,19 @@ class K8sCluster(Cluster):
                     f"after {timeout_s:g} s"
                 )
             time.sleep(poll_s)
+
+    def follow(
+        self, ref: JobRef, write: Callable[[str], None] | None = None, poll_s: float = 5.0
+    ) -> int:
+        """`submit --wait`: report each state change until the job ends; 0 if it succeeded."""
+        out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+
+        def report(st: JobStatus) -> None:
+            detail = f" — {st.detail}" if st.detail else ""
+            out(f"{ref.name}: {st.state.value} [{st.native_state}]{detail}\n")
+
+        final = self.wait(ref, poll_s=poll_s, on_change=report)
+        return 0 if final.state is JobState.SUCCEEDED else 1
 
     def pods(self, ref: JobRef) -> list[dict[str, Any]]:
         """The job's pods (found by the operator's labels), master first, then by index."""
