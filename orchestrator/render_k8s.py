@@ -232,7 +232,7 @@ def helm_values(spec: JobSpec) -> dict[str, Any]:
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
         "jobSpec": job_yaml(spec),
         "launchScript": launch_sh(spec),
-        "launcherFiles": launcher_files(pod_spec(spec)),
+        "launcherFiles": launcher_files(spec),
     }
 
 

@@ -285,6 +285,17 @@ def test_launcher_files_travel_in_the_configmap() -> None:
     assert set(plain) == {"job.yaml", "launch.sh"}
 
 
+@pytest.mark.parametrize("variant_name", ["accelerate-deepspeed", "deepspeed-launcher-cuda"])
+def test_pods_get_the_files_shardctl_render_writes(variant_name: str) -> None:
+    from shardctl.orchestrator.render import render_artifacts
+
+    spec = make(**VARIANTS[variant_name])
+    files = render_artifacts(spec, "k8s")
+    data = render_k8s.configmap(spec)["data"]
+    for name, text in data.items():
+        assert files[name] == text, name
+
+
 def test_names_are_cut_to_63() -> None:
     assert render_k8s.cut_name("a" * 70) == "a" * 63
     assert render_k8s.cut_name("a" * 62 + "-b") == "a" * 62
