@@ -88,6 +88,9 @@ def _render(spec_path: Path, cluster: str, out: Path | None, output: str) -> Non
     files = render_artifacts(spec, cluster)
     target = out if out is not None else default_out_dir(spec.run_dir, cluster)
     written = write_artifacts(files, target)
+    # Files of an earlier render (say, a hostfile before the launcher changed) are
+    # left alone, but named, so nobody mistakes them for part of this one.
+    others = sorted(p.name for p in target.iterdir() if p.is_file() and p.name not in files)
     if output == "json":
         doc = {
             "spec": str(spec_path),
@@ -95,6 +98,7 @@ def _render(spec_path: Path, cluster: str, out: Path | None, output: str) -> Non
             "cluster": cluster,
             "out": str(target),
             "files": [{"name": p.name, "path": str(p), "bytes": n} for p, n in written],
+            "not_rendered_now": others,
         }
         click.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
@@ -102,4 +106,6 @@ def _render(spec_path: Path, cluster: str, out: Path | None, output: str) -> Non
     click.echo(f"rendered {spec.name} for {cluster} into {target}/")
     for path, size in written:
         click.echo(f"  {path.name:<{width}}  {size:>7,} B")
+    if others:
+        click.echo(f"  (also in the folder, not from this render: {', '.join(others)})")
     click.echo(NEXT_STEP[cluster].format(out=target, name=spec.name, spec=spec_path))

@@ -124,6 +124,16 @@ def test_cli_default_out_dir_is_in_the_run_dir(tmp_path: Path, monkeypatch) -> N
     assert (out / "pytorchjob.yaml").is_file() and (out / "launch.sh").is_file()
 
 
+def test_cli_names_files_left_from_an_earlier_render(tmp_path: Path) -> None:
+    (tmp_path / "hostfile").write_text("old\n")
+    result = CliRunner().invoke(
+        cli, ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "not from this render: hostfile" in result.output
+    assert (tmp_path / "hostfile").read_text() == "old\n"
+
+
 def test_cli_json_output(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         cli, ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(tmp_path), "-o", "json"]
@@ -133,6 +143,7 @@ def test_cli_json_output(tmp_path: Path) -> None:
     assert doc["cluster"] == "local" and doc["name"] == "tiny-llama"
     sizes = {f["name"]: f["bytes"] for f in doc["files"]}
     assert sizes == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert doc["not_rendered_now"] == []
 
 
 def test_cli_bad_spec_exits_2_without_traceback(tmp_path: Path) -> None:
