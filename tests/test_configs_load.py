@@ -131,6 +131,16 @@ def test_accelerate_launch_validates_the_rendered_flags(
         if spec.train.model.llama is not None:
             assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
         assert plugin.cpu_ram_efficient_loading is (spec.train.model.pretrained is not None)
+        if s.sharding in ("hybrid_shard", "no_shard"):
+            # FSDP2's hybrid/no-shard: a replicate × shard mesh that must fill the world.
+            from accelerate.parallelism_config import ParallelismConfig
+
+            assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+            mesh = ParallelismConfig()
+            assert mesh.total_size == spec.world_size
+            assert mesh.dp_shard_size == (
+                spec.resources.procs_per_node if s.sharding == "hybrid_shard" else 1
+            )
     else:
         assert args.use_deepspeed and not args.use_fsdp
         args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
