@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardctl.orchestrator.clusters.base import JobRef, JobState, recall
+from shardctl.orchestrator.clusters.base import JobRef, JobState, recall, remember
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -220,12 +220,17 @@ def _last_checkpoint(run_dir: Path) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def reference(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def reference_job(slurm_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> JobRef:
     """2 nodes × 2 ranks, FSDP2, torchrun: submitted, finished, consolidated."""
     tmp = tmp_path_factory.mktemp("reference")
     ref = _submitted(tmp, _spec("ref-fsdp"))
     assert _finished(ref) is JobState.SUCCEEDED, SlurmCluster().logs(ref, tail=40)
-    return Path(ref.run_dir)
+    return ref
+
+
+@pytest.fixture
+def reference(reference_job: JobRef) -> Path:
+    return Path(reference_job.run_dir)
 
 
 def test_fsdp_torchrun_two_nodes_finishes_and_consolidates(reference: Path) -> None:
@@ -246,8 +251,9 @@ def test_fsdp_torchrun_two_nodes_finishes_and_consolidates(reference: Path) -> N
     assert manifest["world_size"] == 4
 
 
-def test_logs_of_every_node_and_status(reference: Path) -> None:
-    ref = recall("ref-fsdp")
+def test_logs_of_every_node_and_status(reference_job: JobRef) -> None:
+    ref = reference_job
+    remember(ref)  # job records are per test (conftest); the CLI finds it by name
     status = SlurmCluster().status(ref)
     assert status.state is JobState.SUCCEEDED and status.native_state == "COMPLETED"
     logs = subprocess.run(
