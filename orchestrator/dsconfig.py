@@ -41,9 +41,6 @@ def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
         # 0.0 disables clipping in DeepSpeed, exactly as train.clip 0 does.
         "gradient_clipping": float(t.clip),
         "zero_optimization": _zero_section(spec),
-        # torch.optim.AdamW is on DeepSpeed's tested list; this only keeps a user's
-        # factory-provided torch optimizer from being refused under ZeRO.
-        "zero_allow_untested_optimizer": True,
         "steps_per_print": STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
     }
