@@ -246,7 +246,9 @@ sys.exit(3)
 TASK = """
 import json, sys
 from shardctl.orchestrator.clusters.slurm import NodeTask
-task = NodeTask(command=json.loads(sys.argv[1]), run_dir=sys.argv[2], max_requeues=2)
+task = NodeTask(
+    command=json.loads(sys.argv[1]), run_dir=sys.argv[2], signal_name=sys.argv[3], max_requeues=2
+)
 try:
     print("RESULT", task(), flush=True)
 except RuntimeError as exc:
@@ -254,7 +256,9 @@ except RuntimeError as exc:
 """
 
 
-def _run_task(tmp_path: Path, launcher: str, node: int, restarts: int = 0, signal_after=None):
+def _run_task(
+    tmp_path: Path, launcher: str, node: int, restarts: int = 0, signal_after=None, sig="USR2"
+):
     rank = tmp_path / "rank.py"
     rank.write_text(RANK)
     script = tmp_path / "launch.sh"
@@ -268,7 +272,7 @@ def _run_task(tmp_path: Path, launcher: str, node: int, restarts: int = 0, signa
         "SLURM_RESTART_COUNT": str(restarts),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-c", TASK, json.dumps(["bash", str(script)]), str(tmp_path)],
+        [sys.executable, "-c", TASK, json.dumps(["bash", str(script)]), str(tmp_path), sig],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -281,7 +285,7 @@ def _run_task(tmp_path: Path, launcher: str, node: int, restarts: int = 0, signa
             while not (out.exists() and "ready" in out.read_text()):
                 assert time.monotonic() < deadline, "the rank never started"
                 time.sleep(0.1)
-            proc.send_signal(signal.SIGUSR2)
+            proc.send_signal(signal.Signals[f"SIG{sig}"])
         stdout, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -299,6 +303,13 @@ def test_node_task_forwards_the_signal_to_the_ranks_and_the_launcher_survives(tm
     out = _run_task(tmp_path, LAUNCHER, node=1, signal_after=True)
     assert "RESULT preempted" in out, out
     assert (tmp_path / "o").read_text().count("rank got SIGUSR2") == 1
+
+
+def test_node_task_passes_another_slurm_signal_on_as_usr2(tmp_path):
+    # slurm.signal USR1: the ranks (which stop on USR2) are told with USR2.
+    out = _run_task(tmp_path, LAUNCHER, node=1, signal_after=True, sig="USR1")
+    assert "RESULT preempted" in out, out
+    assert "rank got SIGUSR2" in (tmp_path / "o").read_text()
 
 
 def test_node_task_stops_requeueing_at_max_requeues(tmp_path):

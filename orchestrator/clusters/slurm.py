@@ -39,7 +39,9 @@ and counts signals that come late in a job as time-outs against
 - on the signal, the task forwards it to every descendant that catches it (the
   ranks), again every 2 s to ranks that installed their handler later, so a
   rank still importing torch when the signal came is not missed; a rank that
-  also got it from Slurm sees one flag either way;
+  also got it from Slurm sees one flag either way. The ranks stop on USR2 (and
+  TERM): a `slurm.signal` of USR1 or INT reaches them ignored (inherited from
+  the launcher) and is passed on as USR2;
 - when the launcher has exited, node 0 decides: preempted (the ranks saved, or
   the signal came) → requeue; finished → done; anything else → the job fails
   (a dead node, a crash), and resubmitting resumes from the newest complete
@@ -426,7 +428,10 @@ class NodeTask:
             except subprocess.TimeoutExpired:
                 pass
             for signum in set(received):
-                forwarded |= _forward(child.pid, signum, forwarded)
+                # The ranks stop on USR2 or TERM; whatever `slurm.signal` Slurm sent
+                # (USR1, INT), they are told with USR2.
+                to_ranks = signal.SIGTERM if signum == signal.SIGTERM else signal.SIGUSR2
+                forwarded |= _forward(child.pid, to_ranks, forwarded)
         signal.signal(preempt_sig, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return self._after(node, job_id, restarts, rc, received, preempt_sig, marker, started)
