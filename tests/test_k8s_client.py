@@ -295,6 +295,24 @@ def test_no_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
         k8s_backend.K8sCluster().status(k8s_backend.JobRef("k8s", "ns/x", "x", "/r"))
 
 
+def test_in_cluster_without_a_service_account_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("SHARDCTL_KUBECONFIG", "KUBECONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(ClusterError, match="in-cluster Kubernetes config is unusable"):
+        k8s_backend.load_api_client()
+
+
+def test_rejected_credentials(server: KMockServer) -> None:
+    server.fail("post", "v1/configmaps", 401, "Unauthorized")
+    with pytest.raises(ClusterError, match="unauthorized: the API server rejected"):
+        k8s_backend.K8sCluster().submit(make())
+
+
 def test_unreachable_server_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
