@@ -355,8 +355,11 @@ def _plan_from_fsdp(data: dict[str, Any], source: str | None) -> Plan:
     plan.zero_stage = STRATEGY_TO_ZERO[plan.sharding]
     if plan.sharding == "HYBRID_SHARD":
         nodes, procs = plan.top.get("num_machines"), plan.top.get("num_processes")
-        if isinstance(nodes, int) and isinstance(procs, int) and nodes > 1 and procs % nodes == 0:
+        if "_mesh_shard_size" in cfg:  # FSDP2: the shard dimension of the mesh
+            plan.hpz_partition_size = cfg.pop("_mesh_shard_size")
+        elif isinstance(nodes, int) and isinstance(procs, int) and nodes > 1 and procs % nodes == 0:
             plan.hpz_partition_size = procs // nodes
+    cfg.pop("_mesh_shard_size", None)
     sharding_keys = [
         k for k in ("fsdp_sharding_strategy", "fsdp_reshard_after_forward") if k in cfg
     ]
@@ -482,6 +485,7 @@ def _fsdp_sharding(cfg: dict[str, Any], version: int, data: dict[str, Any], src:
         if replicate > 1 and shard == 1:
             return "NO_SHARD"
         if replicate > 1:
+            cfg["_mesh_shard_size"] = shard  # read back by _plan_from_fsdp
             return "HYBRID_SHARD" if raf else "HYBRID_SHARD_ZERO2"
         return "FULL_SHARD" if raf else "SHARD_GRAD_OP"
     # FSDP1: accelerate 1.15 reads fsdp_sharding_strategy first, then
@@ -974,16 +978,25 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
             "1 (optimizer-state sharding only) has no FSDP "
             "mode; SHARD_GRAD_OP is the nearest (it also shards gradients)",
         )
+    # FSDP2 has no strategy enum: NO_SHARD/HYBRID_SHARD are a replicate × shard mesh
+    # in parallelism_config, which needs the process counts.
+    mesh = _fsdp2_mesh(plan) if sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") else None
     if version is None:
-        # FSDP2 cannot say NO_SHARD/HYBRID_SHARD with fsdp_reshard_after_forward alone.
-        version = 1 if sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") else (plan.fsdp_version or 2)
-        if version == 1 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
-            plan.note("changed", "fsdp_version", f"1: {sharding} needs the FSDP1 key style")
-    if version == 2 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+        version = plan.fsdp_version or 2
+        if version == 2 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") and mesh is None:
+            version = 1
+            plan.note(
+                "changed",
+                "fsdp_version",
+                f"1: {sharding} in FSDP2 needs num_processes (and num_machines) to build the "
+                "replicate × shard mesh; without them only the FSDP1 key style can say it",
+            )
+    if version == 2 and sharding not in ("FULL_SHARD", "SHARD_GRAD_OP") and mesh is None:
         raise SpecError(
             [
-                f"fsdp_version 2 cannot express sharding {sharding} through "
-                "fsdp_reshard_after_forward; accepted: --fsdp-version 1"
+                f"fsdp_version 2 expresses sharding {sharding} as a parallelism_config mesh, "
+                "which needs num_processes (and num_machines > 1 for HYBRID_SHARD) in the "
+                "config; accepted: add them, or --fsdp-version 1"
             ]
         )
 
@@ -993,8 +1006,9 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
         # fsdp_reshard_after_forward as its successor: write both, equal.
         cfg["fsdp_sharding_strategy"] = sharding
         cfg["fsdp_reshard_after_forward"] = sharding
+        mesh = None
     else:
-        cfg["fsdp_reshard_after_forward"] = sharding == "FULL_SHARD"
+        cfg["fsdp_reshard_after_forward"] = sharding in ("FULL_SHARD", "HYBRID_SHARD")
     if sharding == "HYBRID_SHARD":
         plan.note(
             "changed",
@@ -1083,10 +1097,32 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
             "accelerator.clip_grad_norm_(..., max_norm) in the training script",
         )
     config: dict[str, Any] = {**plan.top, "distributed_type": "FSDP", "fsdp_config": cfg}
+    if mesh:
+        config["parallelism_config"] = mesh
     config.setdefault("compute_environment", "LOCAL_MACHINE")
     if plan.mixed_precision is not None:
         config["mixed_precision"] = plan.mixed_precision
     return config
+
+
+def _fsdp2_mesh(plan: Plan) -> dict[str, int] | None:
+    """FSDP2's replicate × shard mesh for NO_SHARD / HYBRID_SHARD, if the counts are known."""
+    procs, nodes = plan.top.get("num_processes"), plan.top.get("num_machines")
+    if not isinstance(procs, int) or procs < 2:
+        return None
+    if plan.sharding == "NO_SHARD":
+        replicate, shard = procs, 1
+    else:
+        shard = plan.hpz_partition_size or 0
+        if not shard and isinstance(nodes, int) and nodes > 1 and procs % nodes == 0:
+            shard = procs // nodes
+        if shard < 2 or procs % shard or procs == shard:
+            return None
+        replicate = procs // shard
+    return {
+        "parallelism_config_dp_replicate_size": replicate,
+        "parallelism_config_dp_shard_size": shard,
+    }
 
 
 def _precision_notes(plan: Plan, kind: str, to: Target) -> None:

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.convert import convert_data, convert_file
 from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "tiny-llama.yaml"
@@ -97,6 +98,31 @@ FSDP_CONFIGS = {
     ),
     "v2-reshard-false": fsdp(
         {"version": 2, "reshard_after_forward": False, "state_dict_type": "FULL_STATE_DICT"}
+    ),
+    # FSDP2's NO_SHARD: a mesh that only replicates (what shardctl render writes).
+    "v2-no-shard-mesh": fsdp(
+        {"fsdp_version": 2, "fsdp_reshard_after_forward": False},
+        parallelism_config={
+            "parallelism_config_dp_replicate_size": 8,
+            "parallelism_config_dp_shard_size": 1,
+        },
+    ),
+}
+
+HYBRID = {
+    "v1": fsdp(
+        {"fsdp_version": 1, "fsdp_sharding_strategy": "HYBRID_SHARD"},
+        num_machines=2,
+        num_processes=16,
+    ),
+    "v2": fsdp(
+        {"fsdp_version": 2, "fsdp_reshard_after_forward": True},
+        num_machines=2,
+        num_processes=16,
+        parallelism_config={
+            "parallelism_config_dp_replicate_size": 2,
+            "parallelism_config_dp_shard_size": 8,
+        },
     ),
 }
 
@@ -190,12 +216,9 @@ def test_round_trip_fsdp_deepspeed_fsdp_keeps_every_mappable_setting(tmp_path: P
         assert str(loaded.fsdp_config[key]).lower() == str(orig_cfg[key]).lower(), key
 
 
-def test_hybrid_shard_round_trips_through_a_deepspeed_json_with_hpz(tmp_path: Path):
-    original = fsdp(
-        {"fsdp_version": 1, "fsdp_sharding_strategy": "HYBRID_SHARD"},
-        num_machines=2,
-        num_processes=16,
-    )
+@pytest.mark.parametrize("version", sorted(HYBRID))
+def test_hybrid_shard_round_trips_through_a_deepspeed_json_with_hpz(tmp_path: Path, version: str):
+    original = HYBRID[version]
     src = write_yaml(tmp_path / "fsdp.yaml", original)
     result = convert_file(src, "deepspeed", deepspeed_json_path="ds.json")
     assert result.deepspeed_json is not None
@@ -206,9 +229,13 @@ def test_hybrid_shard_round_trips_through_a_deepspeed_json_with_hpz(tmp_path: Pa
     ds_file = write_yaml(tmp_path / "ds.yaml", result.accelerate_config)
     load_with_accelerate(ds_file)
 
-    back = convert_file(ds_file, "fsdp", fsdp_version=1)
-    assert back.accelerate_config["fsdp_config"]["fsdp_sharding_strategy"] == "HYBRID_SHARD"
+    back = convert_file(ds_file, "fsdp", fsdp_version=int(version[1]))
+    if version == "v1":
+        assert back.accelerate_config["fsdp_config"]["fsdp_sharding_strategy"] == "HYBRID_SHARD"
+    else:
+        assert back.accelerate_config["parallelism_config"] == original["parallelism_config"]
     assert settings(back.accelerate_config) == settings(original)
+    load_with_accelerate(write_yaml(tmp_path / "back.yaml", back.accelerate_config))
 
 
 def test_hybrid_shard_inline_says_what_is_lost(tmp_path: Path):
@@ -619,3 +646,43 @@ def test_deepspeed_job_spec_to_fsdp(tmp_path: Path):
     assert result.spec_strategy["sharding"] == "full_shard"
     env = launch_env(write_yaml(tmp_path / "f.yaml", cfg))
     assert env["FSDP_VERSION"] == "2" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+
+
+EXAMPLE_VARIANTS = {
+    "fsdp-full-shard": ("tiny-llama.yaml", {}),
+    "fsdp-shard-grad-op": ("tiny-llama.yaml", {"sharding": "shard_grad_op"}),
+    "fsdp-no-shard": ("tiny-llama.yaml", {"sharding": "no_shard"}),
+    "fsdp-hybrid-offload": ("slurm-2node.yaml", {"sharding": "hybrid_shard", "offload": "params"}),
+    "deepspeed-zero3": ("deepspeed-zero3.yaml", {}),
+    "deepspeed-zero2-offload": ("deepspeed-zero3.yaml", {"zero_stage": 2, "offload": "optimizer"}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(EXAMPLE_VARIANTS))
+def test_the_accelerate_config_shardctl_renders_converts_consistently(tmp_path: Path, variant):
+    """`shardctl render` (launcher accelerate) → convert: the spec's own choices come back."""
+    from shardctl.orchestrator.render import render_artifacts
+
+    example, strategy = EXAMPLE_VARIANTS[variant]
+    data = yaml.safe_load((ROOT / "examples" / example).read_text())
+    data["launcher"] = "accelerate"
+    data["strategy"].update(strategy)
+    if "offload" in strategy:
+        data["resources"]["device"] = "cuda"
+    spec = parse_spec(data)
+    files = render_artifacts(spec, "local")
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    rendered = tmp_path / "accelerate_config.yaml"
+    load_with_accelerate(rendered)
+
+    other = "deepspeed" if spec.strategy.backend == "fsdp" else "fsdp"
+    from_file = convert_file(rendered, other)  # type: ignore[arg-type]
+    from_spec = convert_data(data, other)  # type: ignore[arg-type]
+    keep = ("sharding", "zero_stage", "offload", "mixed_precision")
+    assert {k: settings(from_file.accelerate_config)[k] for k in keep} == {
+        k: settings(from_spec.accelerate_config)[k] for k in keep
+    }
+    stage = settings(from_file.accelerate_config)["zero_stage"]
+    assert stage == spec.strategy.zero_stage
