@@ -67,6 +67,7 @@ COMMANDS = {
     "render-k8s": ["render", str(EXAMPLES / "k8s.yaml"), "--cluster", "k8s", "--out", "{tmp}/k8s"],
     "convert": ["convert", str(EXAMPLES / "tiny-llama.yaml"), "--to", "deepspeed"],
     "init": ["init", "{tmp}/job.yaml"],
+    "submit-dry-run-local": ["submit", str(EXAMPLES / "tiny-llama.yaml"), "--dry-run"],
     "submit-dry-run-slurm": [
         "submit",
         str(EXAMPLES / "slurm-2node.yaml"),
