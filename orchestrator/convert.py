@@ -528,6 +528,8 @@ def _plan_from_deepspeed(data: dict[str, Any], source: str | None, base_dir: Pat
 
     if cfg.get("deepspeed_config_file"):
         clash = [k for k in _DS_KEYS_FILE_OWNS if k in cfg]
+        if data.get("mixed_precision") is not None:
+            clash.append(f"mixed_precision {data['mixed_precision']!r} (top level)")
         if clash:
             _fail(
                 source,

@@ -576,6 +576,11 @@ BAD = [
         "accelerate refuses that pair",
     ),
     (
+        "distributed_type: DEEPSPEED\nmixed_precision: bf16\ndeepspeed_config:\n"
+        "  deepspeed_config_file: x.json\n",
+        "deepspeed_config_file and mixed_precision 'bf16' (top level)",
+    ),
+    (
         "distributed_type: DEEPSPEED\ndeepspeed_config:\n  gradient_clipping: lots\n",
         "deepspeed_config.gradient_clipping 'lots' is not valid; accepted: 'auto' or a positive",
     ),
