@@ -512,6 +512,22 @@ def test_written_deepspeed_json_passes_deepspeeds_own_zero_config(tmp_path: Path
     assert zero.offload_param is not None and zero.offload_param.device == "cpu"
     assert zero.gather_16bit_weights_on_model_save is True
 
+    # The whole file through DeepSpeed's config class, with the 'auto' values filled
+    # in the way accelerate fills them before deepspeed.initialize (one process here).
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    filled = {
+        **result.deepspeed_json,
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 2,
+        "train_batch_size": 8,
+        "gradient_clipping": 1.0,
+    }
+    ds = DeepSpeedConfig(filled)
+    assert ds.zero_optimization_stage == 3
+    assert ds.bfloat16_config.enabled is True
+    assert ds.zero_config.zero_hpz_partition_size == 2
+
 
 def test_cli_refuses_to_overwrite_its_input(tmp_path: Path):
     src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v2-reshard-false"])
