@@ -230,7 +230,8 @@ def _consolidate(spec: JobSpec, step: int) -> Path:
 
     ckpt = Path(spec.checkpoint_dir) / step_dirname(step)
     out = Path(spec.run_dir) / "model"
-    consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype)
+    # force: a run continued with more steps replaces its own earlier model.
+    consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype, force=True)
     return out
 
 
