@@ -287,6 +287,11 @@ def convert_data(
     if fsdp_version not in (None, 1, 2):
         _fail(source, f"fsdp_version {fsdp_version!r} is not an FSDP version; accepted: 1, 2")
     kind = detect(data, source)
+    if kind == f"accelerate-{to}":
+        other = "fsdp" if to == "deepspeed" else "deepspeed"
+        _fail(
+            source, f"--to {to}: this is already a {to} accelerate config; accepted: --to {other}"
+        )
     spec_strategy = None
     if kind == "jobspec":
         plan, spec_strategy = _plan_from_spec(data, to, source)

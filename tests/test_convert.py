@@ -707,3 +707,8 @@ def test_the_accelerate_config_shardctl_renders_converts_consistently(tmp_path: 
     }
     stage = settings(from_file.accelerate_config)["zero_stage"]
     assert stage == spec.strategy.zero_stage
+
+
+def test_same_backend_is_refused():
+    with pytest.raises(SpecError, match="already a fsdp accelerate config; accepted: --to deep"):
+        convert_data(FSDP_CONFIGS["v2-reshard-false"], "fsdp")
