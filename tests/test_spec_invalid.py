@@ -246,6 +246,11 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         spec(k8s={"namespace": "My_NS"}),
         ["k8s.namespace", "'My_NS'", "lower-case letters"],
     ),
+    (
+        "k8s-namespace-with-dot",
+        spec(k8s={"namespace": "team.ml"}),
+        ["k8s.namespace", "'team.ml'", "no '.'"],
+    ),
     ("k8s-shm-quantity", spec(k8s={"shm_size": "lots"}), ["k8s.shm_size", "'lots'", "'1Gi'"]),
     ("k8s-cpu-quantity", spec(k8s={"cpu": "2 cores"}), ["k8s.cpu", "'2 cores'"]),
     (
