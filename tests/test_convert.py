@@ -99,6 +99,30 @@ FSDP_CONFIGS = {
     "v2-reshard-false": fsdp(
         {"version": 2, "reshard_after_forward": False, "state_dict_type": "FULL_STATE_DICT"}
     ),
+    # As older `accelerate config` wrote it (the accelerate 0.x docs' example).
+    "v1-old-accelerate-style": {
+        "compute_environment": "LOCAL_MACHINE",
+        "deepspeed_config": {},
+        "distributed_type": "FSDP",
+        "downcast_bf16": "no",
+        "fsdp_config": {
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_backward_prefetch_policy": "BACKWARD_PRE",
+            "fsdp_offload_params": False,
+            "fsdp_sharding_strategy": 2,
+            "fsdp_state_dict_type": "FULL_STATE_DICT",
+            "fsdp_transformer_layer_cls_to_wrap": "GPT2Block",
+        },
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "megatron_lm_config": {},
+        "mixed_precision": "no",
+        "num_machines": 1,
+        "num_processes": 2,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": False,
+    },
     # FSDP2's NO_SHARD: a mesh that only replicates (what shardctl render writes).
     "v2-no-shard-mesh": fsdp(
         {"fsdp_version": 2, "fsdp_reshard_after_forward": False},
