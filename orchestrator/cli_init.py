@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import click
@@ -27,8 +28,8 @@ def starter_spec(name: str, backend: str, path: str) -> str:
     from .spec import parse_spec
     from .templating import render_template
 
-    # The path only appears in comments; keep it on one line.
-    shown = " ".join(path.split()) or DEFAULT_PATH
+    # The path only appears in comments: one line, quoted so the commands copy-paste.
+    shown = shlex.quote(" ".join(path.split()) or DEFAULT_PATH)
     text = render_template("starter.yaml.j2", job_name=name, backend=backend, path=shown)
     import yaml
 

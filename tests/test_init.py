@@ -83,3 +83,12 @@ def test_bad_name_is_rejected_before_writing(tmp_path: Path):
 )  # fmt: skip
 def test_job_name_from_file_name_is_always_valid(file: str, name: str):
     assert job_name_from(Path(file)) == name
+
+
+def test_odd_path_stays_inside_comments(tmp_path: Path):
+    path = tmp_path / "my job\nname: evil.yaml"
+    res = CliRunner().invoke(cli, ["init", str(path)])
+    assert res.exit_code == 0, res.stderr
+    spec = load_spec(path)
+    assert spec.name == "my-job-name-evil"
+    assert "shardctl validate '" in path.read_text()
