@@ -63,10 +63,28 @@ def run(
     return subprocess.CompletedProcess(argv, proc.returncode, out, None)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the launcher and every rank it started (one process group)."""
+def kill_group(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL the launcher and every process under it; returns the killed pids.
+
+    torchrun starts each rank in a session of its own, so killing the launcher's
+    process group alone would orphan the ranks: they are found and killed by pid.
+    """
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    killed = [proc.pid]
+    # The launcher first, so that it cannot start replacements; then every rank.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
+            killed.append(child.pid)
+    psutil.wait_procs(children, timeout=30)
+    return killed
 
 
 def worker(nproc: int, ckdir: Path, *args: str, timeout: float = 120) -> dict[str, Any]:
