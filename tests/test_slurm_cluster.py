@@ -324,29 +324,33 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_p
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None, tmp_path):
-    # Slurm sends USR2 `signal_delay_s` before the 2-minute limit (its timer has a
-    # resolution of up to a minute, so between ~0 and 60 s after the start).
-    # The training is longer than that window, so the signal lands mid-training.
+    # A 10-minute limit whose warning signal is due 20 s after the start. Slurm's
+    # timer checks limits every 30 s, so USR2 comes between ~20 and ~50 s: during
+    # start-up or early training, never after it (500 steps last longer). A signal
+    # that comes before the ranks' handlers exist is passed on once they do.
+    steps = 500
     spec = _spec(
         "preempt-time",
-        train={"steps": 400},
+        train={"steps": steps},
         checkpoint={"every_steps": 100, "consolidate_on_finish": False},
-        slurm={"time": "2", "signal_delay_s": 60},
+        slurm={"time": "10", "signal_delay_s": 580},
     )
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
     saved_at = _wait(ref, lambda: _marker_step(run_dir), 150, "the time-limit save")
-    assert 0 < saved_at < 400
-    # The requeued run gets the same limit; give it room so this test needs one
-    # requeue only (the path under test is the one above, already taken).
-    _wait(ref, lambda: SlurmCluster().status(ref).state is JobState.PENDING, 60, "requeue")
+    assert 0 < saved_at < steps
+    # Once requeued, a longer limit (its warning 50 min away) lets the resumed run
+    # finish; the path under test — limit → signal → save → requeue — was taken.
+    cluster = SlurmCluster()
+    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 60, "the requeue")
     subprocess.run(
-        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=10"], check=True, timeout=30
+        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
     )
-    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, SlurmCluster().logs(ref, tail=40)
-    logs = SlurmCluster().logs(ref)
+    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
+    logs = cluster.logs(ref)
+    assert logs.count("got SIGUSR2") == 2, logs  # the time-limit signal, on each node
     assert f"resumed at step {saved_at}" in logs
-    assert _steps(run_dir) == list(range(1, 401))
+    assert _steps(run_dir) == list(range(1, steps + 1))
 
 
 # ------------------------------------------------------------------ a node dies
