@@ -146,16 +146,25 @@ class Trainer:
         )
         self.run_dir = Path(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
-        # One buffer for the per-step agreement: [sum of losses, ranks wanting to stop].
-        self._agree = torch.zeros(2, dtype=torch.float64, device=env.device)
+        # One buffer, one all-reduce (sum) per step: [loss, ranks wanting to stop,
+        # ranks that received a signal, sum of their signal numbers].
+        self._agree = torch.zeros(4, dtype=torch.float64, device=env.device)
+        self.stop_signal: int | None = None
 
-    def _agree_on(self, loss: Any, stop: bool) -> tuple[float, bool]:
+    def _agree_on(self, loss: Any, flag: PreemptionFlag, step: int) -> tuple[float, bool]:
+        """Mean loss over ranks, and whether any rank wants to stop after `step`."""
         import torch.distributed as dist
 
+        signum = flag.signum
         self._agree[0] = loss
-        self._agree[1] = 1.0 if stop else 0.0
+        self._agree[1] = 1.0 if flag.local(step) else 0.0
+        self._agree[2] = 1.0 if signum is not None else 0.0
+        self._agree[3] = float(signum or 0)
         if distributed.is_initialized() and self.env.world_size > 1:
             dist.all_reduce(self._agree)
+        n_signalled = int(self._agree[2])
+        if n_signalled:
+            self.stop_signal = round(float(self._agree[3]) / n_signalled)
         return float(self._agree[0]) / self.env.world_size, bool(self._agree[1] > 0)
 
     def fit(self) -> tuple[int, int]:
@@ -194,7 +203,7 @@ class Trainer:
                 grad_norm = self.backend.step()  # clip → optimizer step → zero_grad
                 step += 1
                 self.state.step = step
-                loss_avg, stop = self._agree_on(loss_sum / t.grad_accum, flag.local(step))
+                loss_avg, stop = self._agree_on(loss_sum / t.grad_accum, flag, step)
                 now = time.perf_counter()
                 if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
                     tps = self.tokens_per_step / max(now - t_last, 1e-9)
@@ -205,7 +214,7 @@ class Trainer:
                 if stop:
                     self.ckpt.wait()
                     if env.is_main:
-                        reason = flag.reason(step)
+                        reason = flag.reason(self.stop_signal)
                         _write_marker(
                             self.run_dir, PREEMPTED_FILE, {"step": step, "reason": reason}
                         )

@@ -57,7 +57,13 @@ class PreemptionFlag:
             return True
         return self.stop_after_step is not None and step >= self.stop_after_step
 
-    def reason(self, step: int) -> str:
-        if self.signum is not None:
-            return f"signal {signal.Signals(self.signum).name}"
+    def reason(self, signum: int | None) -> str:
+        """Why the ranks stopped; `signum` is the signal any rank received (agreed)."""
+        if signum is not None:
+            try:
+                return f"signal {signal.Signals(signum).name}"
+            except ValueError:
+                return f"signal {signum}"
+        if self.stop_after_step is None:  # a signal that arrived during the agreement
+            return "a preemption signal"
         return f"{STOP_AFTER_STEP_ENV}={self.stop_after_step} (testing aid)"
