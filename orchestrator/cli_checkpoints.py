@@ -126,7 +126,10 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
             )
             for problem in r["problems"]:
                 click.echo(f"{'':>12}{problem}")
-        latest = data["latest_complete"]
-        click.echo(f"resume (auto) would use: {latest or 'none — training starts at step 0'}")
+        latest = data["latest_complete"] or "none — training would start at step 0"
+        if check_hashes:
+            click.echo(f"resume (auto) would use: {latest}")
+        else:
+            click.echo(f"newest complete: {latest} (sizes checked; --verify checks sha256)")
     if any(r["status"] == "corrupt" for r in rows):
         sys.exit(1)

@@ -15,7 +15,7 @@ relative to other process-group creations, because it makes its own gloo group):
         ...
         if step % every == 0 or preempted:
             mgr.save(step, app_state, engine=ds_engine_or_None, final=preempted)
-    mgr.save(total, app_state, engine=..., final=True)   # blocking; no-op if it exists
+    mgr.save(total, app_state, engine=..., final=True)   # blocking
     mgr.close()
 
 What goes where (layout in `shardctl.train.manifest`):
@@ -292,7 +292,9 @@ class CheckpointManager:
         self._stager: Any = None
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
-        self.last_stall_s: float | None = None  # time the caller was blocked by the last save
+        # Seconds per phase of the last save (after `wait()` for an async one):
+        # blocked (the caller's stall), write (state → files), hash, publish, total.
+        self.timings: dict[str, float] = {}
 
     # -- collectives on the checkpoint group (no-ops in a single process) ----------
 
@@ -344,8 +346,9 @@ class CheckpointManager:
         the state is staged. A step that already has a complete checkpoint is
         replaced atomically (e.g. a final save right after resuming from it).
         """
-        t0 = time.perf_counter()
         self.wait()
+        t0 = time.perf_counter()
+        self.timings = {}
         name = step_dirname(step)
         tmp, final_dir = self.dir / f"{name}.tmp", self.dir / name
 
@@ -361,13 +364,14 @@ class CheckpointManager:
             if engine is None:
                 raise CheckpointError("strategy.backend deepspeed: save() needs engine=")
             engine.save_checkpoint(save_dir=str(tmp), tag="deepspeed")
-            self._finalize(step, tmp, final_dir)
+            self.timings["write"] = time.perf_counter() - t0
+            self._finalize(step, tmp, final_dir, t0)
         elif self.async_save and not final:
             future = self._dcp_async_save(tmp, app_state)
             self._pending_error = None
             self._pending = threading.Thread(
                 target=self._finish_async,
-                args=(future, step, tmp, final_dir),
+                args=(future, step, tmp, final_dir, t0),
                 name=f"shardctl-ckpt-{step}",
                 daemon=True,
             )
@@ -381,8 +385,9 @@ class CheckpointManager:
                 process_group=self.group,
                 no_dist=not self.distributed,
             )
-            self._finalize(step, tmp, final_dir)
-        self.last_stall_s = time.perf_counter() - t0
+            self.timings["write"] = time.perf_counter() - t0
+            self._finalize(step, tmp, final_dir, t0)
+        self.timings["blocked"] = time.perf_counter() - t0
 
     def _dcp_state(self, app_state: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in app_state.items() if k != TRAINER_KEY}
@@ -405,10 +410,11 @@ class CheckpointManager:
         # torch returns a Future, or an AsyncSaveResponse holding one.
         return getattr(result, "upload_completion", result)
 
-    def _finish_async(self, future: Any, step: int, tmp: Path, final_dir: Path) -> None:
+    def _finish_async(self, future: Any, step: int, tmp: Path, final_dir: Path, t0: float) -> None:
         try:
             future.result()
-            self._finalize(step, tmp, final_dir)
+            self.timings["write"] = time.perf_counter() - t0
+            self._finalize(step, tmp, final_dir, t0)
         except BaseException as exc:  # re-raised in the training thread by wait()
             self._pending_error = exc
 
@@ -426,7 +432,7 @@ class CheckpointManager:
             f.flush()
             os.fsync(f.fileno())
 
-    def _finalize(self, step: int, tmp: Path, final_dir: Path) -> None:
+    def _finalize(self, step: int, tmp: Path, final_dir: Path, t0: float) -> None:
         """Every rank's files are written: hash them (each rank a share), write the
         manifest, publish with one rename, apply retention. A collective."""
         self._barrier()
@@ -434,9 +440,12 @@ class CheckpointManager:
         mine = share_of(sizes, self.rank, self.world_size)
         for rel in mine:  # make what this rank reads durable (files closed by writers)
             fsync_path(tmp / rel)
+        t_hash = time.perf_counter()
         described: dict[str, Any] = {}
         for part in self._all_gather(describe_files(tmp, mine)):
             described.update(part)
+        t_publish = time.perf_counter()
+        self.timings["hash"] = t_publish - t_hash
 
         def publish() -> None:
             write_json_durably(tmp / MANIFEST, self._manifest(step, described))
@@ -446,6 +455,9 @@ class CheckpointManager:
             self._retention(final_dir)
 
         self._rank0_do(publish)
+        now = time.perf_counter()
+        self.timings["publish"] = now - t_publish
+        self.timings["total"] = now - t0
         if self.rank == 0:
             log.info("checkpoint %s complete", final_dir)
 
