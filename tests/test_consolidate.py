@@ -13,11 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.consolidate_util import make_dcp_step, tiny_llama
 from safetensors import safe_open
 from safetensors.torch import load_file
-
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
-from consolidate_util import make_dcp_step, tiny_llama
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.cli_consolidate import parse_size
 from shardctl.orchestrator.errors import CheckpointError, UsageError
@@ -322,3 +320,23 @@ def test_cli_module_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_names_not_matching_the_model_config_are_refused(tmp_path):
+    model = tiny_llama()
+    sd = dict(model.state_dict())
+    sd["model.extra.weight"] = sd.pop("model.norm.weight")
+    step = make_dcp_step(tmp_path / "checkpoints", 1, sd, model.config.to_dict())
+    with pytest.raises(CheckpointError, match=r"missing \['model.norm.weight'\].*model.extra"):
+        consolidate(step, tmp_path / "model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
+def test_metadata_reader_agrees_with_dcps_own(run_dir):
+    from shardctl.train.consolidate_dcp import _from_records, read_metadata
+    from torch.distributed.checkpoint import FileSystemReader
+
+    dcp_dir = run_dir / "checkpoints" / "step-00000002" / "dcp"
+    ours = read_metadata(dcp_dir)
+    theirs = _from_records(FileSystemReader(str(dcp_dir)).read_metadata())
+    assert ours == theirs and len(ours.tensors) > 20

@@ -9,14 +9,11 @@ compared tensor by tensor with DeepSpeed's own zero_to_fp32 reconstruction.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent / "helpers"))
-from consolidate_util import torchrun_ckpt
+from helpers.consolidate_util import torchrun_ckpt
 from safetensors.torch import load_file
 from shardctl.train.consolidate import consolidate
 
@@ -88,3 +85,51 @@ def test_consolidated_model_loads_and_gives_the_trained_logits(case, tmp_path):
     assert bf16.total_bytes * 2 == result.total_bytes
     halves = _load_dir(tmp_path / "bf16")
     assert all(torch.equal(halves[k], v.to(torch.bfloat16)) for k, v in consolidated.items())
+
+
+# ---------------------------------------------------------- the real training loop
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+def test_consolidate_on_finish_of_the_real_loop(backend, tmp_path):
+    """`python -m shardctl.train` with consolidate_on_finish: the model lands in the run
+    dir and equals the final checkpoint read back by its own framework's tools."""
+    from helpers.train_run import tiny_spec, train_ok
+    from transformers import AutoModelForCausalLM
+
+    strategy = (
+        {"backend": "fsdp", "sharding": "full_shard", "precision": "fp32"}
+        if backend == "fsdp"
+        else {"backend": "deepspeed", "zero_stage": 3, "precision": "bf16-mixed"}
+    )
+    spec = tiny_spec(
+        tmp_path,
+        "run",
+        strategy=strategy,
+        train={"model": {"llama": {"tie_word_embeddings": True}}},
+        checkpoint={"consolidate_on_finish": True},
+    )
+    res = train_ok(spec)
+    run = tmp_path / "run"
+    assert f"consolidated model written to {run / 'model'}" in res.stdout
+    step = run / "checkpoints" / "step-00000004"
+    model, info = AutoModelForCausalLM.from_pretrained(run / "model", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    ours = model.state_dict()
+
+    if backend == "fsdp":
+        # DCP's own single-process load of the same checkpoint into a fresh model.
+        import torch.distributed.checkpoint as dcp
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        manifest = __import__("json").loads((step / "manifest.json").read_text())
+        fresh = LlamaForCausalLM(LlamaConfig(**manifest["model"]["hf_config"]))
+        state = {"model": fresh.state_dict()}
+        dcp.load(state, checkpoint_id=str(step / "dcp"), no_dist=True)
+        theirs = state["model"]
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        theirs = get_fp32_state_dict_from_zero_checkpoint(str(step), tag="deepspeed")
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name].float()), name

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from .consolidate_io import SourceTensor
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _MARKER = ".shardctl-consolidating"
+TIED_HEAD = "lm_head.weight"
 # Wrapper modules whose names leak into FQNs (torch.compile, activation checkpointing,
 # FSDP1); the unwrapped model has none of them.
 _WRAPPER_PARTS = {"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"}
@@ -146,57 +148,63 @@ def source_tensors(
     for t in tensors:
         t.name = _clean(t.name)
     by_name = {t.name: t for t in tensors}
-    hf_config = (manifest.get("model") or {}).get("hf_config")
-    expected, tied = _hf_keys(hf_config, notes)
-    # Tied weights (lm_head.weight = embed_tokens.weight): like save_pretrained, write
-    # the tensor once; from_pretrained re-ties it. Untied aliases get their own copy.
+    hf_config = (manifest.get("model") or {}).get("hf_config") or {}
+    tied = bool(hf_config.get("tie_word_embeddings", False))
+    # Tied output embedding (lm_head.weight = the input embedding): like save_pretrained,
+    # write it once; from_pretrained re-ties it. Untied aliases get their own copy.
     for alias, source in shared.items():
         alias, source = _clean(alias), _clean(source)
-        if alias not in by_name and source in by_name and alias not in tied:
+        if alias not in by_name and source in by_name and not (tied and alias == TIED_HEAD):
             src = by_name[source]
             by_name[alias] = SourceTensor(alias, src.shape, src.dtype, src.segments, src.chunks)
-    for alias in tied:
-        if alias in by_name and tied[alias] in by_name:
-            del by_name[alias]
-    if expected is not None:
-        missing = [k for k in expected if k not in by_name and k not in tied]
-        unexpected = [k for k in by_name if k not in expected]
+    if tied and TIED_HEAD in by_name and len(by_name) > 1:
+        del by_name[TIED_HEAD]
+    return list(by_name.values()), notes
+
+
+class KeyCheck(threading.Thread):
+    """Builds the HF model from the manifest's config on the meta device and checks the
+    written names against its state dict. It runs in the background while the data is
+    copied, because importing transformers alone takes seconds."""
+
+    def __init__(self, hf_config: dict[str, Any]) -> None:
+        super().__init__(daemon=True, name="shardctl-keycheck")
+        self.hf_config = hf_config
+        self.keys: list[str] = []
+        self.tied: set[str] = set()
+        self.error: Exception | None = None
+
+    def run(self) -> None:
+        try:
+            import torch
+            from transformers import AutoConfig, AutoModelForCausalLM
+
+            config = AutoConfig.for_model(**self.hf_config)
+            with torch.device("meta"):  # thread-local: the copy goes on on the CPU
+                model = AutoModelForCausalLM.from_config(config)
+            seen: set[int] = set()
+            for name, tensor in model.state_dict(keep_vars=True).items():
+                self.keys.append(name)
+                if id(tensor) in seen:
+                    self.tied.add(name)
+                seen.add(id(tensor))
+        except Exception as exc:  # an unknown architecture must not block consolidation
+            self.error = exc
+
+    def verify(self, names: list[str], step_dir: Path, notes: list[str]) -> None:
+        self.join()
+        if self.error is not None:
+            notes.append(f"names not checked: the model could not be built ({self.error})")
+            return
+        written = set(names)
+        missing = [k for k in self.keys if k not in written and k not in self.tied]
+        unexpected = [k for k in names if k not in set(self.keys)]
         if missing or unexpected:
             raise CheckpointError(
                 f"checkpoint {step_dir} does not match its model config: "
                 f"missing {missing[:8]}{' …' if len(missing) > 8 else ''}, "
                 f"unexpected {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"
             )
-        # The model's own state-dict order: shards then read like save_pretrained's.
-        order = {k: i for i, k in enumerate(expected)}
-        return sorted(by_name.values(), key=lambda t: order[t.name]), notes
-    return list(by_name.values()), notes
-
-
-def _hf_keys(hf_config: dict | None, notes: list[str]) -> tuple[list[str] | None, dict[str, str]]:
-    """The state-dict keys of the HF model (built on the meta device) and its tied aliases."""
-    if not hf_config:
-        notes.append("no hf_config in the manifest: weights only, no config.json")
-        return None, {}
-    try:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        config = AutoConfig.for_model(**hf_config)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config)
-    except Exception as exc:  # an unknown architecture must not block consolidation
-        notes.append(f"could not build the model from hf_config ({exc}); keys not checked")
-        tie = bool(hf_config.get("tie_word_embeddings"))
-        return None, ({"lm_head.weight": "model.embed_tokens.weight"} if tie else {})
-    keys = list(model.state_dict().keys())
-    first: dict[int, str] = {}
-    tied: dict[str, str] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        owner = first.setdefault(id(tensor), name)
-        if owner != name:
-            tied[name] = owner
-    return keys, tied
 
 
 # ------------------------------------------------------------------------- the output
@@ -237,24 +245,22 @@ def _publish(tmp: Path, out_dir: Path) -> None:
         old.unlink()
 
 
-def _write_config(hf_config: dict, dtype: str, out: Path, notes: list[str]) -> None:
-    torch_dtype = DTYPES[dtype]
-    try:
-        import torch
-        from transformers import AutoConfig, GenerationConfig
-
-        config = AutoConfig.for_model(**hf_config)
-        # transformers ≥ 5 calls it `dtype`, older releases `torch_dtype`.
-        attr = "dtype" if hasattr(type(config), "dtype") else "torch_dtype"
-        setattr(config, attr, getattr(torch, torch_dtype))
-        config.save_pretrained(out)
-        gen = GenerationConfig.from_model_config(config)
-        if gen.to_diff_dict() != GenerationConfig().to_diff_dict():
-            gen.save_pretrained(out)
-    except Exception as exc:  # fall back to the manifest's dict as it is
-        notes.append(f"config.json written verbatim from the manifest ({exc})")
-        data = {**hf_config, "torch_dtype": torch_dtype}
-        (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _write_config(hf_config: dict[str, Any], dtype: str, out: Path) -> None:
+    """config.json as `config.to_dict()` recorded it, with the dtype written; plus the
+    generation_config.json that save_pretrained derives from the same config."""
+    config = dict(hf_config)
+    # transformers ≥ 5 calls it `dtype`, older releases `torch_dtype`: keep the one used.
+    keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]
+    for key in keys:
+        config[key] = DTYPES[dtype]
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    token_ids = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    gen = {k: config[k] for k in token_ids if config.get(k) is not None}
+    if gen:
+        gen["_from_model_config"] = True
+        if "transformers_version" in config:
+            gen["transformers_version"] = config["transformers_version"]
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------- the API
@@ -290,7 +296,13 @@ def consolidate(
     _check_out(out_dir, force)  # before any reading: refuse early and cheaply
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest, verify=verify)
+    hf_config = (manifest.get("model") or {}).get("hf_config")
+    check = KeyCheck(hf_config) if hf_config else None
+    if check is not None:
+        check.start()
     tensors, notes = source_tensors(step_dir, manifest)
+    if not hf_config:
+        notes.append("no hf_config in the manifest: weights only, no config.json")
     if not tensors:
         raise CheckpointError(f"checkpoint {step_dir} holds no model tensors")
     shards = plan_shards(tensors, DTYPES[dtype], max_shard_bytes)
@@ -302,9 +314,9 @@ def consolidate(
     bar, on_bytes = _progress(progress, total_in, step_dir)
     try:
         files = write_shards(shards, tmp, DTYPES[dtype], on_bytes)
-        hf_config = (manifest.get("model") or {}).get("hf_config")
-        if hf_config:
-            _write_config(hf_config, dtype, tmp, notes)
+        if check is not None:
+            check.verify([t.name for t in tensors], step_dir, notes)
+            _write_config(hf_config, dtype, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

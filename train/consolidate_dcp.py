@@ -11,7 +11,9 @@ dims (tensor parallel, custom placements) are assembled in memory instead.
 
 from __future__ import annotations
 
+import io
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +24,117 @@ from .consolidate_torchzip import TensorRef, load_refs
 MODEL_KEY = "model"
 
 
-def read_metadata(dcp_dir: Path) -> Any:
+@dataclass
+class _Tensor:
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: list[tuple[tuple[int, ...], tuple[int, ...]]]  # (offsets, sizes)
+
+
+@dataclass
+class _Storage:
+    relative_path: str
+    offset: int
+    length: int
+    transforms: list[str]
+
+
+@dataclass
+class _Metadata:
+    tensors: dict[str, _Tensor]  # flattened DCP key → tensor (non-tensor entries left out)
+    storage: dict[tuple[str, tuple[int, ...]], _Storage]  # (key, chunk offsets) → bytes
+    planner_data: dict[str, Any]
+
+
+class _Record:
+    """A stand-in for DCP's metadata classes: keeps whatever state the pickle gives."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> _Record:
+        obj = super().__new__(cls)
+        obj.__dict__["_args"] = args
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            self.__dict__.update(state[0] or {})  # (dict, slots)
+            self.__dict__.update(state[1])
+        elif isinstance(state, dict):
+            self.__dict__.update(state)
+        else:
+            self.__dict__["_state"] = state
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Reads `.metadata` without importing torch.distributed.checkpoint (seconds of
+    imports) and without running arbitrary code: DCP's own classes become `_Record`s;
+    besides them only torch dtypes/layouts, torch.Size and paths are allowed."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if module.startswith("torch.distributed.checkpoint"):
+            return type(name, (_Record,), {})
+        if module == "torch" and name == "Size":
+            return torch.Size
+        if module == "torch" and isinstance(
+            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+        ):
+            return getattr(torch, name)
+        if (module, name) == ("torch.serialization", "_get_layout"):
+            return lambda text: text
+        if (module, name) in (("pathlib", "PosixPath"), ("pathlib", "WindowsPath")):
+            return lambda *parts: "/".join(str(p) for p in parts)
+        if (module, name) == ("collections", "OrderedDict"):
+            return dict
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
+
+
+def _from_records(md: Any) -> _Metadata:
+    tensors: dict[str, _Tensor] = {}
+    for key, item in md.state_dict_metadata.items():
+        if type(item).__name__ != "TensorStorageMetadata":
+            continue
+        props = item.properties
+        dtype = props.dtype if hasattr(props, "dtype") else props._state[0]
+        tensors[key] = _Tensor(
+            shape=tuple(int(s) for s in item.size),
+            dtype=str(dtype).removeprefix("torch."),
+            chunks=[
+                (tuple(int(o) for o in c.offsets), tuple(int(s) for s in c.sizes))
+                for c in item.chunks
+            ],
+        )
+    storage = {
+        (index.fqn, tuple(int(o) for o in getattr(index, "offset", None) or ())): _Storage(
+            info.relative_path,
+            int(info.offset),
+            int(info.length),
+            list(getattr(info, "transform_descriptors", None) or []),
+        )
+        for index, info in (md.storage_data or {}).items()
+    }
+    planner = md.planner_data if isinstance(getattr(md, "planner_data", None), dict) else {}
+    return _Metadata(tensors, storage, planner)
+
+
+def read_metadata(dcp_dir: Path) -> _Metadata:
     path = dcp_dir / ".metadata"
     if not path.is_file():
         raise CheckpointError(f"{dcp_dir} is not a DCP checkpoint: it has no .metadata file")
     try:
-        from torch.distributed.checkpoint import FileSystemReader
+        data = path.read_bytes()
+        try:
+            return _from_records(_MetadataUnpickler(io.BytesIO(data)).load())
+        except (pickle.UnpicklingError, AttributeError, TypeError, IndexError, KeyError):
+            # A metadata layout this reader does not know: let DCP itself read it.
+            from torch.distributed.checkpoint import FileSystemReader
 
-        return FileSystemReader(str(dcp_dir)).read_metadata()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, OSError) as exc:
+            return _from_records(FileSystemReader(str(dcp_dir)).read_metadata())
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, OSError,
+            IndexError, KeyError) as exc:  # fmt: skip
         raise CheckpointError(f"{path} is corrupt: {exc}") from exc
 
 
@@ -45,43 +149,37 @@ def _fqn(key: str, planner_data: dict[str, Any]) -> tuple[str, str] | None:
 
 def dcp_tensors(dcp_dir: Path, top_key: str = MODEL_KEY) -> list[SourceTensor]:
     """The tensors under DCP top-level key `top_key`, named by their FQN inside it."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
-
     md = read_metadata(dcp_dir)
-    planner_data = md.planner_data if isinstance(md.planner_data, dict) else {}
     tensors: list[SourceTensor] = []
-    for key, item in md.state_dict_metadata.items():
-        split = _fqn(key, planner_data)
-        if split is None or split[0] != top_key or not isinstance(item, TensorStorageMetadata):
-            continue  # other trainer state, or non-tensor entries (e.g. _extra_state)
-        dtype = str(item.properties.dtype).removeprefix("torch.")
-        shape = tuple(int(s) for s in item.size)
+    for key, item in md.tensors.items():
+        split = _fqn(key, md.planner_data)
+        if split is None or split[0] != top_key:
+            continue  # other trainer state (optimizer, ...)
         chunks: list[Chunk] = []
-        for chunk in item.chunks:
-            info = md.storage_data.get(MetadataIndex(key, chunk.offsets))
+        for offsets, sizes in item.chunks:
+            info = md.storage.get((key, offsets))
             if info is None:
                 raise CheckpointError(
-                    f"{dcp_dir}/.metadata: no storage entry for {key} at offsets "
-                    f"{list(chunk.offsets)}"
+                    f"{dcp_dir}/.metadata: no storage entry for {key} at offsets {list(offsets)}"
                 )
-            if getattr(info, "transform_descriptors", None):
+            if info.transforms:
                 raise CheckpointError(
-                    f"{dcp_dir}: {key} was saved through DCP extensions "
-                    f"{list(info.transform_descriptors)}; only plain DCP checkpoints are supported"
+                    f"{dcp_dir}: {key} was saved through DCP extensions {info.transforms}; "
+                    "only plain DCP checkpoints are supported"
                 )
             file = dcp_dir / info.relative_path
             ref = load_refs(file, info.offset, info.length, trusted=False)
-            if not isinstance(ref, TensorRef) or ref.shape != tuple(chunk.sizes):
+            if not isinstance(ref, TensorRef) or ref.shape != sizes:
                 raise CheckpointError(
                     f"{file}: the item for {key} at offset {info.offset} does not hold a tensor "
-                    f"of shape {list(chunk.sizes)}"
+                    f"of shape {list(sizes)}"
                 )
-            if ref.dtype != dtype:
+            if ref.dtype != item.dtype:
                 raise CheckpointError(
-                    f"{file}: {key} is stored as {ref.dtype}, the metadata says {dtype}"
+                    f"{file}: {key} is stored as {ref.dtype}, the metadata says {item.dtype}"
                 )
-            chunks.append(Chunk(ref, tuple(int(o) for o in chunk.offsets)))
-        tensors.append(_as_source(split[1], shape, dtype, chunks))
+            chunks.append(Chunk(ref, offsets))
+        tensors.append(_as_source(split[1], item.shape, item.dtype, chunks))
     return tensors
 
 
