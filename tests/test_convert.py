@@ -736,3 +736,56 @@ def test_the_accelerate_config_shardctl_renders_converts_consistently(tmp_path: 
 def test_same_backend_is_refused():
     with pytest.raises(SpecError, match="already a fsdp accelerate config; accepted: --to deep"):
         convert_data(FSDP_CONFIGS["v2-reshard-false"], "fsdp")
+
+
+def _fsdp_combo(
+    version: int, strategy: str, offload: bool, ram: bool | None, sdt: str | None, mp: str
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"fsdp_version": version, "fsdp_offload_params": offload}
+    top: dict[str, Any] = {"mixed_precision": mp}
+    if version == 1:
+        cfg["fsdp_sharding_strategy"] = strategy
+    else:
+        cfg["fsdp_reshard_after_forward"] = strategy == "FULL_SHARD"
+        if strategy == "NO_SHARD":
+            top["parallelism_config"] = {
+                "parallelism_config_dp_replicate_size": 8,
+                "parallelism_config_dp_shard_size": 1,
+            }
+    if ram is not None:
+        cfg["fsdp_cpu_ram_efficient_loading"] = ram
+    if sdt is not None:
+        cfg["fsdp_state_dict_type"] = sdt
+    return fsdp(cfg, **top)
+
+
+def test_round_trip_over_every_combination_loses_only_what_it_reports():
+    """FSDP → DeepSpeed → FSDP for 324 configs: every setting with a twin comes back;
+    the two that cannot (offload at NO_SHARD = ZeRO-0, RAM-efficient loading below
+    ZeRO-3) are named in a note."""
+    import itertools
+
+    combos = itertools.product(
+        (1, 2),
+        ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"),
+        (True, False),
+        (True, False, None),
+        ("FULL_STATE_DICT", "SHARDED_STATE_DICT", None),
+        ("no", "bf16", "fp16"),
+    )
+    count = 0
+    for version, strategy, offload, ram, sdt, mp in combos:
+        original = _fsdp_combo(version, strategy, offload, ram, sdt, mp)
+        to_ds = convert_data(original, "deepspeed")
+        back = convert_data(to_ds.accelerate_config, "fsdp", fsdp_version=version)
+        expected = settings(original)
+        changed = " ".join(n.message for n in to_ds.notes if n.kind == "changed")
+        if offload and strategy == "NO_SHARD":
+            expected["offload"] = False
+            assert "nothing is offloaded" in changed
+        if ram and strategy != "FULL_SHARD":
+            expected["ram_efficient_loading"] = False
+            assert "only at ZeRO-3" in changed
+        assert settings(back.accelerate_config) == expected, original
+        count += 1
+    assert count == 324
