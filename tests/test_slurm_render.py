@@ -332,3 +332,18 @@ def test_node_task_requeues_after_the_ranks_saved_without_a_signal(tmp_path):
     # A marker from a save caused by SIGTERM alone (a cancel) never requeues.
     term = launcher.replace("SIGUSR2", "SIGTERM").replace("{out}/..", str(tmp_path))
     assert "RESULT terminated" in _run_task(tmp_path, term, node=0)
+
+
+def test_without_slurm_submit_and_status_say_how_to_get_one(tmp_path, monkeypatch) -> None:
+    from shardctl.orchestrator.clusters.base import JobRef
+    from shardctl.orchestrator.errors import ClusterError
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cluster = backend.SlurmCluster()
+    plan = cluster.dryrun(load_spec(ROOT / "examples" / "slurm-2node.yaml"))
+    with pytest.raises(ClusterError, match=r"no Slurm client \(sbatch\).*slurm-dev-cluster up"):
+        cluster.schedule(plan)
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ClusterError, match="no Slurm client"):
+        cluster.status(JobRef("slurm", "1", "x", str(tmp_path)))

@@ -178,6 +178,7 @@ class SlurmCluster(Cluster):
         )
 
     def status(self, ref: JobRef) -> JobStatus:
+        _require_slurm()
         info = _scontrol_job(ref.job_id)
         if info is not None:
             native = info.get("JobState", "")
@@ -266,9 +267,12 @@ def _slurm_message(stderr: str) -> str:
 
 def _test_only(spec: JobSpec, sbatch: str) -> None:
     """Ask slurmctld whether it would accept the script; raise a clear error if not."""
-    proc = subprocess.run(
-        ["sbatch", "--test-only"], input=sbatch, capture_output=True, text=True, timeout=60
-    )
+    try:
+        proc = subprocess.run(
+            ["sbatch", "--test-only"], input=sbatch, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterError(f"sbatch --test-only: {exc}") from None
     if proc.returncode == 0:
         return
     reason = _slurm_message(proc.stderr)
@@ -356,9 +360,12 @@ def _submit(request: dict[str, Any]) -> Any:
 
 
 def _scontrol_job(job_id: str) -> dict[str, str] | None:
-    proc = subprocess.run(
-        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
-    )
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterError(f"status of job {job_id}: {exc}") from None
     if proc.returncode != 0 or not proc.stdout.strip():
         return None
     fields: dict[str, str] = {}
