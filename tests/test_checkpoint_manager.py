@@ -31,7 +31,7 @@ from shardctl.train.checkpoint import (  # noqa: E402
     list_checkpoints,
     verify,
 )
-from shardctl.train.manifest import sha256_file  # noqa: E402
+from shardctl.train.manifest import sha256_file, share_of  # noqa: E402
 
 
 def make_spec(tmp_path: Path, **checkpoint) -> object:
@@ -332,3 +332,33 @@ def test_cli_module_does_not_import_torch() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+
+
+def test_deepspeed_async_falls_back_to_sync_with_a_note(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = parse_spec(
+        {
+            "name": "unit",
+            "strategy": {"backend": "deepspeed", "zero_stage": 2, "precision": "fp32"},
+            "train": {
+                "model": {"factory": "pkg.mod:fn"},
+                "data": {"builtin": "python-stdlib"},
+                "steps": 10,
+            },
+            "checkpoint": {"dir": str(tmp_path / "c"), "every_steps": 5, "async": True},
+        }
+    )
+    with caplog.at_level(logging.WARNING):
+        mgr = CheckpointManager(spec, rank=0, world_size=1)
+    assert mgr.async_save is False
+    assert "checkpoint.async is not supported with strategy.backend deepspeed" in caplog.text
+
+
+def test_hash_shares_cover_every_file_once_and_balance_bytes() -> None:
+    sizes = {f"f{i}": size for i, size in enumerate([100, 90, 50, 40, 30, 5, 5, 1])}
+    shares = [share_of(sizes, r, 3) for r in range(3)]
+    assert sorted(f for s in shares for f in s) == sorted(sizes)
+    loads = [sum(sizes[f] for f in s) for s in shares]
+    assert max(loads) - min(loads) <= max(sizes.values())
+    assert shares == [share_of(sizes, r, 3) for r in range(3)]  # same on every rank

@@ -109,8 +109,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TRAINER_KEY = "trainer"
-# A stuck peer must not hang a job for the default 30 minutes of gloo.
-CKPT_GROUP_TIMEOUT = timedelta(minutes=10)
+# Long enough for the slowest rank to write a large shard to slow storage; a
+# stuck peer still fails the save (wait() raises) instead of hanging forever.
+CKPT_GROUP_TIMEOUT = timedelta(minutes=30)
 
 
 @runtime_checkable
