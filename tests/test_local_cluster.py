@@ -1,0 +1,143 @@
+"""The embedded default cluster: dryrun, submit, status, logs, cancel, --wait, resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers.ckpt_run import ROOT
+from helpers.train_run import metrics, tiny_spec
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.clusters.base import JobRef, JobState
+from shardctl.orchestrator.clusters.local import LocalCluster
+from shardctl.orchestrator.errors import ClusterError
+from shardctl.orchestrator.spec import load_spec
+
+SHARDCTL = str(Path(sys.executable).parent / "shardctl")
+
+
+def test_dryrun_is_pure_and_shows_the_script_and_command(tmp_path: Path) -> None:
+    spec = load_spec(tiny_spec(tmp_path, "dry"))
+    plan = LocalCluster().dryrun(spec)
+    assert not (tmp_path / "dry").exists()  # nothing written, nothing started
+    assert {"job.yaml", "launch.sh", "env.sh"} <= set(plan.artifacts)
+    assert plan.request["argv"] == ["bash", str(tmp_path / "dry" / "launch.sh")]
+    assert "torchrun" in plan.artifacts["launch.sh"]
+    assert plan.artifacts["launch.sh"] in plan.text
+    assert "logs/launcher.out" in plan.text
+    assert LocalCluster().dryrun(spec).text == plan.text  # deterministic
+    res = CliRunner().invoke(cli, ["submit", str(tmp_path / "dry.yaml"), "--dry-run"])
+    assert res.exit_code == 0 and "exec torchrun" in res.output
+    assert not (tmp_path / "dry").exists()
+
+
+def test_status_logs_cancel_of_a_job_that_never_ran(tmp_path: Path) -> None:
+    ref = JobRef(cluster="local", job_id="1", name="ghost", run_dir=str(tmp_path / "ghost"))
+    local = LocalCluster()
+    assert local.status(ref).state == JobState.UNKNOWN
+    assert "no logs yet" in local.logs(ref)
+    with pytest.raises(ClusterError, match="not running"):
+        local.cancel(ref)
+
+
+def test_wait_requires_the_local_cluster(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "w")
+    res = CliRunner().invoke(cli, ["submit", str(spec), "--cluster", "slurm", "--wait"])
+    assert res.exit_code == 2 and "--wait works with --cluster local" in res.output
+
+
+def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_submit_status_logs_cancel_then_resume_to_completion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    # Long enough that it is surely still running when cancelled.
+    spec_path = tiny_spec(
+        tmp_path, "job", train={"steps": 5000}, checkpoint={"every_steps": 5000, "keep": 2}
+    )
+    run_dir = tmp_path / "job"
+    local = LocalCluster()
+    ref = local.submit(load_spec(spec_path))
+    try:
+        assert ref.run_dir == str(run_dir) and ref.extra["cwd"] == str(tmp_path)
+        assert local.status(ref).state == JobState.RUNNING
+        with pytest.raises(ClusterError, match="already running"):
+            local.submit(load_spec(spec_path))
+        _wait_for(
+            lambda: (run_dir / "logs" / "metrics.jsonl").exists() and metrics(run_dir),
+            240,
+            "the first logged step",
+        )
+        assert "step" in local.logs(ref, tail=50)
+        local.cancel(ref, grace_s=120)
+    finally:
+        if local.status(ref).state == JobState.RUNNING:  # never leave it behind
+            local.cancel(ref, grace_s=5)
+    st = local.status(ref)
+    assert st.state == JobState.CANCELLED, st
+    step = json.loads((run_dir / "PREEMPTED").read_text())["step"]
+    assert "signal SIGTERM" in (run_dir / "PREEMPTED").read_text()
+    assert (run_dir / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
+    assert local.exit_code(ref) == 42
+
+    # The CLI in the foreground: resumes where the cancel saved, exits with the job's code.
+    # (The same run, shortened to end 3 steps after the saved one.)
+    total = step + 3
+    tiny_spec(
+        tmp_path, "job", train={"steps": total}, checkpoint={"every_steps": total, "keep": 2}
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [SHARDCTL, "submit", str(spec_path), "--wait"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"resumed at step {step} of {total}" in res.stdout
+    assert (run_dir / "DONE").is_file() and not (run_dir / "PREEMPTED").exists()
+    status = subprocess.run(
+        [SHARDCTL, "status", "job"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "SUCCEEDED" in status.stdout, status.stdout + status.stderr
+    again = subprocess.run(
+        [SHARDCTL, "submit", str(spec_path), "--wait"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert again.returncode == 0 and "run complete" in again.stdout
+
+
+@pytest.mark.slow
+def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> None:
+    spec_path = tiny_spec(tmp_path, "bad", train={"data": {"builtin": None, "text": "missing"}})
+    local = LocalCluster()
+    ref = local.submit(load_spec(spec_path))
+    try:
+        code = local.follow(ref, write=lambda s: None, poll_s=0.2)
+    finally:
+        if local.status(ref).state == JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+    assert code != 0
+    st = local.status(ref)
+    assert st.state == JobState.FAILED and st.native_state == f"exit {code}"
+    assert "train.data.text 'missing' does not exist" in local.logs(ref)
