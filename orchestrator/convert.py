@@ -150,8 +150,6 @@ _DS_JSON_READ = {
     "gradient_clipping",
     "bf16.enabled",
     "fp16.enabled",
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
 }
 
 PRECISION_NOTE = (
@@ -672,7 +670,14 @@ def _read_ds_json(plan: Plan, name: Any, source: str | None, base_dir: Path | No
             "precision comes from accelerate launch --mixed_precision; left unset",
         )
     for dotted in _leaf_keys(ds):
-        if dotted not in _DS_JSON_READ:
+        if dotted in ("train_batch_size", "train_micro_batch_size_per_gpu"):
+            plan.note(
+                "not-mapped",
+                dotted,
+                f"{ds[dotted]!r}: an FSDP accelerate config has no "
+                "batch size; the training script's dataloader sets it",
+            )
+        elif dotted not in _DS_JSON_READ:
             plan.note("not-mapped", dotted, "DeepSpeed-only setting, no FSDP twin")
 
 

@@ -451,8 +451,16 @@ def test_deepspeed_json_only_keys_are_reported(tmp_path: Path):
         "optimizer.type",
         "optimizer.params.lr",
         "deepspeed_config.deepspeed_multinode_launcher",
+        "train_micro_batch_size_per_gpu",
     ):
         assert key in reported, key
+    # Every leaf of the JSON is either read or named in the report.
+    text = " ".join(str(n) for n in result.notes)
+    ds_json = json.loads((tmp_path / "ds.json").read_text())
+    for leaf in ("bf16", "gradient_accumulation_steps", "zero_optimization", "optimizer"):
+        assert leaf in text or leaf in json.dumps(cfg), leaf
+    assert ds_json["gradient_accumulation_steps"] == 8
+    assert "8/None" in text  # accumulation carried into the report
     changed = " ".join(n.message for n in result.notes if n.kind == "changed")
     assert "optimizer-state sharding only" in changed and "NVMe" in changed
     load_with_accelerate(write_yaml(tmp_path / "f.yaml", cfg))
