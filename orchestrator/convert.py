@@ -1050,9 +1050,19 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
         )
         off = False
     cfg["fsdp_offload_params"] = off
+    plan.note(
+        "mapped",
+        "offload_param_device/offload_optimizer_device",
+        f"{plan.offload_param}/{plan.offload_optimizer} → fsdp_offload_params {str(off).lower()}",
+    )
 
     if plan.ram_efficient_loading is not None:
         cfg["fsdp_cpu_ram_efficient_loading"] = plan.ram_efficient_loading
+        plan.note(
+            "mapped",
+            "zero3_init_flag",
+            f"{str(plan.ram_efficient_loading).lower()} → fsdp_cpu_ram_efficient_loading",
+        )
         if plan.ram_efficient_loading:
             if version == 1:
                 cfg["fsdp_sync_module_states"] = True
@@ -1066,14 +1076,19 @@ def _to_fsdp(plan: Plan, version: int | None) -> dict[str, Any]:
             else:
                 plan.note(
                     "mapped",
-                    "zero3_init_flag",
-                    "true → fsdp_cpu_ram_efficient_loading "
-                    "(FSDP2 broadcasts rank 0's weights itself; no sync_module_states)",
+                    "fsdp_sync_module_states",
+                    "not written: FSDP2 broadcasts rank 0's weights itself",
                 )
     extra = dict(plan.fsdp_extra)
     if version == 1 and "fsdp_sync_module_states" in extra:
         cfg.setdefault("fsdp_sync_module_states", extra["fsdp_sync_module_states"])
     if plan.full_state_dict is not None:
+        plan.note(
+            "mapped",
+            "zero3_save_16bit_model",
+            f"{str(plan.full_state_dict).lower()} → fsdp_state_dict_type "
+            + ("FULL_STATE_DICT" if plan.full_state_dict else "SHARDED_STATE_DICT"),
+        )
         cfg["fsdp_state_dict_type"] = (
             "FULL_STATE_DICT" if plan.full_state_dict else "SHARDED_STATE_DICT"
         )

@@ -797,3 +797,26 @@ def test_round_trip_over_every_combination_loses_only_what_it_reports():
         assert settings(back.accelerate_config) == expected, original
         count += 1
     assert count == 324
+
+
+def test_every_deepspeed_key_is_mapped_or_reported():
+    cfg = {
+        "zero_stage": 3,
+        "offload_optimizer_device": "nvme",
+        "offload_param_device": "nvme",
+        "offload_optimizer_nvme_path": "/nvme",
+        "offload_param_nvme_path": "/nvme",
+        "gradient_accumulation_steps": 4,
+        "gradient_clipping": 1.0,
+        "zero3_init_flag": False,
+        "zero3_save_16bit_model": True,
+        "deepspeed_moe_layer_cls_names": "MixtralSparseMoeBlock",
+        "deepspeed_multinode_launcher": "standard",
+        "deepspeed_hostfile": "/etc/hosts",
+        "deepspeed_exclusion_filter": "a",
+        "deepspeed_inclusion_filter": "b",
+    }
+    result = convert_data(deepspeed(cfg, mixed_precision="bf16"), "fsdp")
+    text = " ".join(str(n) for n in result.notes)
+    for key in cfg:
+        assert key in text, key
