@@ -48,6 +48,9 @@ RESERVED_ENV = frozenset(
     {
         "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
         "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE",
+        # shardctl's own run-time variables (see orchestrator/launch.py)
+        "SHARDCTL_NNODES", "SHARDCTL_NODE_RANK", "SHARDCTL_NPROC_PER_NODE",
+        "SHARDCTL_RENDER_DIR",
     }
 )  # fmt: skip
 
@@ -68,14 +71,18 @@ ZERO_TO_SHARDING: dict[int, str | None] = {
 
 Sharding = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
 Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
-PositiveInt = Annotated[int, Field(gt=0)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
+# strict: YAML `yes`/`true` must not silently become the count 1.
+PositiveInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
 
 
 class _Section(BaseModel):
     """Base of every spec section: frozen, unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # allow_inf_nan=False: YAML `.inf` is not a learning rate or a clip norm.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
 
 def _set(model: BaseModel, field: str, value: Any) -> None:
@@ -132,6 +139,14 @@ class Strategy(_Section):
     activation_checkpointing: bool = False
     backward_prefetch: Literal["backward_pre", "backward_post", "none"] = "backward_pre"
     forward_prefetch: bool = False
+
+    @field_validator("zero_stage", mode="before")
+    @classmethod
+    def _stage_not_bool(cls, v: Any) -> Any:
+        # YAML `true` would otherwise pass as stage 1 (True == 1 in Python).
+        if isinstance(v, bool):
+            raise ValueError(f"{v!r} is not a ZeRO stage; accepted: 0, 1, 2, 3")
+        return v
 
     @field_validator("wrap")
     @classmethod
@@ -202,6 +217,19 @@ class ModelSource(_Section):
                 not isinstance(value, int) or isinstance(value, bool) or value <= 0
             ):
                 raise ValueError(f"llama.{key} must be a positive integer, got {value!r}")
+        cfg = v or {}
+        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+        if hidden and heads and hidden % heads:
+            raise ValueError(
+                f"llama.hidden_size ({hidden}) must be divisible by llama.num_attention_heads "
+                f"({heads}); each head gets hidden_size / num_attention_heads dimensions"
+            )
+        kv = cfg.get("num_key_value_heads")
+        if heads and kv and heads % kv:
+            raise ValueError(
+                f"llama.num_attention_heads ({heads}) must be divisible by "
+                f"llama.num_key_value_heads ({kv}) (grouped-query attention)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -289,7 +317,7 @@ class Checkpoint(_Section):
     """Where `step-NNNNNNNN/` folders go; default `runs/<name>/checkpoints`.
     The run directory (logs, consolidated model) is its parent."""
     every_steps: PositiveInt = 100
-    keep: Annotated[int, Field(ge=2)] = 3
+    keep: Annotated[int, Field(ge=2, strict=True)] = 3
     """Complete checkpoints kept. At least 2: the newest may still be being written."""
     async_save: bool = Field(default=False, alias="async")
     """Stage state and write it in the background while training goes on."""
@@ -446,6 +474,17 @@ class K8sCluster(_Section):
                     f"{name!r} is not a Kubernetes name; accepted: lower-case letters, "
                     "digits, '-' and '.', starting and ending alphanumeric"
                 )
+        return v
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        # A namespace is a DNS-1123 *label*: unlike most object names, no dots.
+        if len(v) > 63 or not NAME_RE.match(v):
+            raise ValueError(
+                f"{v!r} is not a Kubernetes namespace; accepted: 1-63 lower-case letters, "
+                "digits and '-', starting and ending alphanumeric (no '.')"
+            )
         return v
 
     @field_validator("shm_size", "cpu")
@@ -623,7 +662,11 @@ def parse_spec(data: Any, source: str | None = None) -> JobSpec:
     """Validate plain data (from YAML) into a `JobSpec`, or raise `SpecError`."""
     if not isinstance(data, dict):
         raise SpecError(
-            [f"the top level must be a mapping of sections, got {type(data).__name__}"], source
+            [
+                "the top level must be a mapping of sections, got "
+                + ("nothing (the file is empty)" if data is None else type(data).__name__)
+            ],
+            source,
         )
     try:
         return JobSpec.model_validate(data)

@@ -68,6 +68,22 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         spec(checkpoint__zzzzzz=1),
         ["'checkpoint.zzzzzz'", "accepted: async, consolidate_dtype"],
     ),
+    # model shapes that only fail once the ranks start, caught up front
+    (
+        "llama-heads-not-dividing",
+        spec(train__model__llama__num_attention_heads=3),
+        ["llama.hidden_size (128)", "num_attention_heads (3)", "divisible"],
+    ),
+    (
+        "llama-kv-heads-not-dividing",
+        spec(train__model__llama__num_key_value_heads=3),
+        ["num_attention_heads (4)", "num_key_value_heads (3)", "divisible"],
+    ),
+    (
+        "zero-stage-bool",
+        spec(strategy__zero_stage=True),
+        ["strategy.zero_stage", "True", "0, 1, 2, 3"],
+    ),
     # names: a Slurm job name and a DNS-1123 label
     ("name-uppercase", spec(name="Tiny"), ["name", "'Tiny'", "lower-case"]),
     ("name-underscore", spec(name="tiny_llama"), ["name", "'tiny_llama'", "lower-case"]),
