@@ -439,12 +439,18 @@ class CheckpointManager:
         self._barrier()
         sizes = self._rank0_do(lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)})
         mine = share_of(sizes, self.rank, self.world_size)
-        for rel in mine:  # make what this rank reads durable (files closed by writers)
-            fsync_path(tmp / rel)
         t_hash = time.perf_counter()
+        try:
+            for rel in mine:  # make what this rank reads durable (files closed by writers)
+                fsync_path(tmp / rel)
+            part: Any = ("ok", describe_files(tmp, mine))
+        except OSError as exc:  # shared with every rank, so that none waits forever
+            part = ("error", f"rank {self.rank}: {exc}")
         described: dict[str, Any] = {}
-        for part in self._all_gather(describe_files(tmp, mine)):
-            described.update(part)
+        for status, value in self._all_gather(part):
+            if status == "error":
+                raise CheckpointError(f"hashing the files of {tmp} failed: {value}")
+            described.update(value)
         t_publish = time.perf_counter()
         self.timings["hash"] = t_publish - t_hash
 
@@ -636,7 +642,8 @@ class CheckpointManager:
 
 def _deepspeed_reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
     # DeepSpeed's engine.load_checkpoint raises for a ZeRO (stage >= 1) checkpoint
-    # written at another data-parallel size; only its offline "universal checkpoint"
+    # written at another data-parallel size (zero_optimization.elastic_checkpoint
+    # does not lift that check, as of DeepSpeed 0.19); only its offline "universal checkpoint"
     # conversion (deepspeed.checkpoint.ds_to_universal + `checkpoint.load_universal`
     # in the DeepSpeed config) can reshard the partitioned optimizer state, and
     # shardctl does not drive that conversion. Stage 0 keeps the whole optimizer
