@@ -37,8 +37,9 @@ is called after `load_state_dict`. The trainer must therefore keep its data
 position GLOBAL (e.g. optimizer steps or samples consumed by all ranks together,
 from which each rank derives its own slice) and re-seed per-rank RNG
 deterministically in `reshard` (`reseed_rng(seed, step, rank)` below does that).
-Model and optimizer are resharded by DCP (FSDP). DeepSpeed checkpoints resume only
-at the world size they were written with (see `_deepspeed_reshard_refusal`).
+Model and optimizer are resharded by DCP (FSDP). DeepSpeed ZeRO 1-3 checkpoints resume
+only at the world size they were written with, ZeRO-0 at any (see
+`_deepspeed_reshard_refusal`).
 
 Atomicity: everything is written to `step-N.tmp/`; once every rank finished, the
 files are hashed (spread over the ranks), rank 0 writes `manifest.json`, fsyncs,
