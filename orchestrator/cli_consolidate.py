@@ -89,6 +89,11 @@ def _human(n: float) -> str:
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
+    "--no-fsync",
+    is_flag=True,
+    help="Do not fsync the output (faster; a power loss may then leave empty files).",
+)
+@click.option(
     "--output",
     "-o",
     type=click.Choice(["text", "json"]),
@@ -105,6 +110,7 @@ def consolidate_cmd(
     force: bool,
     verify: bool,
     no_progress: bool,
+    no_fsync: bool,
     output: str,
 ) -> None:
     """Write the model weights of CHECKPOINT as safetensors with its HF config.
@@ -132,6 +138,7 @@ def consolidate_cmd(
         progress=not no_progress and output == "text",
         force=force,
         verify=verify,
+        durable=not no_fsync,
     )
     if output == "json":
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

@@ -144,7 +144,7 @@ def source_tensors(
     else:
         from .consolidate_deepspeed import deepspeed_tensors
 
-        tensors, shared = deepspeed_tensors(step_dir / "deepspeed")
+        tensors, shared, notes = deepspeed_tensors(step_dir / "deepspeed")
     for t in tensors:
         t.name = _clean(t.name)
     by_name = {t.name: t for t in tensors}
@@ -230,15 +230,29 @@ def _prepare_tmp(out_dir: Path, force: bool) -> Path:
     return tmp
 
 
-def _publish(tmp: Path, out_dir: Path) -> None:
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(tmp: Path, out_dir: Path, durable: bool) -> None:
     (tmp / _MARKER).unlink()
+    if durable:
+        _fsync_dir(tmp)
     if not out_dir.exists():
         os.replace(tmp, out_dir)
+        if durable:
+            _fsync_dir(out_dir.parent)
         return
     # Swap: the old model moves aside, the new one takes its place, then the old goes.
     old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
+    if durable:
+        _fsync_dir(out_dir.parent)  # the swap is on disk before the old model goes
     if old.is_dir():
         shutil.rmtree(old)
     else:
@@ -275,6 +289,7 @@ def consolidate(
     progress: bool | Callable[[int, int], None] = False,
     force: bool = False,
     verify: bool = False,
+    durable: bool = True,
 ) -> ConsolidationResult:
     """Write the model weights of `checkpoint` as safetensors (+ config.json) to `out_dir`.
 
@@ -282,7 +297,8 @@ def consolidate(
     checkpoint). `dtype` is "fp32" or "bf16" (floating tensors; integer buffers keep
     theirs). `progress` is True for a rich progress bar on stderr, or a callback
     `(bytes_done, bytes_total)`. `verify` checks every file's sha256 against the manifest
-    (sizes are always checked). Works without torch.distributed being initialised.
+    (sizes are always checked). `durable` fsyncs the files and folders written before the
+    result counts as done. Works without torch.distributed being initialised.
     """
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
@@ -313,7 +329,7 @@ def consolidate(
     tmp = _prepare_tmp(out_dir, force)
     bar, on_bytes = _progress(progress, total_in, step_dir)
     try:
-        files = write_shards(shards, tmp, DTYPES[dtype], on_bytes)
+        files = write_shards(shards, tmp, DTYPES[dtype], on_bytes, durable=durable)
         if check is not None:
             check.verify([t.name for t in tensors], step_dir, notes)
             _write_config(hf_config, dtype, tmp)
@@ -323,7 +339,7 @@ def consolidate(
     finally:
         if bar is not None:
             bar.stop()
-    _publish(tmp, out_dir)
+    _publish(tmp, out_dir, durable)
     return ConsolidationResult(
         checkpoint=step_dir,
         out_dir=out_dir,

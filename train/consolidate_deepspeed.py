@@ -64,27 +64,34 @@ def _load(path: Path) -> Any:
     return load_refs(path, trusted=True)
 
 
-def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str]]:
+def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str], list[str]]:
     """The fp32 master weights (plus buffers and frozen params) as SourceTensors.
 
-    Returns (tensors, shared) where `shared` maps a tied parameter's name to the name of
-    the parameter it shares storage with (e.g. lm_head.weight → model.embed_tokens.weight).
+    Returns (tensors, shared, notes) where `shared` maps a tied parameter's name to the
+    name of the parameter it shares storage with (lm_head.weight → model.embed_tokens.weight).
     """
     optim_files = sorted(ds_dir.glob("*_optim_states.pt"), key=_natural)
     model_files = sorted(ds_dir.glob("*_model_states.pt"), key=_natural)
-    if not optim_files or not model_files:
+    if not model_files:
+        found = sorted(p.name for p in ds_dir.iterdir()) if ds_dir.is_dir() else "no folder"
         raise CheckpointError(
-            f"{ds_dir} is not a DeepSpeed ZeRO checkpoint: it needs *_model_states.pt and "
-            "*_optim_states.pt files (found "
-            f"{sorted(p.name for p in ds_dir.iterdir()) if ds_dir.is_dir() else 'no folder'})"
+            f"{ds_dir} is not a DeepSpeed checkpoint: it has no *_model_states.pt file "
+            f"(found {found})"
         )
+    if not optim_files:
+        # No ZeRO optimizer (stage 0 in fp32): the module weights are the trained weights.
+        return _module_weights(model_files[0])
     optim = []
     for f in optim_files:
         sd = _load(f).get("optimizer_state_dict")
-        if not isinstance(sd, dict) or "zero_stage" not in sd:
-            raise CheckpointError(f"{f} is not a ZeRO optimizer state file (no zero_stage)")
+        if not isinstance(sd, dict) or not (
+            "zero_stage" in sd or "single_partition_of_fp32_groups" in sd
+        ):
+            raise CheckpointError(f"{f} is not a ZeRO optimizer state file (no fp32 partitions)")
         optim.append((f, sd))
-    stage = int(optim[0][1]["zero_stage"])
+    # bf16 without ZeRO (stage 0) uses DeepSpeed's BF16_Optimizer, which partitions its
+    # fp32 masters exactly like stage 1 but records no zero_stage.
+    stage = int(optim[0][1].get("zero_stage", 0))
     world = optim[0][1]["partition_count"]
     world = max(world) if isinstance(world, list) else int(world)
     if world != len(optim):
@@ -113,7 +120,29 @@ def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str]]
     else:
         raise CheckpointError(f"{optim_files[0]}: unknown ZeRO stage {stage}")
     shared = {str(k): str(v) for k, v in (model.get("shared_params") or {}).items()}
-    return tensors, shared
+    return tensors, shared, []
+
+
+def _module_weights(model_file: Path) -> tuple[list[SourceTensor], dict[str, str], list[str]]:
+    model = _load(model_file)
+    module = model.get("module") if isinstance(model, dict) else None
+    if not isinstance(module, dict):
+        raise CheckpointError(f"{model_file} is not a DeepSpeed model-states file (no module)")
+    tensors = [_whole(str(k), v, model_file) for k, v in module.items() if isinstance(v, TensorRef)]
+    shared = {str(k): str(v) for k, v in (model.get("shared_params") or {}).items()}
+    for alias in shared:  # the module state dict holds tied weights under both names
+        tensors = [t for t in tensors if t.name != alias]
+    notes = []
+    optimizer = model.get("optimizer")
+    if isinstance(optimizer, dict) and "fp32_groups" in optimizer:
+        # Without ZeRO, DeepSpeed's bf16/fp16 optimizer keeps its fp32 masters as bare
+        # lists in optimizer order, with no names to map them back reliably.
+        dtypes = sorted({t.dtype for t in tensors})
+        notes.append(
+            f"DeepSpeed without ZeRO (stage 0) stores its fp32 master weights unnamed; "
+            f"the module weights ({', '.join(dtypes)}) were written instead"
+        )
+    return tensors, shared, notes
 
 
 def _whole(name: str, ref: TensorRef, file: Path) -> SourceTensor:

@@ -126,9 +126,12 @@ class OutFile:
     def tell(self) -> int:
         return os.lseek(self.fd, 0, os.SEEK_CUR)
 
-    def close(self) -> None:
-        os.fsync(self.fd)
-        os.close(self.fd)
+    def close(self, durable: bool = True) -> None:
+        try:
+            if durable:
+                os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
 
 
 class TensorCopier:
@@ -185,7 +188,7 @@ class TensorCopier:
                 while done < want:
                     # In-kernel copy: the data never enters this process's memory.
                     n = os.copy_file_range(
-                        src_fd, dst_fd, min(want - done, 1 << 30), seg.offset + done
+                        src_fd, dst_fd, min(want - done, 1 << 28), seg.offset + done
                     )
                     if n == 0:
                         self._truncated(seg, done)

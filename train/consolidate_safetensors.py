@@ -80,8 +80,12 @@ def write_shards(
     dtype: str,
     on_bytes: Callable[[int], None] | None = None,
     on_tensor: Callable[[str], None] | None = None,
+    durable: bool = True,
 ) -> list[Path]:
-    """Write every shard (and the index when there are several); returns the files."""
+    """Write every shard (and the index when there are several); returns the files.
+
+    `durable` fsyncs each shard before returning (so a power loss right after the
+    rename cannot leave a complete-looking folder of empty files)."""
     copier = TensorCopier(on_bytes)
     written: list[Path] = []
     try:
@@ -96,8 +100,10 @@ def write_shards(
                         raise RuntimeError(f"{t.name}: wrote {n} bytes")
                     if on_tensor:
                         on_tensor(t.name)
-            finally:
-                out.close()
+            except BaseException:
+                out.close(durable=False)
+                raise
+            out.close(durable)
             written.append(path)
     finally:
         copier.close()
