@@ -1,0 +1,188 @@
+"""Loop overhead: tokens/s of `shardctl.train` vs a bare hand-written FSDP2 loop.
+
+    python benchmarks/loop_overhead.py [--nproc 2] [--steps 30] [--warmup 5] [--rounds 2]
+
+Both train the same Llama (transformers, built from the same config and seed),
+sharded the same way (FSDP2 `fully_shard` per decoder layer + root, bf16-mixed:
+fp32 masters, bf16 compute, fp32 reductions), with AdamW, clipping, the same
+micro-batch and sequence length, under torchrun on CPU (gloo). The bare loop is what
+one writes by hand: forward, cross-entropy, backward, clip, step, zero_grad — no
+logging, no preemption agreement, no checkpoint. shardctl does its full loop (lr
+schedule, data loading from the stdlib corpus, per-step loss/preemption all-reduce,
+JSON-lines metrics); its checkpoint is written once, after the last step, outside
+the timed steps.
+
+Timing: tokens/s over steps `warmup+1 .. steps` (the first steps pay for lazy
+initialisation). shardctl's rate comes from the timestamps of its own metrics lines;
+the bare loop measures the same span with perf_counter on rank 0. The two
+alternate `--rounds` times (ABAB) so drifting machine load hits both; the
+slowdown is computed per round (a back-to-back pair) and its median reported.
+Prints JSON, and a Markdown row with --markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+MODEL = {
+    "vocab_size": 256,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 256,
+}
+SEQ, MBS, SEED, LR = 256, 4, 1234, 1e-3
+
+
+def _torchrun(nproc: int, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(nproc), *args,
+    ]  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run_shardctl(work: Path, nproc: int, steps: int, warmup: int) -> float:
+    name = f"overhead-{time.monotonic_ns()}"
+    spec = {
+        "name": name,
+        "resources": {"nodes": 1, "procs_per_node": nproc, "device": "cpu"},
+        "strategy": {"backend": "fsdp", "sharding": "full_shard", "precision": "bf16-mixed"},
+        "train": {
+            "model": {"llama": MODEL},
+            "data": {"builtin": "python-stdlib"},
+            "steps": steps,
+            "micro_batch_size": MBS,
+            "seq_len": SEQ,
+            "lr": LR,
+            "seed": SEED,
+        },
+        "checkpoint": {"every_steps": steps, "dir": str(work / name / "checkpoints")},
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    subprocess.run(
+        _torchrun(nproc, "-m", "shardctl.train", str(path)),
+        check=True,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rows = [
+        json.loads(x) for x in (work / name / "logs" / "metrics.jsonl").read_text().splitlines()
+    ]
+    by_step = {r["step"]: r["time"] for r in rows}
+    span = by_step[steps] - by_step[warmup]
+    return (steps - warmup) * nproc * MBS * SEQ / span
+
+
+def run_bare(work: Path, nproc: int, steps: int, warmup: int) -> float:
+    out = work / f"bare-{time.monotonic_ns()}.json"
+    subprocess.run(
+        _torchrun(nproc, __file__, "--bare-worker", str(out), str(steps), str(warmup)),
+        check=True,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return float(json.loads(out.read_text())["tokens_per_s"])
+
+
+def bare_worker(out: str, steps: int, warmup: int) -> None:
+    """The hand-written FSDP2 loop (runs under torchrun)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(SEED)
+    model = LlamaForCausalLM(LlamaConfig(**MODEL, use_cache=False)).float()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
+    gen = torch.Generator().manual_seed(SEED + rank)
+    t0 = 0.0
+    for step in range(1, steps + 1):
+        batch = torch.randint(0, 256, (MBS, SEQ + 1), generator=gen)
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, 256), batch[:, 1:].reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step == warmup:
+            dist.barrier()
+            t0 = time.perf_counter()
+    dist.barrier()
+    span = time.perf_counter() - t0
+    if rank == 0:
+        rate = (steps - warmup) * world * MBS * SEQ / span
+        Path(out).write_text(json.dumps({"tokens_per_s": rate}))
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--bare-worker":
+        bare_worker(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+    shardctl_rates, bare_rates = [], []
+    with tempfile.TemporaryDirectory(prefix="loop-overhead-") as tmp:
+        work = Path(tmp)
+        for _ in range(args.rounds):
+            bare_rates.append(run_bare(work, args.nproc, args.steps, args.warmup))
+            shardctl_rates.append(run_shardctl(work, args.nproc, args.steps, args.warmup))
+    bare, ours = statistics.median(bare_rates), statistics.median(shardctl_rates)
+    # Each round's pair ran back to back, so its ratio is the least load-sensitive number.
+    slowdowns = [100 * (b - o) / b for b, o in zip(bare_rates, shardctl_rates, strict=True)]
+    result = {
+        "nproc": args.nproc,
+        "model": MODEL,
+        "seq_len": SEQ,
+        "micro_batch_size": MBS,
+        "steps_timed": args.steps - args.warmup,
+        "bare_tokens_per_s": [round(r, 1) for r in bare_rates],
+        "shardctl_tokens_per_s": [round(r, 1) for r in shardctl_rates],
+        "slowdown_percent_per_round": [round(x, 2) for x in slowdowns],
+        "slowdown_percent": round(statistics.median(slowdowns), 2),
+    }
+    print(json.dumps(result, indent=2))
+    if args.markdown:
+        print(
+            f"| FSDP2 full_shard bf16-mixed, {args.nproc} CPU ranks | {bare:,.0f} | "
+            f"{ours:,.0f} | {result['slowdown_percent']:+.1f} % |"
+        )
+
+
+if __name__ == "__main__":
+    main()
