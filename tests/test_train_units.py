@@ -204,3 +204,75 @@ def test_run_complete_exits_without_starting(tmp_path: Path, capsys) -> None:  #
     (tmp_path / "done" / "DONE").write_text('{"step": 4}\n')
     assert main([str(spec)]) == 0
     assert "run complete" in capsys.readouterr().out
+
+
+def test_model_from_pretrained_folder_and_from_a_factory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from shardctl.train.model import build_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    saved = LlamaForCausalLM(
+        LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=4)
+    )  # fmt: skip
+    saved.save_pretrained(tmp_path / "pre")
+    source = {"llama": None, "pretrained": str(tmp_path / "pre"), "dtype": "bf16"}
+    spec = load_spec(tiny_spec(tmp_path, "p", train={"model": source}))
+    model, meta = build_model(spec)
+    assert meta["source"] == "pretrained" and meta["dtype"] == "bf16"
+    assert next(model.parameters()).dtype == torch.bfloat16
+    w = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(model.state_dict()[w], saved.state_dict()[w].bfloat16())
+    missing = load_spec(
+        tiny_spec(tmp_path, "q", train={"model": {"llama": None, "pretrained": str(tmp_path)}})
+    )
+    with pytest.raises(ShardctlError, match="nothing is downloaded"):
+        build_model(missing)
+
+    (tmp_path / "mymodels.py").write_text(
+        "import torch\n"
+        "def make(spec):\n"
+        "    return torch.nn.Sequential(torch.nn.Embedding(256, 8), torch.nn.Linear(8, 256))\n"
+        "def not_a_module():\n"
+        "    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_spec(
+        tiny_spec(tmp_path, "f", train={"model": {"llama": None, "factory": "mymodels:make"}})
+    )
+    model, meta = build_model(spec)
+    assert meta == {"source": "factory", "dtype": "fp32", "hf_config": None}
+    bad = load_spec(
+        tiny_spec(
+            tmp_path, "g", train={"model": {"llama": None, "factory": "mymodels:not_a_module"}}
+        )
+    )
+    with pytest.raises(ShardctlError, match=r"not a torch\.nn\.Module"):
+        build_model(bad)
+
+
+def test_data_factory_resumes_by_skipping_or_by_its_own_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mydata.py").write_text(
+        "import numpy as np\n"
+        "def batches(spec, rank, world_size):\n"
+        "    n = spec.train.micro_batch_size\n"
+        "    k = 0\n"
+        "    while True:\n"
+        "        yield np.full((n, spec.train.seq_len + 1), (k * world_size + rank) % 256)\n"
+        "        k += 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_spec(
+        tiny_spec(tmp_path, "df", train={"data": {"builtin": None, "factory": "mydata:batches"}})
+    )
+    first = build_data(spec, 1, 2)
+    assert [int(first.next_batch()[0, 0]) for _ in range(3)] == [1, 3, 5]
+    state = first.state_dict()
+    again = build_data(spec, 1, 2)
+    again.load_state_dict(state)
+    assert int(again.next_batch()[0, 0]) == 7 == int(first.next_batch()[0, 0])
