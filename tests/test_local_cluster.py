@@ -141,3 +141,34 @@ def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> 
     st = local.status(ref)
     assert st.state == JobState.FAILED and st.native_state == f"exit {code}"
     assert "train.data.text 'missing' does not exist" in local.logs(ref)
+
+
+@pytest.mark.slow
+def test_a_two_node_hybrid_shard_spec_runs_both_nodes_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(
+        tiny_spec(
+            tmp_path,
+            "hsdp",
+            resources={"nodes": 2, "procs_per_node": 1},
+            strategy={"sharding": "hybrid_shard"},
+            train={"steps": 2},
+            checkpoint={"every_steps": 2},
+        )
+    )
+    local = LocalCluster()
+    plan = local.dryrun(spec)
+    assert "SHARDCTL_NODE_RANK=0..1" in plan.text
+    ref = local.schedule(plan)
+    try:
+        code = local.follow(ref, write=lambda s: None, poll_s=0.3)
+    finally:
+        if local.status(ref).state == JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+    assert code == 0, local.logs(ref)[-5000:]
+    manifest = json.loads(
+        (tmp_path / "hsdp" / "checkpoints" / "step-00000002" / "manifest.json").read_text()
+    )
+    assert (manifest["sharding"], manifest["world_size"]) == ("hybrid_shard", 2)

@@ -3,7 +3,9 @@
 `dryrun` renders the artifacts (`shardctl.orchestrator.render.render_artifacts`) and
 the exact command; `schedule` writes them into the run directory and starts the
 launch script detached — in its own session, under a small bash supervisor that
-records the script's exit code — so the job outlives the `shardctl` process.
+records the script's exit code — so the job outlives the `shardctl` process. A spec
+with `resources.nodes > 1` runs every node here (one launch script per node rank,
+meeting at 127.0.0.1): a way to try multi-node layouts such as hybrid_shard.
 
 Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
 
@@ -57,20 +59,29 @@ EXIT_PREEMPTED = 42  # shardctl.train.preemption.EXIT_PREEMPTED
 # Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
 CANCEL_GRACE_S = 60.0
 
-# Runs the launch script, forwards TERM/INT to it, and records its exit code. A
-# trap handler (not an ignored signal) keeps the children's default dispositions;
-# `wait` returns early when a trapped signal arrives, so it is repeated until the
-# script's own status comes back.
+# Runs the launch script once per node of the spec (SHARDCTL_NODE_RANK=0..nodes-1:
+# a multi-node spec runs all its "nodes" on this host, meeting at 127.0.0.1),
+# forwards TERM/INT, and records the exit code (the first non-zero one). A trap
+# handler, not an ignored signal, keeps the children's default dispositions; `wait`
+# returns early when a trapped signal arrives, so it is repeated until the node's own
+# status comes back.
 SUPERVISOR = r"""
-launch="$1"; out="$2"; err="$3"; code_file="$4"
-bash "$launch" >>"$out" 2>>"$err" </dev/null &
-child=$!
+launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"
+pids=()
+for ((i = 0; i < nnodes; i++)); do
+  SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
+  pids+=("$!")
+done
 got=0
-trap 'got=1; kill -TERM "$child" 2>/dev/null || true' TERM INT
-while :; do
-  got=0; rc=0
-  wait "$child" || rc=$?
-  [ "$got" = 1 ] || break
+trap 'got=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
+rc=0
+for pid in "${pids[@]}"; do
+  while :; do
+    got=0; node_rc=0
+    wait "$pid" || node_rc=$?
+    [ "$got" = 1 ] || break
+  done
+  if [ "$rc" = 0 ]; then rc="$node_rc"; fi
 done
 printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
 exit "$rc"
@@ -170,9 +181,16 @@ class LocalCluster(Cluster):
             "run_dir": str(run_dir),
             "logs": [str(logs / name) for name in LOG_FILES],
         }
+        nodes = spec.resources.nodes
+        how = (
+            f"once per node, with SHARDCTL_NODE_RANK=0..{nodes - 1} in its environment (all "
+            "nodes on this host)"
+            if nodes > 1
+            else "once"
+        )
         text = (
             f"# cluster local: write these files into {run_dir}/ and run, detached, from "
-            f"the current directory:\n{command}\n"
+            f"the current directory, {how}:\n{command}\n"
             + "".join(
                 f"\n# ---- {run_dir / name} ----\n{content}"
                 + ("" if content.endswith("\n") else "\n")
@@ -224,6 +242,7 @@ class LocalCluster(Cluster):
                 str(logs / LOG_FILES[0]),
                 str(logs / LOG_FILES[1]),
                 str(run_dir / EXIT_FILE),
+                str(spec.resources.nodes),
             ],
             cwd=os.getcwd(),
             env=env,
