@@ -14,8 +14,9 @@
    flush (`sync` before every run: on ext4 an fsync also waits for every other dirty
    page, e.g. the checkpoint just written). Measures wall time, the peak RSS of the
    process (wait4's ru_maxrss) and of its whole process tree (psutil, every 20 ms):
-   - FSDP/DCP: `shardctl consolidate` (fsyncs its output before it returns; also
-     with `--no-fsync`, like the others), `dcp_to_torch_save`, `accelerate merge-weights`;
+   - FSDP/DCP: `shardctl consolidate` (into a new folder: no fsync, like the others;
+     also with `--fsync`, the output on disk when it returns), `dcp_to_torch_save`,
+     `accelerate merge-weights`;
    - DeepSpeed ZeRO-3: `shardctl consolidate`, DeepSpeed's `zero_to_fp32.py`
      (`--safe_serialization`).
    Throughput = model bytes (fp32) / wall time of the whole command (start-up included).
@@ -212,9 +213,9 @@ def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
     tools = [
         ("FSDP/DCP", "shardctl consolidate (safetensors)",
          [str(BIN / "shardctl"), "consolidate", str(dcp_step), "--out", str(out), "--no-progress"]),
-        ("FSDP/DCP", "shardctl consolidate --no-fsync",
+        ("FSDP/DCP", "shardctl consolidate --fsync",
          [str(BIN / "shardctl"), "consolidate", str(dcp_step), "--out", str(out), "--no-progress",
-          "--no-fsync"]),
+          "--fsync"]),
         ("FSDP/DCP", "torch dcp_to_torch_save (.pt)",
          [py, "-c", "import sys; from torch.distributed.checkpoint.format_utils import "
           "dcp_to_torch_save as f; f(sys.argv[1], sys.argv[2])", str(dcp_step / "dcp"),
@@ -231,9 +232,9 @@ def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
             ("DeepSpeed ZeRO-3", "shardctl consolidate (safetensors)",
              [str(BIN / "shardctl"), "consolidate", str(ds_step), "--out", str(out),
               "--no-progress"]),
-            ("DeepSpeed ZeRO-3", "shardctl consolidate --no-fsync",
+            ("DeepSpeed ZeRO-3", "shardctl consolidate --fsync",
              [str(BIN / "shardctl"), "consolidate", str(ds_step), "--out", str(out),
-              "--no-progress", "--no-fsync"]),
+              "--no-progress", "--fsync"]),
             ("DeepSpeed ZeRO-3", "DeepSpeed zero_to_fp32 (safetensors)",
              [py, str(ds_step / "zero_to_fp32.py"), str(ds_step), str(out), "--tag",
               "deepspeed", "--safe_serialization"]),

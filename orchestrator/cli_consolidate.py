@@ -89,9 +89,10 @@ def _human(n: float) -> str:
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
-    "--no-fsync",
-    is_flag=True,
-    help="Do not fsync the output (faster; a power loss may then leave empty files).",
+    "--fsync/--no-fsync",
+    default=None,
+    help="fsync the output before it counts as done. Default: only when --force "
+    "replaces an existing model.",
 )
 @click.option(
     "--output",
@@ -110,7 +111,7 @@ def consolidate_cmd(
     force: bool,
     verify: bool,
     no_progress: bool,
-    no_fsync: bool,
+    fsync: bool | None,
     output: str,
 ) -> None:
     """Write the model weights of CHECKPOINT as safetensors with its HF config.
@@ -138,7 +139,7 @@ def consolidate_cmd(
         progress=not no_progress and output == "text",
         force=force,
         verify=verify,
-        durable=not no_fsync,
+        durable=fsync,
     )
     if output == "json":
         click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))

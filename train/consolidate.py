@@ -289,7 +289,7 @@ def consolidate(
     progress: bool | Callable[[int, int], None] = False,
     force: bool = False,
     verify: bool = False,
-    durable: bool = True,
+    durable: bool | None = None,
 ) -> ConsolidationResult:
     """Write the model weights of `checkpoint` as safetensors (+ config.json) to `out_dir`.
 
@@ -298,7 +298,10 @@ def consolidate(
     theirs). `progress` is True for a rich progress bar on stderr, or a callback
     `(bytes_done, bytes_total)`. `verify` checks every file's sha256 against the manifest
     (sizes are always checked). `durable` fsyncs the files and folders written before the
-    result counts as done. Works without torch.distributed being initialised.
+    result counts as done; None (default) does so when an existing model is replaced
+    (`force`) — the only case where a power loss could lose data that existed before.
+    A new output is then written like torch.save/save_pretrained write theirs. Works
+    without torch.distributed being initialised.
     """
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
@@ -310,6 +313,8 @@ def consolidate(
     step_dir = resolve_checkpoint(Path(checkpoint))
     out_dir = Path(out_dir)
     _check_out(out_dir, force)  # before any reading: refuse early and cheaply
+    if durable is None:
+        durable = out_dir.exists()
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest, verify=verify)
     hf_config = (manifest.get("model") or {}).get("hf_config")
