@@ -110,7 +110,7 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
         start_new_session=True,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert f"resumed at step {step} of {total}" in res.stdout
+    assert f"resumed at step {step} (" in res.stdout
     assert (run_dir / "DONE").is_file() and not (run_dir / "PREEMPTED").exists()
     status = subprocess.run(
         [SHARDCTL, "status", "job"], capture_output=True, text=True, env=env, timeout=60

@@ -37,7 +37,7 @@ def test_zero3_stop_and_resume_is_bit_exact(tmp_path: Path) -> None:
     assert stopped.returncode != 0
     assert json.loads((tmp_path / "resumed" / "PREEMPTED").read_text())["step"] == 1
     again = train_ok(resumed)
-    assert "resumed at step 1 of 4" in again.stdout
+    assert "resumed at step 1 (" in again.stdout
     a = final_weights(tmp_path / "straight" / "checkpoints" / "step-00000004", tmp_path / "a")
     b = final_weights(tmp_path / "resumed" / "checkpoints" / "step-00000004", tmp_path / "b")
     assert_bit_equal(a, b)

@@ -177,15 +177,21 @@ class Trainer:
         flag = PreemptionFlag()
         flag.install()
         try:
+            t_restore = time.perf_counter()
             restored = self.ckpt.restore(self.app_state, engine=self.engine)
+            t_restore = time.perf_counter() - t_restore
             step = restored or 0
             self.state.step = step
             if env.is_main:
                 (self.run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
-                where = f"resumed at step {step}" if restored is not None else "starting at step 0"
+                where = (
+                    f"resumed at step {step} (checkpoint verified and loaded in {t_restore:.2f} s)"
+                    if restored is not None
+                    else "starting at step 0"
+                )
                 metrics.info(
                     f"{spec.name}: {spec.strategy.backend} on {env.world_size} rank(s), "
-                    f"{where} of {t.steps}"
+                    f"{where}; {t.steps} steps in total"
                 )
             scale = 1.0 / t.grad_accum
             every = spec.checkpoint.every_steps
