@@ -3,11 +3,12 @@
 The cluster is the project's own (`scripts/slurm-dev-cluster up`, which CI runs
 before the tests; the session fixture runs it too, idempotently). Every job is
 submitted through the CLI and followed through the backend's status, as a user
-would. Total time on 2 cores: about 7 minutes.
+would. Total time on 2 cores: about 9 minutes.
 
 The uninterrupted FSDP/torchrun run is the reference: a run preempted with
-`scancel --signal=USR2` and a run whose node died (then resubmitted) must log
-every step exactly once and end with bit-identical weights.
+`scancel --signal=USR2`, one preempted by a job of a higher-priority partition,
+and one whose node died (then resubmitted) must end with bit-identical weights;
+the preempted ones log every step exactly once.
 """
 
 from __future__ import annotations
@@ -306,7 +307,7 @@ def test_deepspeed_zero3_two_nodes(slurm_cluster: None, tmp_path: Path) -> None:
 def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_path: Path):
     ref = _submitted(tmp_path, _spec("preempt-usr2"))
     run_dir = Path(ref.run_dir)
-    _wait(ref, lambda: len(_steps(run_dir)) >= 10, 180, "step 10")
+    _wait(ref, lambda: len(_steps(run_dir)) >= 5, 180, "step 5")
     subprocess.run(["scancel", "--signal=USR2", ref.job_id], check=True, timeout=30)
     saved_at = _wait(ref, lambda: _marker_step(run_dir), 120, "the preemption save")
     assert saved_at < STEPS and _last_checkpoint(run_dir) == saved_at
@@ -320,6 +321,30 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_p
     # No step lost or repeated; the resumed run is the uninterrupted one, bit for bit.
     assert _steps(run_dir) == list(range(1, STEPS + 1))
     assert _losses(run_dir) == _losses(reference)
+    _assert_same_weights(_model(run_dir), _model(reference))
+
+
+def test_higher_priority_job_preempts_then_the_run_resumes(reference: Path, tmp_path: Path):
+    # Partition `urgent` outranks `debug` (PreemptMode=REQUEUE): Slurm sends the
+    # job's signal (preempt_send_user_signal), the ranks save, the job is requeued
+    # and resumes once the urgent job is done.
+    ref = _submitted(tmp_path, _spec("preempt-prio"))
+    run_dir = Path(ref.run_dir)
+    _wait(ref, lambda: len(_steps(run_dir)) >= 5, 180, "step 5")
+    urgent = subprocess.run(
+        ["sbatch", "--parsable", "-p", "urgent", "-N2", "-o", "/dev/null", "--wrap", "sleep 5"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout.strip()
+    try:
+        saved_at = _wait(ref, lambda: _marker_step(run_dir), 120, "the preemption save")
+        assert _finished(ref, timeout=300) is JobState.SUCCEEDED, SlurmCluster().logs(ref)
+    finally:
+        subprocess.run(["scancel", urgent], timeout=30, check=False)
+    assert f"resumed at step {saved_at}" in SlurmCluster().logs(ref)
+    assert _steps(run_dir) == list(range(1, STEPS + 1))
     _assert_same_weights(_model(run_dir), _model(reference))
 
 
