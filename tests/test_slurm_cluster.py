@@ -426,6 +426,27 @@ def test_node_death_fails_cleanly_and_resubmit_resumes(reference: Path, tmp_path
     _assert_same_weights(_model(run_dir), _model(reference))
 
 
+def test_cancel_stops_every_node_and_never_requeues(slurm_cluster: None, tmp_path: Path):
+    ref = _submitted(tmp_path, _spec("cancel-me"))
+    run_dir = Path(ref.run_dir)
+    _wait(ref, lambda: len(_steps(run_dir)) >= 5, 180, "step 5")
+    proc = subprocess.run(
+        [*SHARDCTL, "cancel", "cancel-me"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert _finished(ref, timeout=60) is JobState.CANCELLED
+    # Every process of the job, on both nodes, is gone (SIGTERM, then SIGKILL).
+    _wait(
+        ref,
+        lambda: not (_node_processes(ref.job_id, 0) or _node_processes(ref.job_id, 1)),
+        90,
+        "the job's processes to end",
+    )
+    status = SlurmCluster().status(ref)
+    assert status.state is JobState.CANCELLED and "requeued" not in status.detail
+    assert not (run_dir / "DONE").exists()
+
+
 # ------------------------------------------------------------------ bad input
 
 
