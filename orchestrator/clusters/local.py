@@ -401,6 +401,7 @@ class LocalCluster(Cluster):
                 time.sleep(poll_s)
             except KeyboardInterrupt:
                 out("\nshardctl: stopping the run (ranks checkpoint first) ...\n")
-                self.cancel(ref)
+                with contextlib.suppress(ClusterError):  # it may have ended meanwhile
+                    self.cancel(ref)
         pump()
         return self.exit_code(ref)
