@@ -9,7 +9,7 @@
    that `accelerate merge-weights` can read it too), and the same model under DeepSpeed
    ZeRO-3 saved with `engine.save_checkpoint` into `step-N/deepspeed/`; each with the
    shardctl manifest.
-2. Runs every tool as its own process, twice (the faster run is reported), on a warm
+2. Runs every tool as its own process, 3 rounds over all tools (median reported), on a warm
    page cache (each input is read once before every run) and with nothing left to
    flush (`sync` before every run: on ext4 an fsync also waits for every other dirty
    page, e.g. the checkpoint just written). Measures wall time, the peak RSS of the
@@ -196,7 +196,9 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
 
-def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
+def run(
+    size: str, workdir: Path, skip_deepspeed: bool, rounds: int, reuse: bool = False
+) -> list[dict]:
     config = _config(size)
     import torch
     from transformers import LlamaForCausalLM
@@ -206,8 +208,9 @@ def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
     rows: list[dict] = []
     dcp_step = workdir / "fsdp" / "checkpoints" / "step-00000001"
     print(f"building the FSDP/DCP checkpoint ({_gb(model_bytes)} GB of fp32 weights) ...")
-    made = make_checkpoint("fsdp", size, dcp_step)
-    print(f"  {made:.0f} s")
+    if not (reuse and dcp_step.is_dir()):
+        made = make_checkpoint("fsdp", size, dcp_step)
+        print(f"  {made:.0f} s")
     out = workdir / "out"
     py = str(BIN / "python")
     tools = [
@@ -226,8 +229,9 @@ def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
     if not skip_deepspeed:
         ds_step = workdir / "ds" / "checkpoints" / "step-00000001"
         print("building the DeepSpeed ZeRO-3 checkpoint ...")
-        made = make_checkpoint("deepspeed", size, ds_step)
-        print(f"  {made:.0f} s")
+        if not (reuse and ds_step.is_dir()):
+            made = make_checkpoint("deepspeed", size, ds_step)
+            print(f"  {made:.0f} s")
         tools += [
             ("DeepSpeed ZeRO-3", "shardctl consolidate (safetensors)",
              [str(BIN / "shardctl"), "consolidate", str(ds_step), "--out", str(out),
@@ -239,21 +243,26 @@ def run(size: str, workdir: Path, skip_deepspeed: bool) -> list[dict]:
              [py, str(ds_step / "zero_to_fp32.py"), str(ds_step), str(out), "--tag",
               "deepspeed", "--safe_serialization"]),
         ]  # fmt: skip
-    for source, name, cmd in tools:
-        runs = []
-        for _ in range(2):
+    # Rounds go over every tool in turn, so load from other processes on the machine
+    # spreads over all tools alike; the median round is reported.
+    runs: dict[str, list[dict[str, float]]] = {name: [] for _, name, _ in tools}
+    for _ in range(rounds):
+        for source, name, cmd in tools:
             shutil.rmtree(out, ignore_errors=True)
             out.mkdir(parents=True)
             if cmd[0].endswith("shardctl"):
                 out.rmdir()  # shardctl refuses a non-empty folder; an absent one is fine
             _warm(dcp_step if source.startswith("FSDP") else workdir / "ds")
             os.sync()
-            runs.append(measure(cmd))
-        m = min(runs, key=lambda r: r["wall"])
-        m["maxrss"] = max(r["maxrss"] for r in runs)
-        m["tree"] = max(r["tree"] for r in runs)
-        written = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-        rows.append({"source": source, "tool": name, **m, "bytes": model_bytes, "out": written})
+            runs[name].append(measure(cmd))
+    for source, name, _ in tools:
+        walls = sorted(r["wall"] for r in runs[name])
+        m = {
+            "wall": walls[len(walls) // 2],
+            "maxrss": max(r["maxrss"] for r in runs[name]),
+            "tree": max(r["tree"] for r in runs[name]),
+        }
+        rows.append({"source": source, "tool": name, **m, "bytes": model_bytes})
         print(
             f"  {source:17} {name:40} {m['wall']:6.1f} s  "
             f"{model_bytes / m['wall'] / 1e9:5.2f} GB/s  peak RSS {_gb(m['maxrss'])} GB "
@@ -282,6 +291,8 @@ def main() -> None:
     p.add_argument("--workdir", type=Path, default=None, help="default: a fresh temp folder")
     p.add_argument("--skip-deepspeed", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
+    p.add_argument("--rounds", type=int, default=3, help="runs of every tool (median shown)")
+    p.add_argument("--reuse", action="store_true", help="use checkpoints left by --keep")
     p.add_argument("--make", choices=["fsdp", "deepspeed"], help=argparse.SUPPRESS)
     p.add_argument("--step-dir", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -290,7 +301,7 @@ def main() -> None:
         return
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="shardctl-bench-"))
     try:
-        rows = run(args.size, workdir, args.skip_deepspeed)
+        rows = run(args.size, workdir, args.skip_deepspeed, args.rounds, args.reuse)
         print()
         print(table(rows))
     finally:

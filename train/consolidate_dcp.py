@@ -19,7 +19,7 @@ from typing import Any
 
 from ..orchestrator.errors import CheckpointError
 from .consolidate_io import Chunk, Segment, SourceTensor, segments_of_ref
-from .consolidate_torchzip import TensorRef, load_refs
+from .consolidate_torchzip import TensorRef, load_refs, torch_global
 
 MODEL_KEY = "model"
 
@@ -73,16 +73,11 @@ class _MetadataUnpickler(pickle.Unpickler):
     besides them only torch dtypes/layouts, torch.Size and paths are allowed."""
 
     def find_class(self, module: str, name: str) -> Any:
-        import torch
-
         if module.startswith("torch.distributed.checkpoint"):
             return type(name, (_Record,), {})
-        if module == "torch" and name == "Size":
-            return torch.Size
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
-        ):
-            return getattr(torch, name)
+        light = torch_global(module, name)
+        if light is not None:
+            return light
         if (module, name) == ("torch.serialization", "_get_layout"):
             return lambda text: text
         if (module, name) in (("pathlib", "PosixPath"), ("pathlib", "WindowsPath")):

@@ -139,14 +139,45 @@ class Opaque:
         return f"Opaque{self.args!r}"
 
 
+class TorchName(str):
+    """A torch global (dtype, layout, memory format) kept by name: `str()` gives
+    "torch.float32" like the real object, and torch need not be imported to read it."""
+
+    def __str__(self) -> str:
+        return f"torch.{str.__str__(self)}"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+_TORCH_NAMES = {
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long",
+    "int32", "int", "int16", "short", "int8", "uint8", "bool", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "strided", "sparse_coo", "contiguous_format",
+    "channels_last", "preserve_format",
+}  # fmt: skip
+
+
+def torch_global(module: str, name: str) -> Any:
+    """Light stand-ins for the torch globals checkpoints pickle (None when not one):
+    importing torch costs seconds and the copy does not need it."""
+    if module != "torch":
+        return None
+    if name == "Size":
+        return lambda dims=(): tuple(int(d) for d in dims)
+    if name == "device":
+        return lambda *args: TorchName(":".join(str(a) for a in args))
+    if name in _TORCH_NAMES:
+        return TorchName(name)
+    return None
+
+
 class _RefUnpickler(pickle.Unpickler):
     """Unpickles data.pkl, turning every tensor into a TensorRef (no data is read)."""
 
     # What a weights-only checkpoint (DCP) may contain besides tensors.
     _SAFE: ClassVar[set[tuple[str, str]]] = {
         ("collections", "OrderedDict"),
-        ("torch", "Size"),
-        ("torch", "device"),
         ("builtins", "set"),
         ("builtins", "frozenset"),
     }
@@ -195,19 +226,13 @@ class _RefUnpickler(pickle.Unpickler):
             return lambda data, *_: data
         if module == "torch._tensor" and name == "_rebuild_from_type_v2":
             return lambda func, _new_type, args, _state: func(*args)
+        if (module, name) in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter")):
+            return TorchName(name)  # the tensor subclass to rebuild: a plain tensor here
         if module == "torch" and name in _STORAGE_DTYPES:
             return name  # persistent_load maps the name to a dtype
-        if module == "torch" and name in (
-            "float32",
-            "float16",
-            "bfloat16",
-            "float64",
-            "int64",
-            "int32",
-            "uint8",
-            "bool",
-        ):
-            return getattr(__import__("torch"), name)
+        light = torch_global(module, name)
+        if light is not None:
+            return light
         if (module, name) in self._SAFE:
             return super().find_class(module, name)
         if self._trusted:
