@@ -362,3 +362,15 @@ def test_hash_shares_cover_every_file_once_and_balance_bytes() -> None:
     loads = [sum(sizes[f] for f in s) for s in shares]
     assert max(loads) - min(loads) <= max(sizes.values())
     assert shares == [share_of(sizes, r, 3) for r in range(3)]  # same on every rank
+
+
+def test_resave_without_rename_exchange_still_ends_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+    monkeypatch.setattr(ckpt, "_rename_exchange", lambda a, b: False)
+    s.step()
+    s.mgr.save(2, s.app_state)
+    assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002"]
+    assert verify(s.ckdir / "step-00000002") == []
