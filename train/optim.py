@@ -47,10 +47,10 @@ def param_groups(model: Any, weight_decay: float) -> list[dict[str, Any]]:
 def build_optimizer(model: Any, t: Train) -> Any:
     import torch
 
-    # foreach=False keeps the update a simple per-tensor loop: identical numbers
-    # whatever the sharding, and no fused kernels to compile.
+    # torch picks the implementation (per-tensor on CPU, foreach on CUDA); neither
+    # needs a compiled op.
     return torch.optim.AdamW(
-        param_groups(model, t.weight_decay), lr=lr_at(0, t), betas=BETAS, eps=EPS, foreach=False
+        param_groups(model, t.weight_decay), lr=lr_at(0, t), betas=BETAS, eps=EPS
     )
 
 
