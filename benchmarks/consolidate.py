@@ -245,7 +245,7 @@ def run(
         ]  # fmt: skip
     # Rounds go over every tool in turn, so load from other processes on the machine
     # spreads over all tools alike; the median round is reported.
-    runs: dict[str, list[dict[str, float]]] = {name: [] for _, name, _ in tools}
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {(s, n): [] for s, n, _ in tools}
     for _ in range(rounds):
         for source, name, cmd in tools:
             shutil.rmtree(out, ignore_errors=True)
@@ -254,13 +254,14 @@ def run(
                 out.rmdir()  # shardctl refuses a non-empty folder; an absent one is fine
             _warm(dcp_step if source.startswith("FSDP") else workdir / "ds")
             os.sync()
-            runs[name].append(measure(cmd))
+            runs[source, name].append(measure(cmd))
     for source, name, _ in tools:
-        walls = sorted(r["wall"] for r in runs[name])
+        done = runs[source, name]
+        walls = sorted(r["wall"] for r in done)
         m = {
             "wall": walls[len(walls) // 2],
-            "maxrss": max(r["maxrss"] for r in runs[name]),
-            "tree": max(r["tree"] for r in runs[name]),
+            "maxrss": max(r["maxrss"] for r in done),
+            "tree": max(r["tree"] for r in done),
         }
         rows.append({"source": source, "tool": name, **m, "bytes": model_bytes})
         print(
