@@ -159,13 +159,29 @@ def _warm(path: Path) -> None:
                     pass
 
 
+# ru_maxrss counts the memory of the process a child was forked (or vforked) from,
+# until its exec: spawning from this process (torch imported) would put a floor under
+# every tool's number. A small interpreter in between starts each tool instead.
+_SPAWN = (
+    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+    "_, status, usage = os.wait4(p.pid, 0); "
+    "print(usage.ru_maxrss * 1024 if os.waitstatus_to_exitcode(status) == 0 else -1)"
+)
+
+
 def measure(cmd: list[str]) -> dict[str, float]:
     """Wall seconds, peak RSS of the process and of its process tree (bytes)."""
     import psutil
 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SPAWN, *cmd],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tree_peak = 0
     done = threading.Event()
 
@@ -174,7 +190,7 @@ def measure(cmd: list[str]) -> dict[str, float]:
         root = psutil.Process(proc.pid)
         while not done.is_set():
             try:
-                procs = [root, *root.children(recursive=True)]
+                procs = root.children(recursive=True)  # the tool and what it starts
                 tree_peak = max(tree_peak, sum(p.memory_info().rss for p in procs))
             except psutil.Error:
                 pass
@@ -182,14 +198,13 @@ def measure(cmd: list[str]) -> dict[str, float]:
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    out, err = proc.communicate()
     wall = time.perf_counter() - t
     done.set()
     sampler.join()
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
+    if proc.returncode != 0 or int(out or -1) <= 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
-    return {"wall": wall, "maxrss": usage.ru_maxrss * 1024, "tree": max(tree_peak, 1)}
+    return {"wall": wall, "maxrss": int(out), "tree": max(tree_peak, 1)}
 
 
 def _gb(n: float) -> str:

@@ -132,3 +132,52 @@ def test_consolidate_on_finish_of_the_real_loop(backend, tmp_path):
         theirs = get_fp32_state_dict_from_zero_checkpoint(str(step), tag="deepspeed")
     for name, tensor in ours.items():
         assert torch.equal(tensor, theirs[name].float()), name
+
+
+# -------------------------------------------------------------------------- memory
+
+
+# ru_maxrss counts the memory of the process a child was forked (or vforked) from until
+# its exec; a small interpreter in between keeps this big pytest process out of it.
+_SPAWN = (
+    "import os, subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL); "
+    "_, status, usage = os.wait4(p.pid, 0); "
+    "print(usage.ru_maxrss * 1024 if os.waitstatus_to_exitcode(status) == 0 else -1)"
+)
+
+
+def _peak_rss(cmd: list[str]) -> int:
+    """ru_maxrss (bytes) of one child process run to completion."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SPAWN, *cmd], capture_output=True, text=True)
+    assert out.returncode == 0 and int(out.stdout) > 0, out.stderr[-3000:]
+    return int(out.stdout)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_peak_memory_does_not_grow_with_the_model(tmp_path, dtype):
+    """10 tensors of 64 MiB (640 MiB) against one of 1 KiB: the peak RSS of the
+    consolidating process grows by far less than one tensor, not by the model."""
+    import sys
+
+    from helpers.consolidate_util import make_dcp_step
+
+    largest = 64 * 2**20
+    big = {f"w{i}": torch.full((largest // 4,), float(i)) for i in range(10)}
+    small = {"w0": torch.ones(256)}
+    shardctl = str(Path(sys.executable).parent / "shardctl")
+    peaks = {}
+    for name, sd in (("small", small), ("big", big)):
+        step = make_dcp_step(tmp_path / name / "checkpoints", 1, sd, hf_config=None)
+        del sd
+        out = tmp_path / name / "model"
+        peaks[name] = _peak_rss(
+            [shardctl, "consolidate", str(step), "--out", str(out), "--dtype", dtype,
+             "--no-progress", "--max-shard-size", "200MiB"]
+        )  # fmt: skip
+    del big
+    assert peaks["big"] - peaks["small"] < largest, peaks
+    written = _load_dir(tmp_path / "big" / "model")
+    assert len(written) == 10 and float(written["w7"][123]) == 7.0
