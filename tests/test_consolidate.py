@@ -340,3 +340,18 @@ def test_metadata_reader_agrees_with_dcps_own(run_dir):
     ours = read_metadata(dcp_dir)
     theirs = _from_records(FileSystemReader(str(dcp_dir)).read_metadata())
     assert ours == theirs and len(ours.tensors) > 20
+
+
+def test_fsync_by_default_only_when_replacing_a_model(run_dir, tmp_path, monkeypatch):
+    import os
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    consolidate(run_dir, tmp_path / "model")
+    assert synced == []  # a new folder: written like save_pretrained writes its own
+    consolidate(run_dir, tmp_path / "model", force=True)
+    assert len(synced) >= 4  # shard, config files, the folder, its parent
+    synced.clear()
+    consolidate(run_dir, tmp_path / "other", durable=True)
+    assert synced

@@ -241,6 +241,12 @@ def _fsync_dir(path: Path) -> None:
 def _publish(tmp: Path, out_dir: Path, durable: bool) -> None:
     (tmp / _MARKER).unlink()
     if durable:
+        for f in tmp.iterdir():  # config and index; the shards are clean already
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         _fsync_dir(tmp)
     if not out_dir.exists():
         os.replace(tmp, out_dir)
