@@ -46,12 +46,6 @@ def test_status_logs_cancel_of_a_job_that_never_ran(tmp_path: Path) -> None:
         local.cancel(ref)
 
 
-def test_wait_requires_the_local_cluster(tmp_path: Path) -> None:
-    spec = tiny_spec(tmp_path, "w")
-    res = CliRunner().invoke(cli, ["submit", str(spec), "--cluster", "slurm", "--wait"])
-    assert res.exit_code == 2 and "--wait works with --cluster local" in res.output
-
-
 def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not cond():
@@ -96,9 +90,7 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
     # The CLI in the foreground: resumes where the cancel saved, exits with the job's code.
     # (The same run, shortened to end 3 steps after the saved one.)
     total = step + 3
-    tiny_spec(
-        tmp_path, "job", train={"steps": total}, checkpoint={"every_steps": total, "keep": 2}
-    )
+    tiny_spec(tmp_path, "job", train={"steps": total}, checkpoint={"every_steps": total, "keep": 2})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
         [SHARDCTL, "submit", str(spec_path), "--wait"],
