@@ -94,15 +94,35 @@ def validate(spec: Path, output: str) -> None:
 @click.option(
     "--dry-run", is_flag=True, help="Print exactly what would be submitted; contact nothing."
 )
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="k8s: delete a job of the same name and its pods first (checkpoints on the PVC stay).",
+)
+@click.option(
+    "--wait",
+    "--follow",
+    "wait",
+    is_flag=True,
+    help="local: stream the logs until the run ends and exit with its code (42: preempted).",
+)
 @output_option
 @handle_errors
-def submit(spec: Path, cluster: str, dry_run: bool, output: str) -> None:
+def submit(
+    spec: Path, cluster: str, dry_run: bool, output: str, replace: bool = False, wait: bool = False
+) -> None:
     """Submit SPEC to a cluster (default: torchrun on this machine)."""
     from .clusters.base import get_cluster, remember
     from .spec import load_spec
 
     job = load_spec(spec)
     backend = get_cluster(cluster)
+    if replace:
+        if not hasattr(backend, "replace"):
+            from .errors import UsageError
+
+            raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")
+        backend.replace = True  # type: ignore[attr-defined]
     plan = backend.dryrun(job)
     if dry_run:
         if output == "json":
@@ -110,13 +130,23 @@ def submit(spec: Path, cluster: str, dry_run: bool, output: str) -> None:
         else:
             click.echo(plan.text)
         return
+    if wait and not hasattr(backend, "follow"):
+        from .errors import UsageError
+
+        raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
     ref = backend.schedule(plan)
+    if ref.extra.get("complete"):
+        click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
+        return
     remember(ref)
     if output == "json":
         echo_json(ref.to_json())
     else:
         click.echo(f"submitted {ref.name} to {cluster} as {ref.job_id}; run dir {ref.run_dir}")
-        click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
+        if not wait:
+            click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
+    if wait:
+        sys.exit(backend.follow(ref))  # type: ignore[attr-defined]
 
 
 @cli.command()
@@ -167,6 +197,33 @@ def cancel(job: str) -> None:
     ref = recall(job)
     get_cluster(ref.cluster).cancel(ref)
     click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
+
+
+from .cli_convert import convert_cmd  # noqa: E402
+from .cli_init import init_cmd  # noqa: E402
+
+cli.add_command(convert_cmd)
+cli.add_command(init_cmd)
+
+
+from .cli_render import render_cmd  # noqa: E402
+
+cli.add_command(render_cmd)
+
+
+from .cli_checkpoints import checkpoints_cmd  # noqa: E402
+
+cli.add_command(checkpoints_cmd)
+
+
+from .cli_consolidate import consolidate_cmd  # noqa: E402
+
+cli.add_command(consolidate_cmd)
+
+
+from .cli_plot import plot_cmd  # noqa: E402
+
+cli.add_command(plot_cmd)
 
 
 def main() -> None:

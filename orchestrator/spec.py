@@ -213,7 +213,9 @@ class ModelSource(_Section):
     @classmethod
     def _llama(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         for key, value in (v or {}).items():
-            if key.endswith(("_size", "_layers", "_heads", "_embeddings")) and (
+            # tie_word_embeddings is a flag, not a count of embeddings.
+            counts = key.endswith(("_size", "_layers", "_heads", "_embeddings"))
+            if counts and not key.startswith("tie_") and (
                 not isinstance(value, int) or isinstance(value, bool) or value <= 0
             ):
                 raise ValueError(f"llama.{key} must be a positive integer, got {value!r}")
