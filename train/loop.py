@@ -214,9 +214,12 @@ class Trainer:
                 if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
                     tps = self.tokens_per_step / max(now - t_last, 1e-9)
                     metrics.log(step, loss=loss_avg, lr=lr, grad_norm=grad_norm, tokens_per_s=tps)
+                save_s = 0.0
                 if step % every == 0 or step == t.steps or stop:
                     final = step == t.steps or stop
+                    save_s = time.perf_counter()
                     self.ckpt.save(step, self.app_state, engine=self.engine, final=final)
+                    save_s = time.perf_counter() - save_s
                 if stop:
                     self.ckpt.wait()
                     if env.is_main:
@@ -229,8 +232,9 @@ class Trainer:
                             f"exiting with code {EXIT_PREEMPTED}"
                         )
                     return EXIT_PREEMPTED, step
-                # Saves are not training time: start the next step's clock after them.
-                t_last = time.perf_counter()
+                # The next step's clock counts everything since this step's end (logging
+                # included) except the time spent saving a checkpoint.
+                t_last = time.perf_counter() - save_s
             self.ckpt.wait()
             return EXIT_OK, step
         finally:
