@@ -1,12 +1,14 @@
 """Preemption: a signal sets a flag; ranks agree at the step boundary; save; exit 42.
 
-SIGUSR2 (what `checkpoint.signal`-style Slurm setups send before the time limit) and
+SIGUSR2 (what Slurm sends before the time limit with `slurm.signal: USR2`) and
 SIGTERM (what Kubernetes, torchrun and `shardctl cancel` send) only set a flag — no
 work happens inside the handler. After every optimizer step the loop all-reduces the
 flag (in the same collective as the logged loss, so it costs nothing extra); if any
 rank saw a signal, every rank saves the same step together and the process exits with
-`EXIT_PREEMPTED`. Launch scripts and the Slurm/Kubernetes backends treat that code
-as "checkpointed, resume me", distinct from success (0) and failure (anything else).
+`EXIT_PREEMPTED`, distinct from success (0) and failure (anything else). torchrun
+and `accelerate launch` turn any non-zero rank exit into their own exit 1, so rank 0
+also writes `<run dir>/PREEMPTED` (`{"step", "reason"}`, see `shardctl.train.loop`):
+supervisors that only see the launcher's code read that marker.
 
 Testing aid: `SHARDCTL_STOP_AFTER_STEP=K` makes the loop behave exactly as if a
 preemption signal had arrived during step K (save step K, exit `EXIT_PREEMPTED`).
