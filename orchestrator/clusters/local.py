@@ -298,6 +298,8 @@ class LocalCluster(Cluster):
             )
         if rc == 0 or (rc is None and pid_info is None and done is not None):
             detail = f"finished step {done.get('step')}" if done else "exit 0"
+            if (run_dir / "model").is_dir():
+                detail += f"; consolidated model in {run_dir / 'model'}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
         if rc is not None:
             return JobStatus(JobState.FAILED, f"exit {rc}", f"see `shardctl logs {ref.name}`")
