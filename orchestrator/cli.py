@@ -112,17 +112,12 @@ def submit(
     spec: Path, cluster: str, dry_run: bool, output: str, replace: bool = False, wait: bool = False
 ) -> None:
     """Submit SPEC to a cluster (default: torchrun on this machine)."""
-    from .clusters.base import get_cluster, remember
+    from .clusters.base import Cluster, get_cluster, remember
+    from .errors import UsageError
     from .spec import load_spec
 
     job = load_spec(spec)
-    backend = get_cluster(cluster)
-    if replace:
-        if not hasattr(backend, "replace"):
-            from .errors import UsageError
-
-            raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")
-        backend.replace = True  # type: ignore[attr-defined]
+    backend = get_cluster(cluster, replace=replace)
     plan = backend.dryrun(job)
     if dry_run:
         if output == "json":
@@ -130,9 +125,7 @@ def submit(
         else:
             click.echo(plan.text)
         return
-    if wait and not hasattr(backend, "follow"):
-        from .errors import UsageError
-
+    if wait and type(backend).follow is Cluster.follow:
         raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
     ref = backend.schedule(plan)
     if ref.extra.get("complete"):
@@ -146,7 +139,7 @@ def submit(
         if not wait:
             click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
     if wait:
-        sys.exit(backend.follow(ref))  # type: ignore[attr-defined]
+        sys.exit(backend.follow(ref))
 
 
 @cli.command()

@@ -215,8 +215,10 @@ class ModelSource(_Section):
         for key, value in (v or {}).items():
             # tie_word_embeddings is a flag, not a count of embeddings.
             counts = key.endswith(("_size", "_layers", "_heads", "_embeddings"))
-            if counts and not key.startswith("tie_") and (
-                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            if (
+                counts
+                and not key.startswith("tie_")
+                and (not isinstance(value, int) or isinstance(value, bool) or value <= 0)
             ):
                 raise ValueError(f"llama.{key} must be a positive integer, got {value!r}")
         cfg = v or {}

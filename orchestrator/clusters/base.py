@@ -95,9 +95,18 @@ class Cluster(ABC):
     @abstractmethod
     def cancel(self, ref: JobRef) -> None: ...
 
+    def follow(self, ref: JobRef) -> int:
+        """`submit --wait`: follow the job until it ends and return its exit code."""
+        raise UsageError(f"--wait is not supported with --cluster {self.name}")
 
-def get_cluster(name: str) -> Cluster:
-    """The backend for a cluster name; heavy imports happen only here."""
+
+def get_cluster(name: str, *, replace: bool = False) -> Cluster:
+    """The backend for a cluster name; heavy imports happen only here.
+
+    `replace` (k8s only): delete a job of the same name before creating the new one.
+    """
+    if replace and name != "k8s":
+        raise UsageError(f"--replace works with --cluster k8s, not --cluster {name}")
     if name == "local":
         from .local import LocalCluster
 
@@ -109,7 +118,7 @@ def get_cluster(name: str) -> Cluster:
     if name == "k8s":
         from .k8s import K8sCluster
 
-        return K8sCluster()
+        return K8sCluster(replace=replace or None)
     raise UsageError(f"--cluster {name!r} is not a cluster; accepted: local, slurm, k8s")
 
 
