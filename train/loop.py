@@ -24,6 +24,7 @@ as 1, so this file is how a supervisor tells "checkpointed, resume me" from a cr
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -193,6 +194,11 @@ class Trainer:
                     f"{spec.name}: {spec.strategy.backend} on {env.world_size} rank(s), "
                     f"{where}; {t.steps} steps in total"
                 )
+            # Everything built so far (libraries, model, data) lives until the end:
+            # moved out of the cyclic GC's reach, a full collection during a step
+            # does not walk it again (cheaper, fewer per-rank pauses to wait on).
+            gc.collect()
+            gc.freeze()
             scale = 1.0 / t.grad_accum
             every = spec.checkpoint.every_steps
             t_last = time.perf_counter()
