@@ -7,50 +7,15 @@ submitit) happen inside the commands that need them, never at start-up.
 
 from __future__ import annotations
 
-import functools
-import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
 from . import __version__
-from .errors import ShardctlError
-
-F = TypeVar("F", bound=Callable[..., Any])
+from .cli_common import echo_json, handle_errors, output_option
 
 CLUSTERS = ("local", "slurm", "k8s")
-
-
-def handle_errors(fn: F) -> F:
-    """Turn library errors into one clear message on stderr and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def output_option(fn: F) -> F:
-    return click.option(
-        "--output",
-        "-o",
-        type=click.Choice(["text", "json"]),
-        default="text",
-        show_default=True,
-        help="Human-readable text or one JSON document on stdout.",
-    )(fn)
-
-
-def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

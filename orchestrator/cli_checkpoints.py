@@ -6,42 +6,14 @@ a second on a login node. `--verify` re-hashes every file against its manifest.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from .errors import ShardctlError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _report_errors(fn: F) -> F:
-    """Library errors → one message on stderr and the error's exit code
-    (cli.handle_errors cannot be imported here: cli imports this module)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+from .cli_common import handle_errors, human_size
 
 
 def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
@@ -105,7 +77,7 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     show_default=True,
     help="Human-readable text or one JSON document on stdout.",
 )
-@_report_errors
+@handle_errors
 def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
     """List the checkpoints of PATH: a run directory, its checkpoints/ folder or one
     step-NNNNNNNN folder. Shows step, complete or not, size, world size, backend."""
@@ -121,7 +93,7 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
         for r in rows:
             world = "-" if r["world_size"] is None else str(r["world_size"])
             click.echo(
-                f"{r['step']:>10}  {r['status']:<10}  {_human(r['size_bytes']):>10}  "
+                f"{r['step']:>10}  {r['status']:<10}  {human_size(r['size_bytes']):>10}  "
                 f"{world:>5}  {r['backend'] or '-':<9}  {r['path']}"
             )
             for problem in r["problems"]:

@@ -5,19 +5,14 @@ torch, transformers and DeepSpeed are imported only when the command runs.
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
-from .errors import ShardctlError, UsageError
-
-F = TypeVar("F", bound=Callable[..., Any])
+from .cli_common import handle_errors, human_size
+from .errors import UsageError
 
 _UNITS = {
     "": 1, "b": 1,
@@ -37,29 +32,6 @@ def parse_size(text: str) -> int:
             "an optional unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB"
         )
     return int(float(m.group(1)) * _UNITS[unit])
-
-
-def _report_errors(fn: F) -> F:
-    """Library errors → one message on stderr and the error's exit code
-    (cli.handle_errors cannot be imported here: cli imports this module)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} GiB"
 
 
 @click.command("consolidate")
@@ -102,7 +74,7 @@ def _human(n: float) -> str:
     show_default=True,
     help="Human-readable text or one JSON document on stdout.",
 )
-@_report_errors
+@handle_errors
 def consolidate_cmd(
     checkpoint: Path,
     out: Path | None,
@@ -147,8 +119,8 @@ def consolidate_cmd(
     rate = result.total_bytes / result.seconds if result.seconds else 0.0
     click.echo(
         f"consolidated {result.checkpoint} → {result.out_dir}: {result.tensors} tensors, "
-        f"{_human(result.total_bytes)} {result.dtype} in {len(result.files)} file(s), "
-        f"{result.seconds:.1f} s ({_human(rate)}/s)"
+        f"{human_size(result.total_bytes)} {result.dtype} in {len(result.files)} file(s), "
+        f"{result.seconds:.1f} s ({human_size(rate)}/s)"
     )
     for note in result.notes:
         click.echo(f"note: {note}")

@@ -2,35 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import json
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
+from .cli_common import handle_errors
 from .errors import ShardctlError, UsageError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def report_errors(fn: F) -> F:
-    """Library errors → one message on stderr and the error's exit code.
-
-    A copy of cli.handle_errors: importing cli from here would be circular.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 @click.command("convert")
@@ -70,7 +48,7 @@ def report_errors(fn: F) -> F:
     show_default=True,
     help="Text (config on stdout, report on stderr) or one JSON document on stdout.",
 )
-@report_errors
+@handle_errors
 def convert_cmd(
     config: Path,
     to: str,

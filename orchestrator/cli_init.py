@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .cli_convert import report_errors
+from .cli_common import handle_errors
 from .errors import ShardctlError, UsageError
 
 DEFAULT_PATH = "job.yaml"
@@ -50,7 +50,7 @@ def starter_spec(name: str, backend: str, path: str) -> str:
 )
 @click.option("--name", default=None, help="Job name (default: from the file name).")
 @click.option("--force", is_flag=True, help="Overwrite PATH if it exists.")
-@report_errors
+@handle_errors
 def init_cmd(path: Path, backend: str, name: str | None, force: bool) -> None:
     """Write a commented starter job spec to PATH (default: job.yaml).
 

@@ -7,32 +7,12 @@ backend (no display needed).
 
 from __future__ import annotations
 
-import functools
-import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
 
-from .errors import ShardctlError, UsageError
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _report_errors(fn: F) -> F:
-    """Library errors → one message on stderr and the error's exit code
-    (cli.handle_errors cannot be imported here: cli imports this module)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
-            sys.exit(exc.exit_code)
-
-    return wrapper  # type: ignore[return-value]
+from .cli_common import handle_errors
+from .errors import UsageError
 
 
 def resolve_run_dir(run: str) -> Path:
@@ -97,7 +77,7 @@ def plot_loss(run_dir: Path, out: Path) -> int:
     default=None,
     help="PNG to write (default: RUN_DIR/loss.png).",
 )
-@_report_errors
+@handle_errors
 def plot_cmd(run: str, out: Path | None) -> None:
     """Plot the loss curve of RUN (run dir, spec file or job name) to a PNG."""
     run_dir = resolve_run_dir(run)

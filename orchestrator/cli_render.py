@@ -9,11 +9,11 @@ or submitit, here or in what `render_artifacts` pulls in.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
+from .cli_common import handle_errors
 from .errors import ShardctlError, UsageError
 
 CLUSTERS = ("local", "slurm", "k8s")
@@ -64,6 +64,7 @@ def write_artifacts(files: dict[str, str], out: Path) -> list[tuple[Path, int]]:
     "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
     help="Human-readable summary or one JSON document on stdout.",
 )  # fmt: skip
+@handle_errors
 def render_cmd(spec: Path, cluster: str, out: Path | None, output: str) -> None:
     """Render every launch artifact of SPEC for a cluster and write them to a folder.
 
@@ -73,11 +74,7 @@ def render_cmd(spec: Path, cluster: str, out: Path | None, output: str) -> None:
       shardctl render job.yaml --cluster slurm --out rendered/
       bash rendered/launch.sh          # once per node
     """
-    try:
-        _render(spec, cluster, out, output)
-    except ShardctlError as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(exc.exit_code)
+    _render(spec, cluster, out, output)
 
 
 def _render(spec_path: Path, cluster: str, out: Path | None, output: str) -> None:
