@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .cli_common import handle_errors, human_size
+from .cli_common import handle_errors, human_size, output_option
 
 
 def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
@@ -69,14 +69,7 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     is_flag=True,
     help="Re-hash every file against the manifest (exit 1 if any checkpoint is corrupt).",
 )
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Human-readable text or one JSON document on stdout.",
-)
+@output_option
 @handle_errors
 def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
     """List the checkpoints of PATH: a run directory, its checkpoints/ folder or one

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors, human_size
+from .cli_common import handle_errors, human_size, output_option
 from .errors import UsageError
 
 _UNITS = {
@@ -66,14 +66,7 @@ def parse_size(text: str) -> int:
     help="fsync the output before it counts as done. Default: only when --force "
     "replaces an existing model.",
 )
-@click.option(
-    "--output",
-    "-o",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Human-readable text or one JSON document on stdout.",
-)
+@output_option
 @handle_errors
 def consolidate_cmd(
     checkpoint: Path,

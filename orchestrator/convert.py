@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from .errors import SpecError
+from .yamlio import read_yaml_file
 
 Target = Literal["fsdp", "deepspeed"]
 NoteKind = Literal["mapped", "not-mapped", "changed", "precision"]
@@ -253,13 +254,7 @@ def convert_file(
 ) -> Conversion:
     """Read an accelerate config or a job spec from `path` and convert it to `to`."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([f"file {str(path)!r} does not exist"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"cannot read {str(path)!r}: {exc}"], str(path)) from None
-    data = _load_yaml(text, str(path))
+    data = read_yaml_file(path)
     return convert_data(
         data,
         to,
@@ -1178,16 +1173,6 @@ def _precision_notes(plan: Plan, kind: str, to: Target) -> None:
 
 def _fail(source: str | None, problem: str) -> None:
     raise SpecError([problem], source)
-
-
-def _load_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"not valid YAML{where}: {problem}"], source) from None
 
 
 def _check_keys(

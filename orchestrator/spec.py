@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .errors import SpecError
+from .yamlio import read_yaml_file
 
 # --------------------------------------------------------------------------- names
 
@@ -74,6 +75,15 @@ Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
 # strict: YAML `yes`/`true` must not silently become the count 1.
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
+
+
+def _factory_ref(v: str) -> str:
+    if not FACTORY_RE.match(v):
+        raise ValueError(f"{v!r} is not 'package.module:function'")
+    return v
+
+
+FactoryRef = Annotated[str, AfterValidator(_factory_ref)]
 
 
 class _Section(BaseModel):
@@ -197,17 +207,10 @@ class ModelSource(_Section):
     """A `transformers.LlamaConfig` as keyword arguments; nothing is downloaded."""
     pretrained: str | None = None
     """A local directory for `from_pretrained`."""
-    factory: str | None = None
+    factory: FactoryRef | None = None
     """`package.module:function` returning an `nn.Module`."""
     dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype the model is built or loaded in (bf16-mixed still trains fp32 masters)."""
-
-    @field_validator("factory")
-    @classmethod
-    def _factory(cls, v: str | None) -> str | None:
-        if v is not None and not FACTORY_RE.match(v):
-            raise ValueError(f"{v!r} is not 'package.module:function'")
-        return v
 
     @field_validator("llama")
     @classmethod
@@ -259,15 +262,8 @@ class DataSource(_Section):
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     builtin: Literal["python-stdlib"] | None = None
     """A corpus every machine has: the Python standard library's own source files."""
-    factory: str | None = None
+    factory: FactoryRef | None = None
     """`package.module:function(spec, rank, world_size)` returning a token iterator."""
-
-    @field_validator("factory")
-    @classmethod
-    def _factory(cls, v: str | None) -> str | None:
-        if v is not None and not FACTORY_RE.match(v):
-            raise ValueError(f"{v!r} is not 'package.module:function'")
-        return v
 
     @model_validator(mode="after")
     def _exactly_one(self) -> DataSource:
@@ -680,21 +676,7 @@ def parse_spec(data: Any, source: str | None = None) -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     """Read and validate a YAML job spec file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError([f"file {str(path)!r} does not exist"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"cannot read {str(path)!r}: {exc}"], str(path)) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"not valid YAML{where}: {problem}"], str(path)) from None
-    return parse_spec(data, str(path))
+    return parse_spec(read_yaml_file(path), str(path))
 
 
 def _explain(exc: ValidationError, data: Any) -> list[str]:
