@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.render_util import ROOT, run_script, stub_launchers, variant, write_files
-from shardctl.orchestrator.errors import UsageError
+from shardctl.orchestrator.errors import SpecError, UsageError
 from shardctl.orchestrator.launch import (
     RUNTIME_VARS,
     env_file,
@@ -240,11 +240,14 @@ def test_k8s_env_reads_the_operator_variables(tmp_path: Path) -> None:
 
 
 def test_user_env_comes_after_defaults_and_before_runtime_vars() -> None:
-    spec = variant({"env": {"NCCL_DEBUG": "INFO", "SHARDCTL_NODE_RANK": "7"}})
+    spec = variant({"env": {"NCCL_DEBUG": "INFO"}})
     text = env_file(spec, "local")
     assert text.index("OMP_NUM_THREADS") < text.index("NCCL_DEBUG=INFO")
-    # The runtime value is set last, so a user entry cannot shadow it.
-    assert text.rindex("SHARDCTL_NODE_RANK") > text.index("SHARDCTL_NODE_RANK=7")
+    # The runtime values are set last, so nothing before them can shadow them ...
+    assert text.index("NCCL_DEBUG=INFO") < text.index("SHARDCTL_NODE_RANK")
+    # ... and the spec refuses them as user env in the first place.
+    with pytest.raises(SpecError, match="SHARDCTL_NODE_RANK is set by the launcher"):
+        variant({"env": {"SHARDCTL_NODE_RANK": "7"}})
 
 
 def test_nccl_settings_only_on_cuda() -> None:
