@@ -194,10 +194,15 @@ class FsdpBackend:
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.clip if self.clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        # The norm of sharded (DTensor) gradients is a partial value; `full_tensor()`
+        # reduces it once, and clipping with that replicated norm needs no further
+        # collective. (`clip_grad_norm_` would reduce it inside, and reading the norm
+        # it returns afterwards would cost a second all-reduce every step.)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if self.clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.clip, norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
