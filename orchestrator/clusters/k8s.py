@@ -133,16 +133,7 @@ class K8sCluster(Cluster):
             # Leave nothing behind from a submission that did not happen; a failing
             # clean-up must not hide the reason the submission failed.
             with contextlib.suppress(ClusterError):
-                self._ignore_missing(
-                    lambda: self._call(
-                        "delete",
-                        "configmaps",
-                        ns,
-                        lambda: core.delete_namespaced_config_map(
-                            cm["metadata"]["name"], ns, _request_timeout=REQUEST_TIMEOUT_S
-                        ),
-                    )
-                )
+                self._delete_configmap(core, ns, cm["metadata"]["name"])
             raise
         uid = ((created or {}).get("metadata") or {}).get("uid")
         return JobRef(
@@ -339,16 +330,7 @@ class K8sCluster(Cluster):
         except JobNotFoundError:
             if not missing_ok:
                 raise
-        self._ignore_missing(
-            lambda: self._call(
-                "delete",
-                "configmaps",
-                ns,
-                lambda: core.delete_namespaced_config_map(
-                    configmap_name(name), ns, _request_timeout=REQUEST_TIMEOUT_S
-                ),
-            )
-        )
+        self._delete_configmap(core, ns, configmap_name(name))
         if wait:
             # Foreground deletion keeps the job visible until its pods are gone;
             # a new job of the same name can only be created after that.
@@ -361,6 +343,19 @@ class K8sCluster(Cluster):
                         f"`kubectl -n {ns} get pytorchjob {name}` finds nothing"
                     )
                 time.sleep(1.0)
+
+    def _delete_configmap(self, core: Any, ns: str, cm_name: str) -> None:
+        """Delete a ConfigMap; one that is already gone is fine."""
+        self._ignore_missing(
+            lambda: self._call(
+                "delete",
+                "configmaps",
+                ns,
+                lambda: core.delete_namespaced_config_map(
+                    cm_name, ns, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+        )
 
     def _get_job(self, custom: Any, ns: str, name: str) -> dict[str, Any]:
         return self._call(
