@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.ckpt_run import ROOT, child_env
-from helpers.train_run import kill_tree, metrics, tiny_spec, train
+from helpers.ckpt_run import ROOT, child_env, kill_group
+from helpers.train_run import metrics, tiny_spec, train
 from shardctl.train.preemption import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -72,7 +72,7 @@ def test_sigusr2_to_one_rank_saves_everywhere_and_resumes(tmp_path: Path) -> Non
         os.kill(rank1, signal.SIGUSR2)  # only rank 1 hears it
         out, _ = proc.communicate(timeout=180)
     finally:
-        kill_tree(proc)
+        kill_group(proc)
     assert proc.returncode != 0, out[-3000:]  # torchrun turns the ranks' 42 into 1
     assert "SIGUSR2" in out and f"exiting with code {EXIT_PREEMPTED}" in out
     marker = json.loads((run_dir / "PREEMPTED").read_text())

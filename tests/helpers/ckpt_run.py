@@ -71,6 +71,8 @@ def kill_group(proc: subprocess.Popen) -> list[int]:
     """
     import psutil
 
+    if proc.poll() is not None:  # reaped: its pid may already belong to someone else
+        return []
     try:
         children = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:

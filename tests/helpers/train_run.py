@@ -7,7 +7,6 @@ gets its own session and is killed by process group on a timeout.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 
 import yaml
 from helpers.ckpt_run import ROOT, child_env, free_port, kill_group
-from shardctl.orchestrator.clusters.local import _descendants, _signal, _start_ticks
 
 TINY_LLAMA = {
     "vocab_size": 256,
@@ -62,16 +60,6 @@ def tiny_spec(tmp: Path, name: str, **over: Any) -> Path:
     return path
 
 
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL a launcher and every process below it. torchrun starts each rank in a
-    session of its own, so killing the launcher's process group alone would orphan them."""
-    if proc.poll() is not None:  # reaped: its pid may already belong to someone else
-        return
-    procs = [(proc.pid, _start_ticks(proc.pid)), *_descendants(proc.pid)]
-    kill_group(proc)
-    _signal(procs, signal.SIGKILL)
-
-
 def train(
     spec: Path, *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 240
 ) -> subprocess.CompletedProcess:
@@ -93,7 +81,7 @@ def train(
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        kill_tree(proc)
+        kill_group(proc)
         out, _ = proc.communicate()
         raise AssertionError(f"timed out after {timeout}s: {argv}\n{out[-4000:]}") from None
     return subprocess.CompletedProcess(argv, proc.returncode, out, None)
