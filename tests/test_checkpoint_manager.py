@@ -326,7 +326,7 @@ def test_cli_lists_and_verifies(tmp_path: Path) -> None:
 
 def test_cli_module_does_not_import_torch() -> None:
     code = (
-        "import sys; import shardctl.orchestrator.cli_checkpoints as m; "
+        "import sys; import shardctl.orchestrator.cli.checkpoints as m; "
         "from shardctl.train import manifest; "
         "bad = [x for x in ('torch', 'deepspeed') if x in sys.modules]; "
         "assert not bad, bad"

@@ -17,12 +17,12 @@ from helpers.consolidate_util import make_dcp_step, tiny_llama
 from safetensors import safe_open
 from safetensors.torch import load_file
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.cli_consolidate import parse_size
+from shardctl.orchestrator.cli.consolidate import parse_size
 from shardctl.orchestrator.errors import CheckpointError, UsageError
 from shardctl.train.consolidate import consolidate
-from shardctl.train.consolidate_io import Chunk, SourceTensor, segments_of_ref
-from shardctl.train.consolidate_safetensors import plan_shards, write_shards
-from shardctl.train.consolidate_torchzip import load_refs
+from shardctl.train.consolidate.io import Chunk, SourceTensor, segments_of_ref
+from shardctl.train.consolidate.safetensors_out import plan_shards, write_shards
+from shardctl.train.consolidate.torchzip import load_refs
 
 
 def _load_dir(out: Path) -> dict[str, torch.Tensor]:
@@ -54,7 +54,7 @@ def test_refs_locate_views_dtypes_and_offsets_inside_a_file(tmp_path):
     assert refs["n"] == 3
     assert refs["row"].shape == (10,) and refs["row"].storage_offset == 20
     assert refs["bf"].dtype == "bfloat16"
-    from shardctl.train.consolidate_io import read_ref
+    from shardctl.train.consolidate.io import read_ref
 
     for key in ("row", "view", "bf"):
         assert torch.equal(read_ref(refs[key]), obj[key]), key
@@ -315,7 +315,7 @@ def test_parse_size():
 
 def test_cli_module_imports_no_torch():
     code = (
-        "import sys; import shardctl.orchestrator.cli_consolidate; "
+        "import sys; import shardctl.orchestrator.cli.consolidate; "
         "print(sorted(m for m in ('torch', 'transformers', 'deepspeed') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -333,7 +333,7 @@ def test_names_not_matching_the_model_config_are_refused(tmp_path):
 
 
 def test_metadata_reader_agrees_with_dcps_own(run_dir):
-    from shardctl.train.consolidate_dcp import _from_records, read_metadata
+    from shardctl.train.consolidate.dcp import _from_records, read_metadata
     from torch.distributed.checkpoint import FileSystemReader
 
     dcp_dir = run_dir / "checkpoints" / "step-00000002" / "dcp"

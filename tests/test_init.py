@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.cli_init import job_name_from
+from shardctl.orchestrator.cli.init import job_name_from
 from shardctl.orchestrator.spec import load_spec
 
 SECTIONS = ("name", "resources", "launcher", "strategy", "train", "checkpoint", "env",

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import ShardctlError
+from ..errors import ShardctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

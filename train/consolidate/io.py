@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..orchestrator.errors import CheckpointError
-from .consolidate_torchzip import TensorRef
+from ...orchestrator.errors import CheckpointError
+from .torchzip import TensorRef
 
 # Largest block converted at once (elements): bounds the extra memory of a dtype cast.
 BLOCK_ELEMS = 8 * 2**20

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..orchestrator.errors import CheckpointError
-from .consolidate_io import Chunk, Segment, SourceTensor, segments_of_ref
-from .consolidate_torchzip import TensorRef, load_refs, torch_global
+from ...orchestrator.errors import CheckpointError
+from .io import Chunk, Segment, SourceTensor, segments_of_ref
+from .torchzip import TensorRef, load_refs, torch_global
 
 MODEL_KEY = "model"
 

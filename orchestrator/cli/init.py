@@ -8,15 +8,15 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors
-from .errors import ShardctlError, UsageError
+from ..errors import ShardctlError, UsageError
+from .common import handle_errors
 
 DEFAULT_PATH = "job.yaml"
 
 
 def job_name_from(path: Path) -> str:
     """A valid job name from a file name: `My_Job.yaml` → `my-job`."""
-    from .spec import NAME_MAX
+    from ..spec import NAME_MAX
 
     stem = path.name.split(".", 1)[0].lower()
     name = re.sub(r"[^a-z0-9]+", "-", stem)[:NAME_MAX].strip("-")
@@ -25,8 +25,8 @@ def job_name_from(path: Path) -> str:
 
 def starter_spec(name: str, backend: str, path: str) -> str:
     """The starter spec text; it is validated before anyone sees it."""
-    from .spec import parse_spec
-    from .templating import render_template
+    from ..spec import parse_spec
+    from ..templating import render_template
 
     # The path only appears in comments: one line, quoted so the commands copy-paste.
     shown = shlex.quote(" ".join(path.split()) or DEFAULT_PATH)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors
-from .errors import UsageError
+from ..errors import UsageError
+from .common import handle_errors
 
 
 def resolve_run_dir(run: str) -> Path:
@@ -21,10 +21,10 @@ def resolve_run_dir(run: str) -> Path:
     if path.is_dir():
         return path
     if path.is_file():
-        from .spec import load_spec
+        from ..spec import load_spec
 
         return Path(load_spec(path).run_dir)
-    from .clusters.base import recall
+    from ..clusters.base import recall
 
     return Path(recall(run).run_dir)
 
@@ -44,7 +44,7 @@ def plot_loss(run_dir: Path, out: Path) -> int:
     try:
         import matplotlib
     except ImportError:
-        from .errors import MissingDependencyError
+        from ..errors import MissingDependencyError
 
         raise MissingDependencyError("matplotlib", "train", "shardctl plot") from None
     matplotlib.use("Agg")

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..orchestrator.errors import CheckpointError, UsageError
-from .consolidate_io import SourceTensor
+from ...orchestrator.errors import CheckpointError, UsageError
+from .io import SourceTensor
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _MARKER = ".shardctl-consolidating"
@@ -71,7 +71,7 @@ class ConsolidationResult:
 
 
 def _newest_hint(checkpoint_dir: Path) -> str:
-    from .manifest import list_checkpoints
+    from ..manifest import list_checkpoints
 
     complete = [c for c in list_checkpoints(checkpoint_dir) if c.complete]
     if not complete:
@@ -81,7 +81,7 @@ def _newest_hint(checkpoint_dir: Path) -> str:
 
 def resolve_checkpoint(path: Path) -> Path:
     """A complete step folder from a step folder, a checkpoints folder or a run folder."""
-    from .manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
+    from ..manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
 
     folder, one_step = resolve_checkpoint_dir(path)
     if one_step:
@@ -105,7 +105,7 @@ def resolve_checkpoint(path: Path) -> Path:
 
 
 def read_manifest(step_dir: Path) -> dict[str, Any]:
-    from . import manifest as layout
+    from .. import manifest as layout
 
     manifest = layout.read_manifest(step_dir)
     backend = manifest.get("backend")
@@ -118,7 +118,7 @@ def read_manifest(step_dir: Path) -> dict[str, Any]:
 
 def check_files(step_dir: Path, manifest: dict[str, Any], *, verify: bool) -> None:
     """Every file of the manifest exists with its size (always), and its sha256 (`verify`)."""
-    from .manifest import verify as verify_files
+    from ..manifest import verify as verify_files
 
     problems = verify_files(step_dir, hashes=verify, manifest=manifest)
     if problems:
@@ -138,11 +138,11 @@ def source_tensors(
     """Every model tensor of the checkpoint, named as in the unwrapped model; plus notes."""
     notes: list[str] = []
     if manifest["backend"] == "fsdp":
-        from .consolidate_dcp import dcp_tensors
+        from .dcp import dcp_tensors
 
         tensors, shared = dcp_tensors(step_dir / "dcp"), {}
     else:
-        from .consolidate_deepspeed import deepspeed_tensors
+        from .zero import deepspeed_tensors
 
         tensors, shared, notes = deepspeed_tensors(step_dir / "deepspeed")
     for t in tensors:
@@ -313,7 +313,7 @@ def consolidate(
         raise UsageError(f"dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
     if max_shard_bytes <= 0:
         raise UsageError(f"max shard size must be positive, got {max_shard_bytes}")
-    from .consolidate_safetensors import out_nbytes, plan_shards, write_shards
+    from .safetensors_out import out_nbytes, plan_shards, write_shards
 
     started = time.perf_counter()
     step_dir = resolve_checkpoint(Path(checkpoint))

@@ -13,19 +13,19 @@ from typing import Any
 
 import click
 
-from .cli_common import handle_errors, human_size, output_option
+from .common import handle_errors, human_size, output_option
 
 
 def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     """What `shardctl checkpoints` shows, as plain data."""
-    from ..train.manifest import list_checkpoints, resolve_checkpoint_dir, verify
+    from ...train.manifest import list_checkpoints, resolve_checkpoint_dir, verify
 
     folder, one = resolve_checkpoint_dir(path)
     infos = list_checkpoints(folder.parent if one else folder)
     if one:
         infos = [i for i in infos if Path(i.path).name == folder.name]
         if not infos:  # a folder not named step-N but holding a manifest
-            from ..train.manifest import CheckpointInfo, read_manifest
+            from ...train.manifest import CheckpointInfo, read_manifest
 
             problems = verify(folder, hashes=False)
             manifest: dict[str, Any] = {}

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .consolidate_io import ITEMSIZE, OutFile, SourceTensor, TensorCopier
+from .io import ITEMSIZE, OutFile, SourceTensor, TensorCopier
 
 SAFETENSORS_DTYPE = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",

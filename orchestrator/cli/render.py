@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors
-from .errors import ShardctlError, UsageError
+from ..errors import ShardctlError, UsageError
+from .common import handle_errors
 
 CLUSTERS = ("local", "slurm", "k8s")
 NEXT_STEP = {
@@ -78,8 +78,8 @@ def render_cmd(spec: Path, cluster: str, out: Path | None, output: str) -> None:
 
 
 def _render(spec_path: Path, cluster: str, out: Path | None, output: str) -> None:
-    from .render import render_artifacts
-    from .spec import load_spec
+    from ..render import render_artifacts
+    from ..spec import load_spec
 
     spec = load_spec(spec_path)
     files = render_artifacts(spec, cluster)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from . import __version__
-from .cli_common import echo_json, handle_errors, output_option
+from .. import __version__
+from .common import echo_json, handle_errors, output_option
 
 CLUSTERS = ("local", "slurm", "k8s")
 
@@ -38,7 +38,7 @@ def cli() -> None:
 @handle_errors
 def validate(spec: Path, output: str) -> None:
     """Validate SPEC; print the derived settings."""
-    from .spec import load_spec
+    from ..spec import load_spec
 
     job = load_spec(spec)
     if output == "json":
@@ -77,9 +77,9 @@ def submit(
     spec: Path, cluster: str, dry_run: bool, output: str, replace: bool = False, wait: bool = False
 ) -> None:
     """Submit SPEC to a cluster (default: torchrun on this machine)."""
-    from .clusters.base import Cluster, get_cluster, remember
-    from .errors import UsageError
-    from .spec import load_spec
+    from ..clusters.base import Cluster, get_cluster, remember
+    from ..errors import UsageError
+    from ..spec import load_spec
 
     job = load_spec(spec)
     backend = get_cluster(cluster, replace=replace)
@@ -113,7 +113,7 @@ def submit(
 @handle_errors
 def status(job: str, output: str) -> None:
     """State of a submitted JOB (name or id)."""
-    from .clusters.base import get_cluster, recall
+    from ..clusters.base import get_cluster, recall
 
     ref = recall(job)
     st = get_cluster(ref.cluster).status(ref)
@@ -139,7 +139,7 @@ def status(job: str, output: str) -> None:
 @handle_errors
 def logs(job: str, tail: int | None) -> None:
     """Logs of every node/rank of a submitted JOB."""
-    from .clusters.base import get_cluster, recall
+    from ..clusters.base import get_cluster, recall
 
     ref = recall(job)
     click.echo(get_cluster(ref.cluster).logs(ref, tail=tail), nl=False)
@@ -150,36 +150,36 @@ def logs(job: str, tail: int | None) -> None:
 @handle_errors
 def cancel(job: str) -> None:
     """Cancel a submitted JOB on every node."""
-    from .clusters.base import get_cluster, recall
+    from ..clusters.base import get_cluster, recall
 
     ref = recall(job)
     get_cluster(ref.cluster).cancel(ref)
     click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
 
 
-from .cli_convert import convert_cmd  # noqa: E402
-from .cli_init import init_cmd  # noqa: E402
+from .convert import convert_cmd  # noqa: E402
+from .init import init_cmd  # noqa: E402
 
 cli.add_command(convert_cmd)
 cli.add_command(init_cmd)
 
 
-from .cli_render import render_cmd  # noqa: E402
+from .render import render_cmd  # noqa: E402
 
 cli.add_command(render_cmd)
 
 
-from .cli_checkpoints import checkpoints_cmd  # noqa: E402
+from .checkpoints import checkpoints_cmd  # noqa: E402
 
 cli.add_command(checkpoints_cmd)
 
 
-from .cli_consolidate import consolidate_cmd  # noqa: E402
+from .consolidate import consolidate_cmd  # noqa: E402
 
 cli.add_command(consolidate_cmd)
 
 
-from .cli_plot import plot_cmd  # noqa: E402
+from .plot import plot_cmd  # noqa: E402
 
 cli.add_command(plot_cmd)
 

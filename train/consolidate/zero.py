@@ -23,9 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..orchestrator.errors import CheckpointError
-from .consolidate_io import Segment, SourceTensor, segments_of_ref
-from .consolidate_torchzip import TensorRef, load_refs
+from ...orchestrator.errors import CheckpointError
+from .io import Segment, SourceTensor, segments_of_ref
+from .torchzip import TensorRef, load_refs
 
 
 def _natural(path: Path) -> list[Any]:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors, human_size, output_option
-from .errors import UsageError
+from ..errors import UsageError
+from .common import handle_errors, human_size, output_option
 
 _UNITS = {
     "": 1, "b": 1,
@@ -90,7 +90,7 @@ def consolidate_cmd(
     shardctl consolidate runs/tiny-llama                      # → runs/tiny-llama/model
     shardctl consolidate runs/x/checkpoints/step-00000200 --out hf/ --dtype bf16
     """
-    from ..train.consolidate import consolidate, resolve_checkpoint
+    from ...train.consolidate import consolidate, resolve_checkpoint
 
     max_bytes = parse_size(max_shard_size)
     step_dir = resolve_checkpoint(checkpoint)

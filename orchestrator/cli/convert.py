@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from .cli_common import handle_errors
-from .errors import ShardctlError, UsageError
+from ..errors import ShardctlError, UsageError
+from .common import handle_errors
 
 
 @click.command("convert")
@@ -66,7 +66,7 @@ def convert_cmd(
     mixed precision, gradient accumulation and clipping. Settings without a
     twin and the precision difference are reported, never dropped silently.
     """
-    from .convert import convert_file, render_yaml
+    from ..convert import convert_file, render_yaml
 
     if ds_json is not None and to != "deepspeed":
         raise UsageError("--ds-json writes a DeepSpeed JSON config; it needs --to deepspeed")

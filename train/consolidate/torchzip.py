@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..orchestrator.errors import CheckpointError
+from ...orchestrator.errors import CheckpointError
 
 # Storage classes as pickled by torch.save → element dtype name, item size.
 _STORAGE_DTYPES: dict[str, tuple[str, int]] = {

@@ -1,0 +1,5 @@
+"""`python -m shardctl.orchestrator.cli`: the same as the `shardctl` command."""
+
+from . import main
+
+main()
