@@ -110,6 +110,7 @@ def pod_spec(spec: JobSpec) -> JobSpec:
     becomes RUNS_MOUNT/<name> there.
     """
     data = spec.to_yaml_dict()
+    data["run_dir"] = f"{RUNS_MOUNT}/{spec.name}"
     data["checkpoint"]["dir"] = f"{RUNS_MOUNT}/{spec.name}/checkpoints"
     return parse_spec(data, source="k8s pod spec")
 

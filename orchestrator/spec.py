@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from .errors import SpecError
+from .rundir import default_checkpoint_dir, default_run_dir
 from .yamlio import read_yaml_file
 
 # --------------------------------------------------------------------------- names
@@ -314,8 +315,8 @@ class Checkpoint(_Section):
     """Sharded checkpoints: atomic, resumable, consolidated at the end."""
 
     dir: str | None = None
-    """Where `step-NNNNNNNN/` folders go; default `runs/<name>/checkpoints`.
-    The run directory (logs, consolidated model) is its parent."""
+    """Where `step-NNNNNNNN/` folders go; default `<run_dir>/checkpoints`. May point
+    elsewhere (a scratch file system); logs and the model stay in the run dir."""
     every_steps: PositiveInt = 100
     keep: Annotated[int, Field(ge=2, strict=True)] = 3
     """Complete checkpoints kept. At least 2: the newest may still be being written."""
@@ -509,6 +510,8 @@ class JobSpec(_Section):
     """One training job: what to train, how to shard it, where to run it."""
 
     name: str
+    run_dir: str | None = None
+    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`."""
     resources: Resources = Field(default_factory=Resources)
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
     strategy: Strategy = Field(default_factory=Strategy)
@@ -527,6 +530,13 @@ class JobSpec(_Section):
                 f"{v!r} cannot be a Slurm job and Kubernetes name; accepted: 1-{NAME_MAX} "
                 "lower-case letters, digits and '-', starting and ending with a letter or digit"
             )
+        return v
+
+    @field_validator("run_dir")
+    @classmethod
+    def _run_dir(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or "\n" in v or "\x00" in v):
+            raise ValueError("accepted: a folder path (one line, not empty)")
         return v
 
     @field_validator("env", mode="before")
@@ -597,8 +607,10 @@ class JobSpec(_Section):
             )
         if problems:
             raise ValueError("\n".join(problems))
+        if self.run_dir is None:
+            _set(self, "run_dir", default_run_dir(self.name))
         if c.dir is None:
-            _set(c, "dir", f"runs/{self.name}/checkpoints")
+            _set(c, "dir", default_checkpoint_dir(self.run_dir))
         return self
 
     # -- derived facts used everywhere -------------------------------------------
@@ -611,11 +623,6 @@ class JobSpec(_Section):
     def checkpoint_dir(self) -> str:
         assert self.checkpoint.dir is not None  # filled in by validation
         return self.checkpoint.dir
-
-    @property
-    def run_dir(self) -> str:
-        """The run directory: the parent of the checkpoint folder."""
-        return str(Path(self.checkpoint_dir).parent)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The validated spec (derived fields filled in) as plain data, by alias."""

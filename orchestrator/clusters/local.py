@@ -37,11 +37,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError
+from ..proctree import Proc, alive, descendants, signal_all, start_ticks
 from ..spec import JobSpec
 from .base import Cluster, DryRun, JobRef, JobState, JobStatus
 
@@ -106,59 +107,6 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _start_ticks(pid: int) -> str | None:
-    """The process's start time in clock ticks (field 22 of /proc/PID/stat): with the
-    pid it identifies one process even after the pid number is reused."""
-    text = _read(Path(f"/proc/{pid}/stat"))
-    if text is None:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _alive(pid: int, ticks: str | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    now = _start_ticks(pid)
-    if ticks is None or now is None:
-        return True
-    state = _read(Path(f"/proc/{pid}/stat"))
-    zombie = state is not None and state[state.rfind(")") + 2 :].startswith("Z")
-    return now == ticks and not zombie
-
-
-def _descendants(root: int) -> list[tuple[int, str | None]]:
-    """(pid, start ticks) of every process below `root`, found through /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
-            continue
-        text = _read(entry / "stat")
-        if text is None:
-            continue
-        fields = text[text.rfind(")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    out: list[tuple[int, str | None]] = []
-    todo = list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        out.append((pid, _start_ticks(pid)))
-        todo.extend(children.get(pid, []))
-    return out
-
-
-def _signal(procs: Iterable[tuple[int, str | None]], sig: int) -> None:
-    for pid, ticks in procs:
-        if _alive(pid, ticks):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-
-
 class LocalCluster(Cluster):
     name = "local"
 
@@ -214,7 +162,7 @@ class LocalCluster(Cluster):
         if done is not None and int(done.get("step", -1)) >= spec.train.steps:
             return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
         pid_info = self._pid(run_dir)
-        if pid_info is not None and _alive(*pid_info):
+        if pid_info is not None and alive(*pid_info):
             raise ClusterError(
                 f"job {spec.name!r} is already running here (pid {pid_info[0]}, run dir "
                 f"{run_dir}); follow it with `shardctl logs {spec.name}` or stop it with "
@@ -251,7 +199,7 @@ class LocalCluster(Cluster):
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        ticks = _start_ticks(proc.pid)
+        ticks = start_ticks(proc.pid)
         tmp = run_dir / f".{PID_FILE}.tmp"
         tmp.write_text(f"{proc.pid} {ticks or ''}\n")
         tmp.replace(run_dir / PID_FILE)
@@ -281,7 +229,7 @@ class LocalCluster(Cluster):
     def status(self, ref: JobRef) -> JobStatus:
         run_dir = Path(ref.run_dir)
         pid_info = self._pid(run_dir)
-        if pid_info is not None and _alive(*pid_info):
+        if pid_info is not None and alive(*pid_info):
             return JobStatus(JobState.RUNNING, "running", f"pid {pid_info[0]}")
         rc = self._exit_code(run_dir)
         done = _json(run_dir / DONE_FILE)
@@ -342,7 +290,7 @@ class LocalCluster(Cluster):
     def cancel(self, ref: JobRef, grace_s: float | None = None) -> None:
         run_dir = Path(ref.run_dir)
         pid_info = self._pid(run_dir)
-        if pid_info is None or not _alive(*pid_info):
+        if pid_info is None or not alive(*pid_info):
             st = self.status(ref)
             raise ClusterError(
                 f"job {ref.name!r} is not running (state {st.state.value}); nothing to cancel"
@@ -352,17 +300,17 @@ class LocalCluster(Cluster):
         (run_dir / CANCELLED_FILE).write_text(f"{time.time()}\n")
         # Collected before signalling: once a parent exits, its children are re-parented
         # and no longer look like ours.
-        procs = [(pid, ticks), *_descendants(pid)]
+        procs = [Proc(pid, ticks), *descendants(pid)]
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        _signal(procs, signal.SIGTERM)
+        signal_all(procs, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
-            procs = [p for p in procs if _alive(*p)]
+            procs = [p for p in procs if alive(*p)]
             if not procs:
                 return
             time.sleep(0.2)
-        _signal(procs, signal.SIGKILL)
+        signal_all(procs, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
 
@@ -397,7 +345,7 @@ class LocalCluster(Cluster):
                     out(chunk.decode("utf-8", errors="replace"))
 
         pid_info = self._pid(Path(ref.run_dir))
-        while pid_info is not None and _alive(*pid_info):
+        while pid_info is not None and alive(*pid_info):
             try:
                 pump()
                 time.sleep(poll_s)

@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ClusterError, MissingDependencyError
+from ..proctree import catches, descendants
 from ..spec import JobSpec, parse_spec
 from .base import Cluster, DryRun, JobRef, JobState, JobStatus
 
@@ -226,12 +227,12 @@ class SlurmCluster(Cluster):
 
 
 def _absolute_run_dir(spec: JobSpec) -> JobSpec:
-    """The spec as the nodes read it: its checkpoint (and so run) directory absolute."""
-    absolute = os.path.abspath(spec.checkpoint_dir)
-    if absolute == spec.checkpoint_dir:
+    """The spec as the nodes read it: run and checkpoint directories absolute."""
+    run_dir, ckpt = os.path.abspath(spec.run_dir), os.path.abspath(spec.checkpoint_dir)
+    if (run_dir, ckpt) == (spec.run_dir, spec.checkpoint_dir):
         return spec
     data = spec.to_yaml_dict()
-    data["checkpoint"]["dir"] = absolute
+    data["run_dir"], data["checkpoint"]["dir"] = run_dir, ckpt
     return parse_spec(data)
 
 
@@ -521,49 +522,12 @@ def _wait_for_marker(marker: Path, started: float, seconds: float) -> dict[str, 
     return None
 
 
-def _descendants(root: int) -> list[int]:
-    """PIDs of every process below `root` (read from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        # The command name is in parentheses and may contain spaces.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out: list[int] = []
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process `pid` has a handler installed for `signum` (SigCgt)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
 def _forward(root: int, signum: int, done: set[int]) -> set[int]:
     """Send `signum` once to each process under `root` that catches it."""
     sent: set[int] = set()
-    for pid in [root, *_descendants(root)]:
+    for pid in [root, *(p.pid for p in descendants(root))]:
         key = pid * 100 + signum
-        if key in done or not _catches(pid, signum):
+        if key in done or not catches(pid, signum):
             continue
         try:
             os.kill(pid, signum)

@@ -1,0 +1,61 @@
+"""`strategy.precision: auto` — which precision fits the hardware, decided once.
+
+Torch-free. Two moments decide it:
+
+- On the node, at a run's first start (`shardctl.train` calls `resolve_auto` with
+  what torch reports): bf16-mixed where the device computes bf16 natively (CUDA
+  compute capability >= 8.0; CPUs with AVX512-BF16 or AMX), fp16-mixed on older
+  GPUs, fp32 otherwise. The result is printed and recorded in every checkpoint's
+  manifest; a resumed run keeps it, so a run never changes precision midway.
+- At render time (accelerate config, DeepSpeed JSON written before any node is
+  known): `rendered_precision` — bf16-mixed for CUDA (what every GPU since Ampere
+  computes natively), fp32 for CPU. The built-in loop rebuilds its DeepSpeed config
+  from the resolved value on the node, so this only matters for users' own scripts
+  that read the rendered files.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ConcretePrecision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
+AUTO = "auto"
+
+# CPU feature flags (as /proc/cpuinfo spells them) that mean bf16 matrix work runs
+# natively rather than emulated through fp32 (4-5x slower on an AVX2-only EPYC).
+NATIVE_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def resolve_auto(
+    device: str,
+    *,
+    cuda_capability: tuple[int, int] | None = None,
+    cpu_flags: frozenset[str] | set[str] = frozenset(),
+) -> ConcretePrecision:
+    """The precision `auto` becomes on a device with these properties."""
+    if device == "cuda":
+        if cuda_capability is not None and cuda_capability >= (8, 0):
+            return "bf16-mixed"
+        return "fp16-mixed"
+    if NATIVE_BF16_CPU_FLAGS & set(cpu_flags):
+        return "bf16-mixed"
+    return "fp32"
+
+
+def cpu_flags_of_this_host(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The feature flags of this host's first CPU (empty where /proc/cpuinfo is missing)."""
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def rendered_precision(precision: str, device: str) -> ConcretePrecision:
+    """What rendered launcher configs say for `precision` (see the module docstring)."""
+    if precision != AUTO:
+        return precision  # type: ignore[return-value]
+    return "bf16-mixed" if device == "cuda" else "fp32"

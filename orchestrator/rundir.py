@@ -1,0 +1,119 @@
+"""The run-directory contract: every file a run owns, its markers and exit codes.
+
+Torch-free and dependency-free: the CLI, every cluster backend, the node tasks and
+the ranks import the names from here and nowhere else.
+
+A run directory (`spec.run_dir`, default `runs/<name>`) holds:
+
+    job.yaml, launch.sh, env.sh, ...   the rendered artifacts the nodes run
+    rendered/<cluster>/                `shardctl render` output (when not --out)
+    logs/                              launcher and rank output, metrics.jsonl
+    checkpoints/step-NNNNNNNN/         sharded checkpoints, unless checkpoint.dir
+                                       points elsewhere (a scratch file system)
+    model/                             the consolidated full state dict
+    DONE                               JSON {"step"}: every step ran, final save exists
+    PREEMPTED                          JSON {"step", "reason"}: saved on a signal;
+                                       submit again (or requeue) to resume
+
+Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
+`EXIT_FAILED`, `EXIT_SPEC` (bad input) and `EXIT_PREEMPTED` (saved a checkpoint
+because of a preemption signal: resume me). torchrun and accelerate turn any
+non-zero rank exit into their own 1, which is why the markers exist.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .durable import write_text_atomic
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_SPEC = 2
+EXIT_PREEMPTED = 42
+
+DONE_FILE = "DONE"
+PREEMPTED_FILE = "PREEMPTED"
+SPEC_FILE = "job.yaml"
+LAUNCH_FILE = "launch.sh"
+ENV_FILE = "env.sh"
+LOGS_DIR = "logs"
+MODEL_DIR = "model"
+CHECKPOINTS_DIR = "checkpoints"
+RENDERED_DIR = "rendered"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run's files, below `root` (which may be relative)."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, path: str | Path) -> RunDir:
+        return cls(Path(path))
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS_DIR
+
+    @property
+    def model(self) -> Path:
+        return self.root / MODEL_DIR
+
+    @property
+    def spec_file(self) -> Path:
+        return self.root / SPEC_FILE
+
+    @property
+    def launch_script(self) -> Path:
+        return self.root / LAUNCH_FILE
+
+    @property
+    def done_file(self) -> Path:
+        return self.root / DONE_FILE
+
+    @property
+    def preempted_file(self) -> Path:
+        return self.root / PREEMPTED_FILE
+
+    def rendered(self, cluster: str) -> Path:
+        return self.root / RENDERED_DIR / cluster
+
+    # -- markers ------------------------------------------------------------------
+
+    def write_marker(self, name: str, data: dict[str, Any]) -> None:
+        """Write a marker (DONE, PREEMPTED) atomically: readers never see half of one."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.root / name, json.dumps(data) + "\n", durable=False)
+
+    def read_marker(self, name: str) -> dict[str, Any] | None:
+        """A marker's JSON object, or None when it is absent or unreadable."""
+        try:
+            data = json.loads((self.root / name).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def done_step(self) -> int | None:
+        """The step recorded in DONE, or None when the run has none (or it is corrupt)."""
+        data = self.read_marker(DONE_FILE)
+        try:
+            return int(data["step"]) if data is not None else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def is_complete(self, steps: int) -> bool:
+        step = self.done_step()
+        return step is not None and step >= steps
+
+
+def default_run_dir(name: str) -> str:
+    return f"runs/{name}"
+
+
+def default_checkpoint_dir(run_dir: str) -> str:
+    return f"{run_dir.rstrip('/') or '/'}/{CHECKPOINTS_DIR}"
