@@ -72,7 +72,7 @@ ZERO_TO_SHARDING: dict[int, str | None] = {
 }
 
 Sharding = Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]
-Precision = Literal["bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
+Precision = Literal["auto", "bf16-mixed", "bf16-pure", "fp16-mixed", "fp32"]
 # strict: YAML `yes`/`true` must not silently become the count 1.
 PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
