@@ -25,7 +25,6 @@ as 1, so this file is how a supervisor tells "checkpointed, resume me" from a cr
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import random
@@ -34,6 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.rundir import (
+    DONE_FILE,
+    PREEMPTED_FILE,
+    RunDir,
+)
 from shardctl.orchestrator.spec import JobSpec
 
 from . import distributed
@@ -42,29 +46,9 @@ from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
 
 log = logging.getLogger("shardctl.train")
 
-DONE_FILE = "DONE"
-PREEMPTED_FILE = "PREEMPTED"
-
-
-def done_step(run_dir: str | Path) -> int | None:
-    """The step recorded in the run's DONE marker, or None when it has none."""
-    path = Path(run_dir) / DONE_FILE
-    try:
-        return int(json.loads(path.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
 
 def is_complete(spec: JobSpec) -> bool:
-    step = done_step(spec.run_dir)
-    return step is not None and step >= spec.train.steps
-
-
-def _write_marker(run_dir: Path, name: str, data: dict[str, Any]) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / f".{name}.tmp"
-    tmp.write_text(json.dumps(data) + "\n")
-    tmp.replace(run_dir / name)
+    return RunDir.of(spec.run_dir).is_complete(spec.train.steps)
 
 
 class TrainerState:
@@ -145,7 +129,7 @@ class Trainer:
         self.ckpt = CheckpointManager(
             spec, rank=env.rank, world_size=env.world_size, model_meta=self.model_meta
         )
-        self.run_dir = Path(spec.run_dir)
+        self.run_dir = RunDir.of(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
         # One buffer, one all-reduce (sum) per step: [loss, ranks wanting to stop,
         # ranks that received a signal, sum of their signal numbers].
@@ -174,7 +158,7 @@ class Trainer:
         from .optim import lr_at
 
         spec, t, env = self.spec, self.spec.train, self.env
-        metrics = MetricsLogger(self.run_dir, enabled=env.is_main, total_steps=t.steps)
+        metrics = MetricsLogger(self.run_dir.root, enabled=env.is_main, total_steps=t.steps)
         flag = PreemptionFlag()
         flag.install()
         try:
@@ -184,7 +168,7 @@ class Trainer:
             step = restored or 0
             self.state.step = step
             if env.is_main:
-                (self.run_dir / PREEMPTED_FILE).unlink(missing_ok=True)
+                self.run_dir.preempted_file.unlink(missing_ok=True)
                 where = (
                     f"resumed at step {step} (checkpoint verified and loaded in {t_restore:.2f} s)"
                     if restored is not None
@@ -230,9 +214,7 @@ class Trainer:
                     self.ckpt.wait()
                     if env.is_main:
                         reason = flag.reason(self.stop_signal)
-                        _write_marker(
-                            self.run_dir, PREEMPTED_FILE, {"step": step, "reason": reason}
-                        )
+                        self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
                         metrics.info(
                             f"preempted ({reason}): saved step {step}; "
                             f"exiting with code {EXIT_PREEMPTED}"
@@ -254,7 +236,7 @@ def _consolidate(spec: JobSpec, step: int) -> Path:
     from .manifest import step_dirname
 
     ckpt = Path(spec.checkpoint_dir) / step_dirname(step)
-    out = Path(spec.run_dir) / "model"
+    out = RunDir.of(spec.run_dir).model
     # force: a run continued with more steps replaces its own earlier model.
     consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype, force=True)
     return out
@@ -278,6 +260,6 @@ def run(spec: JobSpec) -> int:
     if spec.checkpoint.consolidate_on_finish:
         out = _consolidate(spec, step)
         print(f"{spec.name}: consolidated model written to {out}", flush=True)
-    _write_marker(Path(spec.run_dir), DONE_FILE, {"step": step, "time": time.time()})
+    RunDir.of(spec.run_dir).write_marker(DONE_FILE, {"step": step, "time": time.time()})
     print(f"{spec.name}: finished {step} steps; checkpoints in {spec.checkpoint_dir}", flush=True)
     return EXIT_OK

@@ -7,14 +7,15 @@ flag (in the same collective as the logged loss, so it costs nothing extra); if 
 rank saw a signal, every rank saves the same step together and the process exits with
 `EXIT_PREEMPTED`, distinct from success (0) and failure (anything else). torchrun
 and `accelerate launch` turn any non-zero rank exit into their own exit 1, so rank 0
-also writes `<run dir>/PREEMPTED` (`{"step", "reason"}`, see `shardctl.train.loop`):
+also writes `<run dir>/PREEMPTED` (`{"step", "reason"}`, see `shardctl.orchestrator.rundir`):
 supervisors that only see the launcher's code read that marker.
 
 Testing aid: `SHARDCTL_STOP_AFTER_STEP=K` makes the loop behave exactly as if a
 preemption signal had arrived during step K (save step K, exit `EXIT_PREEMPTED`).
 It exists so tests can stop a run at a known step; do not set it in real jobs.
 
-This module imports nothing heavy: the orchestrator side reads the exit codes from it.
+This module imports nothing heavy. The exit codes are defined in
+`shardctl.orchestrator.rundir` and re-exported here.
 """
 
 from __future__ import annotations
@@ -23,10 +24,19 @@ import os
 import signal
 from types import FrameType
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_PREEMPTED = 42
-"""Exit code of a rank that saved a checkpoint because of a preemption signal."""
+# The codes live with the run-directory contract (torch-free, shared with every
+# launcher and cluster backend); re-exported here for the loop and older callers.
+from shardctl.orchestrator.rundir import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_SPEC
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_PREEMPTED",
+    "EXIT_SPEC",
+    "SIGNALS",
+    "STOP_AFTER_STEP_ENV",
+    "PreemptionFlag",
+]
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 STOP_AFTER_STEP_ENV = "SHARDCTL_STOP_AFTER_STEP"

@@ -41,6 +41,7 @@ def write_spec(
         strategy["zero_stage"] = zero_stage
     spec = {
         "name": "ckpt-e2e",
+        "run_dir": str(run_dir),
         "resources": {"nodes": 1, "procs_per_node": nproc, "device": "cpu"},
         "strategy": strategy,
         "train": {

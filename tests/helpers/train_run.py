@@ -37,6 +37,8 @@ def tiny_spec(tmp: Path, name: str, **over: Any) -> Path:
     """Write a tiny 2-rank spec whose run dir is `tmp/<name>`; returns its path."""
     data: dict[str, Any] = {
         "name": name,
+        # The run dir owns logs and markers; checkpoints go beneath it explicitly.
+        "run_dir": str(tmp / name),
         "resources": {"nodes": 1, "procs_per_node": 2, "device": "cpu"},
         "launcher": "torchrun",
         "strategy": {"backend": "fsdp", "sharding": "full_shard", "precision": "bf16-mixed"},
