@@ -73,16 +73,15 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 import torch.distributed as dist
 
+from ..orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ..orchestrator.errors import CheckpointError
 from .manifest import (
     FORMAT_VERSION,
-    MANIFEST,
     STEP_RE,
     TRASH_PREFIX,
     CheckpointInfo,
     complete_candidates,
     describe_files,
-    fsync_path,
     latest_complete,
     list_checkpoints,
     list_files,
@@ -90,7 +89,7 @@ from .manifest import (
     share_of,
     step_dirname,
     verify,
-    write_json_durably,
+    write_manifest,
 )
 
 __all__ = [
@@ -230,14 +229,15 @@ def _remove_dir(path: Path) -> None:
 def _publish(tmp: Path, final: Path) -> None:
     """The one rename that makes a checkpoint visible."""
     if not final.exists():
-        os.rename(tmp, final)
-    elif _rename_exchange(tmp, final):
+        publish_dir(tmp, final)  # fsyncs tmp, renames, fsyncs the parent
+        return
+    if _rename_exchange(tmp, final):
         # `final` now holds the new checkpoint, `tmp` the replaced one.
         _remove_dir(tmp)
     else:  # file systems without RENAME_EXCHANGE: a short window without this step
         _remove_dir(final)
         os.rename(tmp, final)
-    fsync_path(final.parent)
+    fsync_dir(final.parent)
 
 
 def _versions(backend: str) -> dict[str, str | None]:
@@ -443,7 +443,7 @@ class CheckpointManager:
         t_hash = time.perf_counter()
         try:
             for rel in mine:  # make what this rank reads durable (files closed by writers)
-                fsync_path(tmp / rel)
+                fsync_file(tmp / rel)
             part: Any = ("ok", describe_files(tmp, mine))
         except OSError as exc:  # shared with every rank, so that none waits forever
             part = ("error", f"rank {self.rank}: {exc}")
@@ -456,9 +456,9 @@ class CheckpointManager:
         self.timings["hash"] = t_publish - t_hash
 
         def publish() -> None:
-            write_json_durably(tmp / MANIFEST, self._manifest(step, described))
+            write_manifest(tmp, self._manifest(step, described))
             for dirpath, _dirs, _files in os.walk(tmp):
-                fsync_path(dirpath)
+                fsync_dir(dirpath)
             _publish(tmp, final_dir)
             self._retention(final_dir)
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..orchestrator.durable import write_text_atomic
 from ..orchestrator.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -111,30 +112,11 @@ def describe_files(root: str | Path, rels: Iterable[str]) -> dict[str, dict[str,
 # -------------------------------------------------------------------- durability
 
 
-def fsync_path(path: str | Path) -> None:
-    """fsync a file or a directory (a directory's fsync makes renames in it durable)."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if Path(path).is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: str | Path) -> None:
-    """fsync every file and folder under `root` (what a writer may have left unsynced)."""
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            fsync_path(Path(dirpath) / name)
-        fsync_path(dirpath)
-
-
-def write_json_durably(path: str | Path, data: Any) -> None:
-    path = Path(path)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+def write_manifest(step_dir: str | Path, data: dict[str, Any]) -> None:
+    """Write `manifest.json` into a step folder: whole or not at all, and on disk
+    (fsync of the file and the folder) before the folder is published."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_text_atomic(Path(step_dir) / MANIFEST, text, durable=True)
 
 
 # ------------------------------------------------------------------------ reading

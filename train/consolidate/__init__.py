@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ...orchestrator.errors import CheckpointError, UsageError
 from .io import SourceTensor
 
@@ -230,35 +231,22 @@ def _prepare_tmp(out_dir: Path, force: bool) -> Path:
     return tmp
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _publish(tmp: Path, out_dir: Path, durable: bool) -> None:
     (tmp / _MARKER).unlink()
     if durable:
         for f in tmp.iterdir():  # config and index; the shards are clean already
-            fd = os.open(f, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(tmp)
+            fsync_file(f)
     if not out_dir.exists():
-        os.replace(tmp, out_dir)
-        if durable:
-            _fsync_dir(out_dir.parent)
+        publish_dir(tmp, out_dir, durable=durable)
         return
     # Swap: the old model moves aside, the new one takes its place, then the old goes.
+    if durable:
+        fsync_dir(tmp)
     old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
     os.replace(out_dir, old)
     os.replace(tmp, out_dir)
     if durable:
-        _fsync_dir(out_dir.parent)  # the swap is on disk before the old model goes
+        fsync_dir(out_dir.parent)  # the swap is on disk before the old model goes
     if old.is_dir():
         shutil.rmtree(old)
     else:
