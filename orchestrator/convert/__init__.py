@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import SpecError
-from .yamlio import read_yaml_file
+from ..errors import SpecError
+from ..yamlio import read_yaml_file
 
 Target = Literal["fsdp", "deepspeed"]
 NoteKind = Literal["mapped", "not-mapped", "changed", "precision"]
@@ -690,7 +690,7 @@ def _leaf_keys(obj: dict[str, Any], prefix: str = "") -> list[str]:
 def _plan_from_spec(
     data: dict[str, Any], to: Target, source: str | None
 ) -> tuple[Plan, dict[str, Any] | None]:
-    from .spec import parse_spec  # pydantic only; still no torch
+    from ..spec import parse_spec  # pydantic only; still no torch
 
     spec = parse_spec(data, source)
     s, r, t = spec.strategy, spec.resources, spec.train
@@ -761,7 +761,7 @@ def _spec_strategy(
     data: dict[str, Any], spec: Any, to: Target, plan: Plan
 ) -> dict[str, Any] | None:
     """The `strategy` section that runs the same job on the other backend, if valid."""
-    from .spec import parse_spec
+    from ..spec import parse_spec
 
     s = spec.strategy
     new: dict[str, Any] = {
