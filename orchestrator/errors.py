@@ -14,20 +14,50 @@ class ShardctlError(Exception):
 
 
 class SpecError(ShardctlError):
-    """The job spec (or another user-supplied config) is invalid."""
+    """The job spec (or another user-supplied config) is invalid.
+
+    Each problem is one line that names the field, shows the bad value once (through
+    `show_value`, cut to a readable length) and says what is accepted. A spec with
+    thousands of problems prints the first `MAX_PROBLEMS` and a count of the rest.
+    """
 
     exit_code = 2
+    MAX_PROBLEMS = 20
+    # A value longer than this is cut: one bad 10 MB string must not print 10 MB.
+    MAX_VALUE_CHARS = 80
+    # The last guard for text shardctl did not quote itself (a YAML parser's message,
+    # an OS error naming a path): no single line of the report grows past this.
+    MAX_LINE_CHARS = 1000
 
     def __init__(self, problems: list[str], source: str | None = None) -> None:
         self.problems = problems
         self.source = source
-        where = f"{source}: " if source else ""
+        where = f"{self.show_text(source)}: " if source else ""
+        shown = [self.show_text(p, self.MAX_LINE_CHARS) for p in problems[: self.MAX_PROBLEMS]]
+        if len(problems) > self.MAX_PROBLEMS:
+            shown.append(f"... and {len(problems) - self.MAX_PROBLEMS} more")
         if len(problems) == 1:
-            text = f"{where}invalid job spec: {problems[0]}"
+            text = f"{where}invalid job spec: {shown[0]}"
         else:
-            lines = "\n".join(f"  - {p}" for p in problems)
+            lines = "\n".join(f"  - {p}" for p in shown)
             text = f"{where}invalid job spec ({len(problems)} problems):\n{lines}"
         super().__init__(text)
+
+    @classmethod
+    def show_value(cls, value: object) -> str:
+        """A bad value as an error message shows it: its repr, cut to a readable length."""
+        if isinstance(value, str | bytes) and len(value) > cls.MAX_VALUE_CHARS:
+            # Cut the value, not its repr, so the quotes stay and the count is the user's.
+            return f"{value[: cls.MAX_VALUE_CHARS]!r}… ({len(value)} characters)"
+        return cls.show_text(repr(value))
+
+    @classmethod
+    def show_text(cls, text: str, limit: int | None = None) -> str:
+        """Text cut at `limit` characters (default `MAX_VALUE_CHARS`), saying how long it was."""
+        limit = limit or cls.MAX_VALUE_CHARS
+        if len(text) <= limit:
+            return text
+        return f"{text[:limit]}… ({len(text)} characters)"
 
 
 class UsageError(ShardctlError):

@@ -12,7 +12,10 @@ gives determines the other, and a pair that disagrees is rejected.
 from __future__ import annotations
 
 import difflib
+import math
+import posixpath
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -27,8 +30,19 @@ from pydantic import (
 )
 
 from .errors import SpecError
-from .rundir import default_checkpoint_dir, default_run_dir
+from .rundir import (
+    CHECKPOINTS_DIR,
+    LOGS_DIR,
+    MODEL_DIR,
+    RENDERED_DIR,
+    default_checkpoint_dir,
+    default_run_dir,
+)
+from .sizes import MemorySize
 from .yamlio import read_yaml_file
+
+# Every bad value a message shows goes through this: repr, cut to a readable length.
+_show = SpecError.show_value
 
 # --------------------------------------------------------------------------- names
 
@@ -41,8 +55,38 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+# Kept for the renderers that still read memory as text (orchestrator/clusters/).
 K8S_QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 SLURM_MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
+# A pod's CPU: cores (`8`, `0.5`) or whole millicores (`1500m`).
+K8S_CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?|[0-9]+(?=m$))(m)?$")
+# Control characters in a path end up in #SBATCH lines, log names and YAML; none is
+# ever meant (a tab or newline there is a paste accident, a NUL cannot reach open()).
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+PATH_MAX = 4096  # Linux's PATH_MAX: open() refuses longer paths anyway
+
+# ------------------------------------------------------------------------- bounds
+# Upper bounds of every count: far above anything a real cluster or model means, low
+# enough that a typo (an extra zero run, 1e30) is caught here instead of overflowing a
+# Kubernetes int32, a Slurm option or a step folder name on the nodes.
+
+MAX_NODES = 100_000  # the largest machines have tens of thousands of nodes
+MAX_PROCS_PER_NODE = 1024  # one rank per GPU or per core; nodes have at most hundreds
+MAX_CPUS_PER_PROC = 1024  # more cores than any one machine has
+MAX_POD_CPUS = 4096  # k8s.cpu per pod, in cores
+# Checkpoint folders are step-NNNNNNNN: eight digits, so resume finds at most this step.
+MAX_STEPS = 99_999_999
+MAX_BATCH = 65_536  # micro_batch_size and grad_accum
+MAX_SEQ_LEN = 16_777_216  # 2**24 tokens; also the bound of llama.max_position_embeddings
+MAX_SEED = 2**63 - 1  # torch.manual_seed and the rank re-seeding take a 64-bit seed
+MAX_KEEP = 1000  # checkpoints kept
+MAX_RETRIES = 1000  # requeues, pod restarts, backoff
+MAX_SECONDS = 366 * 86400  # a year: time limits, deadlines, TTLs
+MAX_UID = 2**31 - 1  # the largest uid Kubernetes' runAsUser and every Linux tool agree on
+MAX_LR = 10.0  # AdamW diverges long before; 1e30 is a typo
+MAX_WEIGHT_DECAY = 10.0  # decoupled decay of lr × wd > 1 flips weights' signs every step
+MAX_CLIP = 1e6  # a larger norm never clips; 0 is how to say "no clipping"
+MAX_ENV_VALUE = 131_072  # Linux's MAX_ARG_STRLEN, the longest one env string
 
 # Variables the launchers set for every rank; a user value would silently make
 # every process believe it is the same rank.
@@ -78,9 +122,43 @@ PositiveInt = Annotated[int, Field(gt=0, strict=True)]
 NonNegativeInt = Annotated[int, Field(ge=0, strict=True)]
 
 
+# Bounded counts; each field's docstring states its range.
+Nodes = Annotated[int, Field(gt=0, le=MAX_NODES, strict=True)]
+Procs = Annotated[int, Field(gt=0, le=MAX_PROCS_PER_NODE, strict=True)]
+Cpus = Annotated[int, Field(gt=0, le=MAX_CPUS_PER_PROC, strict=True)]
+Steps = Annotated[int, Field(gt=0, le=MAX_STEPS, strict=True)]
+StepsOrZero = Annotated[int, Field(ge=0, le=MAX_STEPS, strict=True)]
+Batch = Annotated[int, Field(gt=0, le=MAX_BATCH, strict=True)]
+SeqLen = Annotated[int, Field(gt=0, le=MAX_SEQ_LEN, strict=True)]
+Retries = Annotated[int, Field(ge=0, le=MAX_RETRIES, strict=True)]
+Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS, strict=True)]
+PositiveSeconds = Annotated[int, Field(gt=0, le=MAX_SECONDS, strict=True)]
+
+
+def _path_text(v: str | None) -> str | None:
+    if v is None:
+        return v
+    if not v.strip():
+        raise ValueError(f"{_show(v)} is empty; accepted: a folder or file path")
+    if CONTROL_RE.search(v):
+        raise ValueError(
+            f"{_show(v)} holds a control character (tab, newline, NUL ...); accepted: a "
+            "path of printable characters"
+        )
+    if len(v) > PATH_MAX:
+        raise ValueError(
+            f"{_show(v)} is longer than {PATH_MAX} characters, the longest path Linux opens"
+        )
+    return v
+
+
+# A file or folder path given in the spec: one printable line.
+PathText = Annotated[str, AfterValidator(_path_text)]
+
+
 def _factory_ref(v: str) -> str:
     if not FACTORY_RE.match(v):
-        raise ValueError(f"{v!r} is not 'package.module:function'")
+        raise ValueError(f"{_show(v)} is not 'package.module:function'")
     return v
 
 
@@ -108,23 +186,19 @@ def _set(model: BaseModel, field: str, value: Any) -> None:
 class Resources(_Section):
     """What the job runs on."""
 
-    nodes: PositiveInt = 1
-    """Number of machines (Slurm nodes, Kubernetes pods)."""
-    procs_per_node: PositiveInt = 1
-    """Processes (ranks) per node; one per GPU on CUDA."""
+    nodes: Nodes = 1
+    """Number of machines (Slurm nodes, Kubernetes pods); 1 to 100000."""
+    procs_per_node: Procs = 1
+    """Processes (ranks) per node; one per GPU on CUDA; 1 to 1024."""
     device: Literal["cpu", "cuda"] = "cpu"
     """`cuda` uses NCCL and one GPU per process; `cpu` uses gloo."""
-    cpus_per_proc: PositiveInt = 1
-    """CPU cores per process: OMP_NUM_THREADS, Slurm cpus-per-task, k8s cpu request."""
-    memory: str | None = None
-    """Memory per node in Slurm units (`64G`); also the k8s memory request (`64Gi`)."""
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is not None and not (SLURM_MEM_RE.match(v) or K8S_QUANTITY_RE.match(v)):
-            raise ValueError(f"{v!r} is not a memory size; accepted: e.g. '64G', '512M', '64Gi'")
-        return v
+    cpus_per_proc: Cpus = 1
+    """CPU cores per process: OMP_NUM_THREADS, Slurm cpus-per-task, k8s cpu request;
+    1 to 1024."""
+    memory: MemorySize | None = None
+    """Memory per node: Slurm units (`64G`, `512M`, a bare number of megabytes) or a
+    Kubernetes quantity (`64Gi`, `1.5Gi`); 1Mi to 1Pi. Rendered by `MemorySize.slurm()`
+    for --mem and `MemorySize.k8s()` for the pod's memory request."""
 
     @property
     def world_size(self) -> int:
@@ -156,7 +230,7 @@ class Strategy(_Section):
     def _stage_not_bool(cls, v: Any) -> Any:
         # YAML `true` would otherwise pass as stage 1 (True == 1 in Python).
         if isinstance(v, bool):
-            raise ValueError(f"{v!r} is not a ZeRO stage; accepted: 0, 1, 2, 3")
+            raise ValueError(f"{_show(v)} is not a ZeRO stage; accepted: 0, 1, 2, 3")
         return v
 
     @field_validator("wrap")
@@ -167,7 +241,7 @@ class Strategy(_Section):
                 raise ValueError("an empty list wraps nothing; accepted: 'auto' or class names")
             for name in v:
                 if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-                    raise ValueError(f"{name!r} is not a Python class name")
+                    raise ValueError(f"{_show(name)} is not a Python class name")
         return v
 
     @model_validator(mode="after")
@@ -201,12 +275,171 @@ class Strategy(_Section):
 # -------------------------------------------------------------------- model, data
 
 
+# transformers.LlamaConfig's keyword arguments: name → (type, default), copied here so
+# that `validate` and `render` need no transformers (nor the torch it imports).
+# tests/test_spec_llama.py rebuilds this table from the installed LlamaConfig and fails
+# when the two disagree. Without the check, a typo such as `hiden_size` is swallowed by
+# LlamaConfig's **kwargs and the ranks silently build the 6.5B-parameter default.
+LLAMA_CONFIG_KEYS: dict[str, tuple[str, Any]] = {
+    "vocab_size": ("int", 32000),
+    "hidden_size": ("int", 4096),
+    "intermediate_size": ("int", 11008),
+    "num_hidden_layers": ("int", 32),
+    "num_attention_heads": ("int", 32),
+    "num_key_value_heads": ("int | None", None),
+    "hidden_act": ("str", "silu"),
+    "max_position_embeddings": ("int", 2048),
+    "initializer_range": ("float", 0.02),
+    "rms_norm_eps": ("float", 1e-06),
+    "use_cache": ("bool", True),
+    "pad_token_id": ("int | None", None),
+    "bos_token_id": ("int | None", 1),
+    "eos_token_id": ("int | list[int] | None", 2),
+    "pretraining_tp": ("int | None", 1),
+    "tie_word_embeddings": ("bool", False),
+    "rope_parameters": ("dict | None", None),
+    "attention_bias": ("bool", False),
+    "attention_dropout": ("int | float | None", 0.0),
+    "mlp_bias": ("bool", False),
+    "head_dim": ("int | None", None),
+}
+# Keys LlamaConfig's base class still understands and that Llama configs on the Hub
+# (config.json) commonly carry: the pre-5.0 RoPE spelling, folded into rope_parameters,
+# and the attention kernel. The test proves transformers still honours each one. The
+# base class's other keys (architectures, id2label, problem_type, return_dict ...)
+# describe a saved checkpoint or a task head, not the model built here: refused.
+LLAMA_EXTRA_KEYS: dict[str, tuple[str, Any]] = {
+    "rope_theta": ("int | float", 10000.0),
+    "rope_scaling": ("dict | None", None),
+    "attn_implementation": ("str | None", None),
+}
+# Understood by LlamaConfig but refused, with the reason.
+LLAMA_REFUSED_KEYS: dict[str, str] = {
+    key: "the dtype is train.model.dtype (the model is built and cast in it, so a dtype "
+    "here would be ignored); set it there"
+    for key in ("dtype", "torch_dtype")
+}
+# Counts: more than any released model's width, depth, vocabulary or context.
+LLAMA_COUNTS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "head_dim",
+    "pretraining_tp",
+)  # fmt: skip
+LLAMA_MAX_COUNT = MAX_SEQ_LEN
+# Numbers with a meaningful range: the test, and the range as messages say it.
+LLAMA_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "initializer_range": (lambda x: 0 <= x <= 1, "0 to 1"),  # LlamaConfig's own interval
+    "rms_norm_eps": (lambda x: 0 < x <= 1, "more than 0, at most 1"),
+    "attention_dropout": (lambda x: 0 <= x < 1, "0 to less than 1"),
+    "rope_theta": (lambda x: 0 < x <= 1e12, "more than 0, at most 1e12"),
+}
+
+
+def _llama_type_ok(value: Any, type_text: str) -> bool:
+    for alternative in type_text.split(" | "):
+        ok = {
+            "None": value is None,
+            "bool": isinstance(value, bool),
+            "int": isinstance(value, int) and not isinstance(value, bool),
+            "float": isinstance(value, int | float) and not isinstance(value, bool),
+            "str": isinstance(value, str),
+            "dict": isinstance(value, dict),
+            "list[int]": isinstance(value, list)
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in value),
+        }[alternative]
+        if ok:
+            return True
+    return False
+
+
+def llama_problems(cfg: dict[str, Any]) -> list[str]:
+    """Every problem of `train.model.llama`, one line each, each naming its key."""
+    accepted = {**LLAMA_CONFIG_KEYS, **LLAMA_EXTRA_KEYS}
+    problems: list[str] = []
+    for key, value in cfg.items():
+        field = f"train.model.llama.{SpecError.show_text(key)}"
+        if key in LLAMA_REFUSED_KEYS:
+            problems.append(f"{field}: {LLAMA_REFUSED_KEYS[key]}")
+            continue
+        if key not in accepted:
+            hint = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+            did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+            problems.append(
+                f"unknown key {field!r} in train.model.llama (a LlamaConfig){did_you_mean} "
+                f"(accepted: {', '.join(sorted(accepted))})"
+            )
+            continue
+        type_text = accepted[key][0]
+        if not _llama_type_ok(value, type_text):
+            problems.append(
+                f"{field}: {_show(value)} is a {_type_name(value)}; accepted: {type_text}"
+            )
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.append(f"{field}: {_show(value)} is not a finite number")
+        elif key in LLAMA_COUNTS and value is not None and not 0 < value <= LLAMA_MAX_COUNT:
+            problems.append(
+                f"{field}: {_show(value)} is not a positive integer of at most "
+                f"{LLAMA_MAX_COUNT}; accepted: 1..{LLAMA_MAX_COUNT}"
+            )
+        elif key in LLAMA_RANGES and value is not None and not LLAMA_RANGES[key][0](value):
+            problems.append(
+                f"{field}: {_show(value)} is out of range; accepted: {LLAMA_RANGES[key][1]}"
+            )
+    if problems:
+        return problems
+    return _llama_shape_problems(cfg)
+
+
+def _llama_shape_problems(cfg: dict[str, Any]) -> list[str]:
+    """Shapes LlamaConfig or the model would reject only on the nodes, with defaults
+    filled in: `hidden_size: 100` alone fails against the default 32 heads."""
+
+    def get(key: str) -> Any:
+        return cfg[key] if cfg.get(key) is not None else LLAMA_CONFIG_KEYS[key][1]
+
+    def said(key: str) -> str:
+        return "" if cfg.get(key) is not None else ", the default"
+
+    problems: list[str] = []
+    hidden, heads = get("hidden_size"), get("num_attention_heads")
+    if hidden % heads:
+        problems.append(
+            f"train.model.llama.hidden_size ({hidden}{said('hidden_size')}) must be divisible "
+            f"by train.model.llama.num_attention_heads ({heads}{said('num_attention_heads')}); "
+            "each head gets hidden_size / num_attention_heads dimensions"
+        )
+    kv = cfg.get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        problems.append(
+            f"train.model.llama.num_attention_heads ({heads}{said('num_attention_heads')}) "
+            f"must be divisible by train.model.llama.num_key_value_heads ({kv}) "
+            "(grouped-query attention)"
+        )
+    vocab = get("vocab_size")
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = cfg.get(key)
+        for token in value if isinstance(value, list) else [value]:
+            if token is not None and not 0 <= token < vocab:
+                problems.append(
+                    f"train.model.llama.{key}: {token} is not a token id of the vocabulary; "
+                    f"accepted: 0..{vocab - 1} (vocab_size {vocab}{said('vocab_size')})"
+                )
+    return problems
+
+
+def _type_name(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    names.update({list: "list", dict: "mapping", type(None): "null"})
+    return names.get(type(value), type(value).__name__)
+
+
 class ModelSource(_Section):
     """Exactly one of `llama`, `pretrained`, `factory`."""
 
     llama: dict[str, Any] | None = None
     """A `transformers.LlamaConfig` as keyword arguments; nothing is downloaded."""
-    pretrained: str | None = None
+    pretrained: PathText | None = None
     """A local directory for `from_pretrained`."""
     factory: FactoryRef | None = None
     """`package.module:function` returning an `nn.Module`."""
@@ -216,28 +449,9 @@ class ModelSource(_Section):
     @field_validator("llama")
     @classmethod
     def _llama(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        for key, value in (v or {}).items():
-            # tie_word_embeddings is a flag, not a count of embeddings.
-            counts = key.endswith(("_size", "_layers", "_heads", "_embeddings"))
-            if (
-                counts
-                and not key.startswith("tie_")
-                and (not isinstance(value, int) or isinstance(value, bool) or value <= 0)
-            ):
-                raise ValueError(f"llama.{key} must be a positive integer, got {value!r}")
-        cfg = v or {}
-        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
-        if hidden and heads and hidden % heads:
-            raise ValueError(
-                f"llama.hidden_size ({hidden}) must be divisible by llama.num_attention_heads "
-                f"({heads}); each head gets hidden_size / num_attention_heads dimensions"
-            )
-        kv = cfg.get("num_key_value_heads")
-        if heads and kv and heads % kv:
-            raise ValueError(
-                f"llama.num_attention_heads ({heads}) must be divisible by "
-                f"llama.num_key_value_heads ({kv}) (grouped-query attention)"
-            )
+        problems = llama_problems(v) if v is not None else []
+        if problems:
+            raise ValueError("\n".join(problems))
         return v
 
     @model_validator(mode="after")
@@ -256,9 +470,9 @@ BUILTIN_CORPORA = ("python-stdlib",)
 class DataSource(_Section):
     """Exactly one of `text`, `tokens`, `builtin`, `factory`."""
 
-    text: str | None = None
+    text: PathText | None = None
     """A text file or a folder of them, read as bytes (byte-level tokens: no tokenizer)."""
-    tokens: str | None = None
+    tokens: PathText | None = None
     """A memory-mapped token file: `.npy`, or raw `.bin` of `token_dtype`."""
     token_dtype: Literal["uint16", "uint32"] = "uint16"
     builtin: Literal["python-stdlib"] | None = None
@@ -281,22 +495,29 @@ class Train(_Section):
 
     model: ModelSource
     data: DataSource
-    steps: PositiveInt
-    """Optimizer steps in total."""
-    micro_batch_size: PositiveInt = 1
-    """Sequences per rank per micro-step."""
-    seq_len: PositiveInt = 128
-    grad_accum: PositiveInt = 1
-    """Micro-steps per optimizer step."""
-    lr: Annotated[float, Field(gt=0)] = 3e-4
-    weight_decay: Annotated[float, Field(ge=0)] = 0.1
-    warmup_steps: NonNegativeInt = 0
+    steps: Steps
+    """Optimizer steps in total; 1 to 99999999 (checkpoint folders have eight digits)."""
+    micro_batch_size: Batch = 1
+    """Sequences per rank per micro-step; 1 to 65536."""
+    seq_len: SeqLen = 128
+    """Tokens per sequence; 1 to 16777216 (2**24)."""
+    grad_accum: Batch = 1
+    """Micro-steps per optimizer step; 1 to 65536."""
+    lr: Annotated[float, Field(gt=0, le=MAX_LR)] = 3e-4
+    """Peak learning rate (AdamW); more than 0, at most 10."""
+    weight_decay: Annotated[float, Field(ge=0, le=MAX_WEIGHT_DECAY)] = 0.1
+    """Decoupled (AdamW) weight decay; 0 to 10."""
+    warmup_steps: StepsOrZero = 0
+    """Linear warm-up steps; 0 to `steps`."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
-    clip: Annotated[float, Field(ge=0)] = 1.0
-    """Max gradient norm; 0 disables clipping."""
-    seed: NonNegativeInt = 0
-    log_every: PositiveInt = 1
+    """The schedule's final lr as a fraction of `lr`; 0 to 1."""
+    clip: Annotated[float, Field(ge=0, le=MAX_CLIP)] = 1.0
+    """Max gradient norm; 0 disables clipping; at most 1e6."""
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)] = 0
+    """0 to 2**63 - 1 (torch seeds are 64-bit)."""
+    log_every: Steps = 1
+    """Steps between metric lines; 1 to 99999999."""
 
     @model_validator(mode="after")
     def _warmup(self) -> Train:
@@ -314,12 +535,15 @@ class Train(_Section):
 class Checkpoint(_Section):
     """Sharded checkpoints: atomic, resumable, consolidated at the end."""
 
-    dir: str | None = None
+    dir: PathText | None = None
     """Where `step-NNNNNNNN/` folders go; default `<run_dir>/checkpoints`. May point
-    elsewhere (a scratch file system); logs and the model stay in the run dir."""
-    every_steps: PositiveInt = 100
-    keep: Annotated[int, Field(ge=2, strict=True)] = 3
-    """Complete checkpoints kept. At least 2: the newest may still be being written."""
+    elsewhere (a scratch file system); logs and the model stay in the run dir. Never
+    the run dir itself, nor its logs/, model/ or rendered/ folders."""
+    every_steps: Steps = 100
+    """Steps between periodic checkpoints; 1 to `train.steps`."""
+    keep: Annotated[int, Field(ge=2, le=MAX_KEEP, strict=True)] = 3
+    """Complete checkpoints kept; 2 to 1000. At least 2: the newest may still be being
+    written."""
     async_save: bool = Field(default=False, alias="async")
     """Stage state and write it in the background while training goes on."""
     resume: str = "auto"
@@ -331,7 +555,11 @@ class Checkpoint(_Section):
     @classmethod
     def _resume(cls, v: str) -> str:
         if not v.strip():
-            raise ValueError("empty; accepted: 'auto', 'never' or a checkpoint path")
+            raise ValueError(
+                f"{_show(v)} is empty; accepted: 'auto', 'never' or the path of one "
+                "step-NNNNNNNN checkpoint folder"
+            )
+        _path_text(v)
         return v
 
 
@@ -351,11 +579,11 @@ class SlurmCluster(_Section):
     account: str | None = None
     qos: str | None = None
     time: str = "01:00:00"
-    """Slurm's --time: `M`, `H:M:S`, `D-H:M:S` ..."""
+    """Slurm's --time: `M`, `H:M:S`, `D-H:M:S` ...; more than zero, at most 366 days."""
     signal: Literal["USR2", "USR1", "TERM", "INT"] = "USR2"
     """Sent before the time limit (and by `scancel --signal`); USR1 is NCCL's."""
     signal_delay_s: Annotated[int, Field(ge=10, le=65535)] = 120
-    """Seconds before the time limit at which the signal is sent."""
+    """Seconds before the time limit at which the signal is sent; 10 to 65535."""
     constraint: str | None = None
     gres: str | None = None
     """Generic resources per node, e.g. `gpu:8`; default derived from device/procs."""
@@ -364,32 +592,49 @@ class SlurmCluster(_Section):
     """Shell lines run on every node before the launcher (module load, venv ...)."""
     srun_args: list[str] = Field(default_factory=list)
     """Extra words for srun, e.g. `--cpu-bind=none`."""
-    max_requeues: NonNegativeInt = 10
+    max_requeues: Retries = 10
+    """Requeues after preemption or time-out; 0 to 1000."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29500
 
     @field_validator("time")
     @classmethod
     def _time(cls, v: str) -> str:
-        if slurm_time_minutes(v) is None:
+        minutes = slurm_time_minutes(v)
+        if minutes is None:
             raise ValueError(
-                f"{v!r} is not a Slurm time; accepted: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S "
-                "(e.g. '90', '04:00:00', '2-00:00:00'), more than zero"
+                f"{_show(v)} is not a Slurm time; accepted: M, M:S, H:M:S, D-H, D-H:M, "
+                "D-H:M:S (e.g. '90', '04:00:00', '2-00:00:00'), more than zero"
+            )
+        if minutes * 60 > MAX_SECONDS:
+            raise ValueError(
+                f"{_show(v)} is more than 366 days, the longest time limit shardctl accepts"
             )
         return v
 
     @field_validator("partition", "account", "qos", "constraint", "gres")
     @classmethod
     def _no_space(cls, v: str | None) -> str | None:
-        if v is not None and (not v or re.search(r"\s", v)):
-            raise ValueError(f"{v!r} must be one non-empty word without spaces")
+        if v is not None and (not v or re.search(r"\s", v) or CONTROL_RE.search(v)):
+            raise ValueError(f"{_show(v)} must be one non-empty word without spaces")
         return v
 
     @field_validator("setup")
     @classmethod
     def _setup(cls, v: list[str]) -> list[str]:
         for line in v:
-            if "\n" in line:
-                raise ValueError(f"{line!r}: one shell line per list item, no newlines")
+            if CONTROL_RE.search(line.replace("\t", " ")):
+                raise ValueError(
+                    f"{_show(line)}: one shell line per list item, no newlines or other "
+                    "control characters"
+                )
+        return v
+
+    @field_validator("srun_args")
+    @classmethod
+    def _srun_args(cls, v: list[str]) -> list[str]:
+        for word in v:
+            if CONTROL_RE.search(word):
+                raise ValueError(f"{_show(word)}: an srun word holds no control characters")
         return v
 
 
@@ -415,13 +660,17 @@ class Toleration(_Section):
     operator: Literal["Exists", "Equal"] = "Equal"
     value: str | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = Field(default=None, alias="tolerationSeconds")
+    toleration_seconds: Seconds | None = Field(default=None, alias="tolerationSeconds")
+    """Seconds a NoExecute taint is tolerated; 0 to 31622400 (a year)."""
 
 
 class Elastic(_Section):
-    min_nodes: PositiveInt
-    max_nodes: PositiveInt
-    max_restarts: NonNegativeInt = 3
+    min_nodes: Nodes
+    """1 to 100000, at most `max_nodes`."""
+    max_nodes: Nodes
+    """1 to 100000."""
+    max_restarts: Retries = 3
+    """0 to 1000."""
 
     @model_validator(mode="after")
     def _order(self) -> Elastic:
@@ -443,21 +692,27 @@ class K8sCluster(_Section):
     pvc: str | None = None
     """PersistentVolumeClaim mounted at the run directory, so restarted pods resume."""
     cpu: str | None = None
-    """CPU request/limit per pod; default derived from procs_per_node × cpus_per_proc."""
+    """CPU request/limit per pod: cores (`8`, `0.5`) or millicores (`1500m`), more than 0
+    and at most 4096 cores; default procs_per_node × cpus_per_proc."""
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[Toleration] = Field(default_factory=list)
     priority_class: str | None = None
     restart_policy: Literal["OnFailure", "ExitCode", "Never", "Always"] = "OnFailure"
-    backoff_limit: NonNegativeInt = 6
+    backoff_limit: Retries = 6
+    """Pod restarts before the job fails; 0 to 1000."""
     clean_pod_policy: Literal["None", "All", "Running"] = "None"
-    ttl_seconds_after_finished: NonNegativeInt | None = None
-    active_deadline_seconds: PositiveInt | None = None
+    ttl_seconds_after_finished: Seconds | None = None
+    """0 to 31622400 (a year)."""
+    active_deadline_seconds: PositiveSeconds | None = None
+    """1 to 31622400 (a year)."""
     suspend: bool = False
     elastic: Elastic | None = None
     env_from_config_maps: list[str] = Field(default_factory=list)
     env_from_secrets: list[str] = Field(default_factory=list)
-    shm_size: str = "1Gi"
-    run_as_user: PositiveInt = 1000
+    shm_size: MemorySize = MemorySize("1Gi")
+    """Size of the in-memory /dev/shm for dataloader workers; 1Mi to 1Pi, see `memory`."""
+    run_as_user: Annotated[int, Field(gt=0, le=MAX_UID, strict=True)] = 1000
+    """1 to 2147483647 (root, uid 0, is refused: pods run as non-root)."""
     read_only_root_filesystem: bool = True
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 23456
 
@@ -472,7 +727,7 @@ class K8sCluster(_Section):
                 len(name) > 253 or not re.match(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", name)
             ):
                 raise ValueError(
-                    f"{name!r} is not a Kubernetes name; accepted: lower-case letters, "
+                    f"{_show(name)} is not a Kubernetes name; accepted: lower-case letters, "
                     "digits, '-' and '.', starting and ending alphanumeric"
                 )
         return v
@@ -483,23 +738,35 @@ class K8sCluster(_Section):
         # A namespace is a DNS-1123 *label*: unlike most object names, no dots.
         if len(v) > 63 or not NAME_RE.match(v):
             raise ValueError(
-                f"{v!r} is not a Kubernetes namespace; accepted: 1-63 lower-case letters, "
+                f"{_show(v)} is not a Kubernetes namespace; accepted: 1-63 lower-case letters, "
                 "digits and '-', starting and ending alphanumeric (no '.')"
             )
         return v
 
-    @field_validator("shm_size", "cpu")
+    @field_validator("cpu")
     @classmethod
-    def _quantity(cls, v: str | None) -> str | None:
-        if v is not None and not K8S_QUANTITY_RE.match(v):
-            raise ValueError(f"{v!r} is not a Kubernetes quantity (e.g. '1Gi', '500m', '8')")
+    def _cpu(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = K8S_CPU_RE.match(v)
+        if m is None:
+            raise ValueError(
+                f"{_show(v)} is not a Kubernetes CPU quantity; accepted: cores ('8', '0.5') "
+                "or millicores ('1500m')"
+            )
+        cores = float(m.group(1)) / (1000 if m.group(2) else 1)
+        if not 0 < cores <= MAX_POD_CPUS:
+            raise ValueError(
+                f"{_show(v)} is {'zero' if cores == 0 else 'more than the most shardctl accepts'}"
+                f"; accepted: more than 0, at most {MAX_POD_CPUS} cores"
+            )
         return v
 
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not v or re.search(r"\s", v):
-            raise ValueError(f"{v!r} is not an image reference")
+        if not v or re.search(r"\s", v) or CONTROL_RE.search(v):
+            raise ValueError(f"{_show(v)} is not an image reference")
         return v
 
 
@@ -510,14 +777,18 @@ class JobSpec(_Section):
     """One training job: what to train, how to shard it, where to run it."""
 
     name: str
-    run_dir: str | None = None
-    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`."""
+    """1-50 lower-case letters, digits and '-': a Slurm job name and a Kubernetes name."""
+    run_dir: PathText | None = None
+    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`.
+    A path of printable characters, at most 4096 of them, not the file system root."""
     resources: Resources = Field(default_factory=Resources)
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
     strategy: Strategy = Field(default_factory=Strategy)
     train: Train
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     env: dict[str, str] = Field(default_factory=dict)
+    """Environment of every rank; values of at most 131072 characters (Linux's
+    MAX_ARG_STRLEN: execve refuses a longer variable)."""
     local: LocalCluster = Field(default_factory=LocalCluster)
     slurm: SlurmCluster = Field(default_factory=SlurmCluster)
     k8s: K8sCluster = Field(default_factory=K8sCluster)
@@ -527,7 +798,7 @@ class JobSpec(_Section):
     def _name(cls, v: str) -> str:
         if len(v) > NAME_MAX or not NAME_RE.match(v):
             raise ValueError(
-                f"{v!r} cannot be a Slurm job and Kubernetes name; accepted: 1-{NAME_MAX} "
+                f"{_show(v)} cannot be a Slurm job and Kubernetes name; accepted: 1-{NAME_MAX} "
                 "lower-case letters, digits and '-', starting and ending with a letter or digit"
             )
         return v
@@ -535,9 +806,27 @@ class JobSpec(_Section):
     @field_validator("run_dir")
     @classmethod
     def _run_dir(cls, v: str | None) -> str | None:
-        if v is not None and (not v.strip() or "\n" in v or "\x00" in v):
-            raise ValueError("accepted: a folder path (one line, not empty)")
+        if v is not None and posixpath.normpath(v) in ("/", "//"):
+            raise ValueError(
+                f"{_show(v)} is the file system root; accepted: a folder of the run's own, "
+                "e.g. 'runs/<name>' (the default)"
+            )
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        # Checked once for the whole spec: no argument, environment variable or file
+        # name can carry a NUL, and one would surface as a traceback on the nodes.
+        problems = [
+            f"{path or 'spec'}: {_show(value)} holds a NUL character; accepted: text "
+            "without NUL ('\\0')"
+            for path, value in _strings(data, "")
+            if "\x00" in value
+        ]
+        if problems:
+            raise ValueError("\n".join(problems[: SpecError.MAX_PROBLEMS]))
+        return data
 
     @field_validator("env", mode="before")
     @classmethod
@@ -547,7 +836,7 @@ class JobSpec(_Section):
         out: dict[str, Any] = {}
         for key, value in v.items():
             if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not an environment variable name")
+                raise ValueError(f"{_show(key)} is not an environment variable name")
             if key in RESERVED_ENV:
                 raise ValueError(
                     f"{key} is set by the launcher for every rank and cannot be set in env"
@@ -556,6 +845,11 @@ class JobSpec(_Section):
                 value = "1" if value else "0"
             elif isinstance(value, int | float):
                 value = str(value)
+            if isinstance(value, str) and len(value) > MAX_ENV_VALUE:
+                raise ValueError(
+                    f"{key}: {_show(value)} is longer than {MAX_ENV_VALUE} characters, the "
+                    "longest environment variable Linux passes to a process"
+                )
             out[key] = value
         return out
 
@@ -605,12 +899,14 @@ class JobSpec(_Section):
                 f"resources.nodes ({r.nodes}) must lie within k8s.elastic "
                 f"[{self.k8s.elastic.min_nodes}, {self.k8s.elastic.max_nodes}]"
             )
+        run_dir = self.run_dir if self.run_dir is not None else default_run_dir(self.name)
+        if c.dir is not None:
+            problems.extend(_checkpoint_dir_problems(c.dir, run_dir))
         if problems:
             raise ValueError("\n".join(problems))
-        if self.run_dir is None:
-            _set(self, "run_dir", default_run_dir(self.name))
+        _set(self, "run_dir", run_dir)
         if c.dir is None:
-            _set(c, "dir", default_checkpoint_dir(self.run_dir))
+            _set(c, "dir", default_checkpoint_dir(run_dir))
         return self
 
     # -- derived facts used everywhere -------------------------------------------
@@ -627,6 +923,41 @@ class JobSpec(_Section):
     def to_yaml_dict(self) -> dict[str, Any]:
         """The validated spec (derived fields filled in) as plain data, by alias."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+def _checkpoint_dir_problems(ckpt_dir: str, run_dir: str) -> list[str]:
+    """checkpoint.dir may be anywhere except on top of the run dir's own files: retention
+    deletes old step folders there, and the run dir's logs/, model/ and rendered/ must
+    not hold step folders that resume would read."""
+    ckpt, run = posixpath.normpath(ckpt_dir), posixpath.normpath(run_dir)
+    taken = {run: "the run directory itself (run_dir)"}
+    for sub in (LOGS_DIR, MODEL_DIR, RENDERED_DIR):
+        taken[posixpath.join(run, sub)] = f"the run directory's {sub}/ folder"
+    if ckpt in taken:
+        default = posixpath.join(run, CHECKPOINTS_DIR)
+        return [
+            f"checkpoint.dir {_show(ckpt_dir)} is {taken[ckpt]}; accepted: a folder of its "
+            f"own, e.g. {default!r} (the default) or one on a scratch file system"
+        ]
+    return []
+
+
+def _strings(data: Any, path: str) -> list[tuple[str, str]]:
+    """Every string in plain YAML data (keys too), with its dotted path."""
+    found: list[tuple[str, str]] = []
+    if isinstance(data, str):
+        found.append((path, data))
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            name = _key_text(key)
+            sub = f"{path}.{name}" if path else name
+            if isinstance(key, str):
+                found.append((sub, key))
+            found.extend(_strings(value, sub))
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            found.extend(_strings(item, f"{path}[{i}]"))
+    return found
 
 
 def _offload_problems(s: Strategy, r: Resources) -> list[str]:
@@ -687,16 +1018,17 @@ def load_spec(path: str | Path) -> JobSpec:
 
 
 def _explain(exc: ValidationError, data: Any) -> list[str]:
-    """Turn pydantic's errors into one line each: field, value, what is accepted."""
+    """Turn pydantic's errors into one line each: field, value (shown once), what is
+    accepted."""
     problems: list[str] = []
     for err in exc.errors(include_url=False):
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         field = _dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
-            parent, key = loc[:-1], str(loc[-1])
+            parent, key = loc[:-1], loc[-1]
             allowed = _allowed_keys(parent)
-            hint = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
             where = _dotted(parent) or "the top level"
             did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
             problems.append(
@@ -707,26 +1039,50 @@ def _explain(exc: ValidationError, data: Any) -> list[str]:
         if kind == "missing":
             problems.append(f"{field}: required but missing")
             continue
+        value = err.get("input")
+        shown = _show(value)
+        ctx = err.get("ctx") or {}
+        if kind in ("less_than_equal", "less_than") and not isinstance(value, bool):
+            most = ctx.get("le", ctx.get("lt"))
+            limit = "the most" if kind == "less_than_equal" else "more than the most"
+            problems.append(f"{field}: {shown} is more than {most}, {limit} shardctl accepts")
+            continue
         msg = err["msg"]
-        if msg.startswith(("Value error, ", "Assertion failed, ")):
+        ours = msg.startswith(("Value error, ", "Assertion failed, "))
+        if ours:
             msg = msg.split(", ", 1)[1]
             # Cross-field checks already name their fields; one line each.
             if not loc or msg.startswith(
-                ("strategy.", "checkpoint.", "launcher", "train.", "k8s.", "resources.")
-            ):
+                ("strategy.", "checkpoint.", "launcher", "train.", "k8s.", "resources.",
+                 "unknown key ")
+            ):  # fmt: skip
                 problems.extend(msg.split("\n"))
                 continue
-        value = err.get("input")
-        shown = "" if isinstance(value, dict | list) else f" (got {value!r})"
-        problems.append(f"{field or 'spec'}: {msg}{shown}")
+        # The value once: our own validators quote it already; pydantic's messages never
+        # do, and a whole section (a mapping) is not worth printing.
+        got = "" if isinstance(value, dict) or (ours and shown in msg) else f" (got {shown})"
+        problems.append(f"{field or 'spec'}: {msg}{got}")
     return problems
 
 
 def _dotted(loc: list[Any] | tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = _key_text(part)
+            out += f".{text}" if out else text
     return out
+
+
+def _key_text(key: Any) -> str:
+    """A mapping key as part of a dotted path: as written when it is a short printable
+    word, else its repr, cut to a readable length."""
+    text = str(key)
+    if isinstance(key, str) and text.isprintable() and len(text) <= SpecError.MAX_VALUE_CHARS:
+        return text
+    return _show(key)
 
 
 def _allowed_keys(loc: list[Any]) -> list[str]:

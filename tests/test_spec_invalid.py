@@ -199,7 +199,11 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         spec(train__warmup_steps=500),
         ["train.warmup_steps (500)", "train.steps (200)", "accepted: 0..200"],
     ),
-    ("min-lr-ratio", spec(train__min_lr_ratio=2), ["train.min_lr_ratio", "got 2"]),
+    (
+        "min-lr-ratio",
+        spec(train__min_lr_ratio=2),
+        ["train.min_lr_ratio: 2 is more than 1.0, the most shardctl accepts"],
+    ),
     # checkpoints
     ("keep-one", spec(checkpoint__keep=1), ["checkpoint.keep", "greater than or equal to 2", "1"]),
     (
@@ -267,7 +271,7 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         spec(k8s={"namespace": "team.ml"}),
         ["k8s.namespace", "'team.ml'", "no '.'"],
     ),
-    ("k8s-shm-quantity", spec(k8s={"shm_size": "lots"}), ["k8s.shm_size", "'lots'", "'1Gi'"]),
+    ("k8s-shm-quantity", spec(k8s={"shm_size": "lots"}), ["k8s.shm_size", "'lots'", "'64Gi'"]),
     ("k8s-cpu-quantity", spec(k8s={"cpu": "2 cores"}), ["k8s.cpu", "'2 cores'"]),
     (
         "k8s-restart-policy",
