@@ -18,15 +18,19 @@ config file cannot hold shell variables, so the launch script passes them as
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .launch import DS_CONFIG
-from .spec import JobSpec
+from .precision import AUTO, rendered_precision
+
+if TYPE_CHECKING:  # only for annotations: `shardctl convert` reads the tables without pydantic
+    from .spec import JobSpec
 
 # `auto` wrapping of a tiny-Llama model: one FSDP unit per decoder block. For
 # pretrained/factory models accelerate finds the blocks from `_no_split_modules`.
 LLAMA_BLOCK = "LlamaDecoderLayer"
 
+# strategy.precision → accelerate's mixed_precision. The one table of this mapping:
+# `shardctl convert` reads job specs through it too.
 MIXED_PRECISION = {
     "bf16-mixed": "bf16",
     "fp16-mixed": "fp16",
@@ -34,6 +38,45 @@ MIXED_PRECISION = {
     "bf16-pure": "no",
     "fp32": "no",
 }
+
+# strategy.sharding → FSDP2's fsdp_reshard_after_forward. full/hybrid free the
+# gathered parameters after forward (gather again for backward); shard_grad_op and
+# no_shard keep them until backward is done.
+RESHARD_AFTER_FORWARD = {
+    "full_shard": True,
+    "hybrid_shard": True,
+    "shard_grad_op": False,
+    "no_shard": False,
+}
+
+
+def mixed_precision(spec: JobSpec) -> str:
+    """accelerate's mixed_precision for `spec`; `auto` as rendered for its device."""
+    return MIXED_PRECISION[rendered_precision(spec.strategy.precision, spec.resources.device)]
+
+
+def header(spec: JobSpec) -> str:
+    """The comment block above the rendered YAML (accelerate's loader skips it)."""
+    lines = [
+        f"accelerate config of job {spec.name}, rendered by shardctl.",
+        "Per-node values (--machine_rank, --main_process_ip/port) come from launch.sh.",
+    ]
+    s, device = spec.strategy, spec.resources.device
+    if s.precision == AUTO:
+        # The file is written before any node is known; say what `auto` became here,
+        # since the built-in loop decides again on the node (see precision.py).
+        lines.append(
+            f"strategy.precision auto rendered as {rendered_precision(s.precision, device)} "
+            f"(resources.device {device}); shardctl's own loop resolves auto on the node."
+        )
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def accelerate_config_text(spec: JobSpec) -> str:
+    """The accelerate config file: `header` then the YAML of `accelerate_config`."""
+    import yaml
+
+    return header(spec) + yaml.safe_dump(accelerate_config(spec), sort_keys=False)
 
 
 def accelerate_config(spec: JobSpec) -> dict[str, Any]:
@@ -60,7 +103,7 @@ def accelerate_config(spec: JobSpec) -> dict[str, Any]:
     if spec.strategy.backend == "deepspeed":
         config["deepspeed_config"] = _deepspeed_section(spec)
     else:
-        config["mixed_precision"] = MIXED_PRECISION[spec.strategy.precision]
+        config["mixed_precision"] = mixed_precision(spec)
         config["fsdp_config"] = _fsdp_section(spec)
         mesh = _parallelism_section(spec)
         if mesh:
@@ -73,9 +116,7 @@ def _fsdp_section(spec: JobSpec) -> dict[str, Any]:
     pretrained = spec.train.model.pretrained is not None
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
-        # full/hybrid: free the gathered parameters after forward (gather again for
-        # backward); shard_grad_op/no_shard keep them until backward is done.
-        "fsdp_reshard_after_forward": s.sharding in ("full_shard", "hybrid_shard"),
+        "fsdp_reshard_after_forward": RESHARD_AFTER_FORWARD[s.sharding],
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         "fsdp_state_dict_type": "SHARDED_STATE_DICT",
         "fsdp_offload_params": s.offload == "params",
@@ -109,6 +150,11 @@ def _parallelism_section(spec: JobSpec) -> dict[str, int]:
         replicate, shard = spec.world_size, 1
     else:
         return {}
+    return dp_mesh(replicate, shard)
+
+
+def dp_mesh(replicate: int, shard: int) -> dict[str, int]:
+    """A replicate × shard data-parallel mesh as accelerate's parallelism_config keys."""
     return {
         "parallelism_config_dp_replicate_size": replicate,
         "parallelism_config_dp_shard_size": shard,
@@ -116,6 +162,8 @@ def _parallelism_section(spec: JobSpec) -> dict[str, int]:
 
 
 def _deepspeed_section(spec: JobSpec) -> dict[str, Any]:
+    from .launch import DS_CONFIG  # launch needs the spec model; keep this module light
+
     ds: dict[str, Any] = {
         # Relative to this file's folder; the launch script passes the absolute
         # path with --deepspeed_config_file, as accelerate resolves it from the cwd.

@@ -11,9 +11,12 @@ second one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .spec import JobSpec
+from .precision import rendered_precision
+
+if TYPE_CHECKING:  # only for annotations: `shardctl convert` imports this without pydantic
+    from .spec import JobSpec
 
 # DeepSpeed's periodic console report duplicates the loop's own metrics; push it
 # out of reach instead of spamming every `steps_per_print` steps.
@@ -48,10 +51,13 @@ def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
         # With offload DeepSpeed insists on its own CPU Adam (a compiled op) unless
         # told that the client optimizer is intended.
         config["zero_force_ds_cpu_optimizer"] = False
-    if s.precision == "bf16-mixed":
+    # `auto` is decided on the node; the file says what it means for this device
+    # (the built-in loop rebuilds this dict from the resolved value, see precision.py).
+    precision = rendered_precision(s.precision, spec.resources.device)
+    if precision == "bf16-mixed":
         # DeepSpeed's bf16 mode keeps fp32 master weights and optimizer state.
         config["bf16"] = {"enabled": True}
-    elif s.precision == "fp16-mixed":
+    elif precision == "fp16-mixed":
         config["fp16"] = dict(FP16_DYNAMIC_LOSS_SCALE)
     # fp32: neither section (bf16-pure is rejected for deepspeed by the spec).
     if s.activation_checkpointing:

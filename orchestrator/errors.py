@@ -90,3 +90,27 @@ class MissingDependencyError(ShardctlError):
             f"{purpose} needs the Python package {package!r}, which is not installed; "
             f"install it with: pip install 'shardctl[{extra}]'"
         )
+
+
+class ConfigError(ShardctlError):
+    """A launcher config given to shardctl (an accelerate config, a DeepSpeed JSON) is invalid.
+
+    The twin of `SpecError` for files that are not job specs: the message says what
+    the input is ("invalid accelerate config"), so a user does not hunt for a job spec.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self, problems: list[str], source: str | None = None, kind: str = "config"
+    ) -> None:
+        self.problems = problems
+        self.source = source
+        self.kind = kind
+        where = f"{source}: " if source else ""
+        if len(problems) == 1:
+            text = f"{where}invalid {kind}: {problems[0]}"
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            text = f"{where}invalid {kind} ({len(problems)} problems):\n{lines}"
+        super().__init__(text)

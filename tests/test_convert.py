@@ -18,8 +18,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.convert import convert_data, convert_file
-from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.convert import convert_data, convert_file, read_plan
+from shardctl.orchestrator.errors import ConfigError, ShardctlError, SpecError, UsageError
 from shardctl.orchestrator.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,15 +198,7 @@ def load_with_accelerate(path: Path) -> Any:
 
 def settings(data: dict[str, Any]) -> dict[str, Any]:
     """The mappable settings of a config, as the converter reads them."""
-    from shardctl.orchestrator.convert import _plan_from_deepspeed, _plan_from_fsdp, detect
-
-    kind = detect(data)
-    plan = (
-        _plan_from_fsdp(data, None)
-        if kind == "accelerate-fsdp"
-        else (_plan_from_deepspeed(data, None, None))
-    )
-    return plan.mappable()
+    return read_plan(data).mappable()
 
 
 # ------------------------------------------------------------------- round trips
@@ -651,9 +643,20 @@ BAD = [
 def test_bad_input_names_key_value_and_accepted(tmp_path: Path, text: str, message: str):
     src = tmp_path / "bad.yaml"
     src.write_text(text, encoding="utf-8")
-    with pytest.raises(SpecError) as exc:
+    with pytest.raises(ShardctlError) as exc:
         convert_file(src, "deepspeed" if "FSDP" in text else "fsdp")
     assert message in str(exc.value)
+    assert exc.value.exit_code == 2
+    # Each error says what the input is: only a job spec is an "invalid job spec".
+    if text.startswith("name:"):
+        assert isinstance(exc.value, SpecError)
+        return
+    assert "invalid job spec" not in str(exc.value)
+    if text.startswith(("distributed_type", "compute_environment")):
+        assert isinstance(exc.value, ConfigError)
+        assert f"{src}: invalid accelerate config: " in str(exc.value)
+    else:
+        assert "invalid accelerate config or job spec: " in str(exc.value)
 
 
 def test_missing_file_and_no_traceback_through_the_real_cli(tmp_path: Path):
@@ -742,7 +745,7 @@ def test_the_accelerate_config_shardctl_renders_converts_consistently(tmp_path: 
 
 
 def test_same_backend_is_refused():
-    with pytest.raises(SpecError, match="already a fsdp accelerate config; accepted: --to deep"):
+    with pytest.raises(UsageError, match="already a fsdp accelerate config; accepted: --to deep"):
         convert_data(FSDP_CONFIGS["v2-reshard-false"], "fsdp")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import click
@@ -10,9 +10,11 @@ import click
 from ..errors import ShardctlError, UsageError
 from .common import handle_errors
 
+STDIN = "-"
+
 
 @click.command("convert")
-@click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("config", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @click.option(
     "--to",
     "to",
@@ -59,6 +61,9 @@ def convert_cmd(
 ) -> None:
     """Convert CONFIG (an accelerate config or a shardctl job spec) to the other backend.
 
+    CONFIG - reads it from stdin (its kind is told from the content), e.g.
+    `cat accelerate.yaml | shardctl convert - --to deepspeed`.
+
     \b
     Follows Accelerate's "FSDP vs DeepSpeed" mapping: FULL_SHARD↔ZeRO-3,
     SHARD_GRAD_OP↔2, NO_SHARD↔0, HYBRID_SHARD↔3 (+hpZ), offload, RAM-efficient
@@ -66,43 +71,64 @@ def convert_cmd(
     mixed precision, gradient accumulation and clipping. Settings without a
     twin and the precision difference are reported, never dropped silently.
     """
-    from ..convert import convert_file, render_yaml
+    from ..convert import convert_file, convert_text
+    from ..convert.output import json_document, render_ds_json, render_yaml, report_lines
 
     if ds_json is not None and to != "deepspeed":
         raise UsageError("--ds-json writes a DeepSpeed JSON config; it needs --to deepspeed")
     if fsdp_version is not None and to != "fsdp":
         raise UsageError("--fsdp-version chooses the FSDP key style; it needs --to fsdp")
+    from_stdin = str(config) == STDIN
     for target in (out, ds_json):
-        if target is not None and target.resolve() == config.resolve():
+        if target is not None and not from_stdin and target.resolve() == config.resolve():
             raise UsageError(f"{target} is the input CONFIG; refusing to overwrite it")
 
-    result = convert_file(
-        config,
-        to,  # type: ignore[arg-type]
-        fsdp_version=int(fsdp_version) if fsdp_version else None,
-        deepspeed_json_path=str(ds_json) if ds_json is not None else None,
-    )
+    options = {
+        "fsdp_version": int(fsdp_version) if fsdp_version else None,
+        "deepspeed_json_path": str(ds_json) if ds_json is not None else None,
+    }
+    if from_stdin:
+        # A relative deepspeed_config_file is then found from the working directory,
+        # as `accelerate launch` finds it.
+        result = convert_text(_read_stdin(), to, **options)  # type: ignore[arg-type]
+    else:
+        result = convert_file(config, to, **options)  # type: ignore[arg-type]
     text = render_yaml(result.accelerate_config)
     written: list[str] = []
     if ds_json is not None and result.deepspeed_json is not None:
-        _write(ds_json, json.dumps(result.deepspeed_json, indent=2, sort_keys=True) + "\n")
+        _write(ds_json, render_ds_json(result.deepspeed_json))
         written.append(str(ds_json))
     if out is not None:
         _write(out, text)
         written.append(str(out))
 
     if output == "json":
-        click.echo(json.dumps({**result.to_json(), "written": written}, indent=2, sort_keys=True))
+        click.echo(json_document(result, written))
         return
     if out is None:
         click.echo(text, nl=False)
-    for note in result.notes:
-        click.echo(f"note: {note}", err=True)
-    if result.spec_strategy is not None:
-        strategy = json.dumps(result.spec_strategy, sort_keys=False)
-        click.echo(f"in the job spec, this backend is: strategy: {strategy}", err=True)
+    for line in report_lines(result):
+        click.echo(line, err=True)
     for path in written:
         click.echo(f"wrote {path}", err=True)
+
+
+def _read_stdin() -> str:
+    """CONFIG `-`: the whole of stdin; never wait on a terminal or accept nothing."""
+    stream = sys.stdin
+    if stream is None or stream.isatty():
+        # Waiting for typed YAML would look like a hang; nobody means that.
+        raise UsageError(
+            "CONFIG is - (read stdin) but stdin is a terminal; pipe a config in, e.g. "
+            "cat accelerate.yaml | shardctl convert - --to deepspeed"
+        )
+    text = stream.read()
+    if not text.strip():
+        raise UsageError(
+            "CONFIG is - (read stdin) but stdin is empty; accepted: an accelerate config or "
+            "a shardctl job spec on stdin"
+        )
+    return text
 
 
 def _write(path: Path, text: str) -> None:
