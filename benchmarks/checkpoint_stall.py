@@ -73,7 +73,8 @@ def _worker(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     from shardctl.orchestrator.spec import parse_spec
-    from shardctl.train.checkpoint import CheckpointManager, ModelState, OptimizerState
+    from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
+    from shardctl.train.checkpoint import CheckpointManager
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
@@ -98,7 +99,7 @@ def _worker(args: argparse.Namespace) -> None:
         return time.perf_counter() - t
 
     train_step()
-    app_state = {"model": ModelState(model), "optim": OptimizerState(model, optim)}
+    states = {"model": ModelState(model), "optim": OptimizerState(model, optim)}
     result: dict = {"params": params, "world_size": world, "blocks": blocks, "width": width}
     step_times = [train_step() for _ in range(3)]
     result["step_s"] = statistics.median(step_times)
@@ -122,13 +123,15 @@ def _worker(args: argparse.Namespace) -> None:
                 },
             }
         )
-        mgr = CheckpointManager(spec, rank=rank, world_size=world)
+        mgr = CheckpointManager(
+            spec.checkpoint, DcpStateIO(states, spec.strategy), rank=rank, world_size=world
+        )
         stalls, phases, during = [], [], []
         for _ in range(args.saves):
             step += 1
             dist.barrier()
             t0 = time.perf_counter()
-            mgr.save(step, app_state)
+            mgr.save(step)
             stalls.append(time.perf_counter() - t0)
             if mode == "async":
                 # Train while the save is written; then wait so each round is measured

@@ -42,6 +42,36 @@ def resolve_auto(
     return "fp32"
 
 
+def explain_auto(
+    device: str,
+    *,
+    cuda_capability: tuple[int, int] | None = None,
+    cpu_flags: frozenset[str] | set[str] = frozenset(),
+) -> tuple[ConcretePrecision, str]:
+    """`resolve_auto`'s answer and why, in words for the run's log:
+    ("fp32", "CPU without native bf16: no avx512_bf16/amx_bf16")."""
+    precision = resolve_auto(device, cuda_capability=cuda_capability, cpu_flags=cpu_flags)
+    wanted = "/".join(sorted(NATIVE_BF16_CPU_FLAGS, reverse=True))  # avx512 first
+    if device == "cuda":
+        if cuda_capability is None:
+            why = "CUDA device of unknown compute capability: no native bf16 assumed"
+        else:
+            cc = f"{cuda_capability[0]}.{cuda_capability[1]}"
+            native = "native bf16" if precision == "bf16-mixed" else "no native bf16 (needs 8.0)"
+            why = f"CUDA compute capability {cc}: {native}"
+    elif precision == "bf16-mixed":
+        found = "/".join(sorted(NATIVE_BF16_CPU_FLAGS & set(cpu_flags)))
+        why = f"CPU with native bf16: {found}"
+    else:
+        why = f"CPU without native bf16: no {wanted}"
+    return precision, why
+
+
+def is_concrete(precision: object) -> bool:
+    """Whether `precision` is one a run can train in (what a manifest may record)."""
+    return precision in ("bf16-mixed", "bf16-pure", "fp16-mixed", "fp32")
+
+
 def cpu_flags_of_this_host(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The feature flags of this host's first CPU (empty where /proc/cpuinfo is missing)."""
     try:

@@ -23,10 +23,10 @@ from shardctl.orchestrator.cli import cli  # noqa: E402
 from shardctl.orchestrator.errors import CheckpointError  # noqa: E402
 from shardctl.orchestrator.spec import parse_spec  # noqa: E402
 from shardctl.train import checkpoint as ckpt  # noqa: E402
+from shardctl.train.backends.deepspeed import DeepSpeedStateIO  # noqa: E402
+from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState  # noqa: E402
 from shardctl.train.checkpoint import (  # noqa: E402
     CheckpointManager,
-    ModelState,
-    OptimizerState,
     latest_complete,
     list_checkpoints,
     verify,
@@ -72,13 +72,16 @@ class Setup:
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.trainer = Trainer()
-        self.app_state = {
-            "model": ModelState(self.model),
-            "optim": OptimizerState(self.model, self.optim),
-            "trainer": self.trainer,
-        }
+        state_io = DcpStateIO(
+            {"model": ModelState(self.model), "optim": OptimizerState(self.model, self.optim)},
+            self.spec.strategy,
+        )
         self.mgr = CheckpointManager(
-            self.spec, rank=0, world_size=1, model_meta={"source": "factory", "dtype": "fp32"}
+            self.spec.checkpoint,
+            state_io,
+            rank=0,
+            world_size=1,
+            model_meta={"source": "factory", "dtype": "fp32"},
         )
         self.ckdir = Path(self.spec.checkpoint_dir)
 
@@ -94,7 +97,7 @@ class Setup:
         for target in steps:
             while self.trainer.step < target:
                 self.step()
-            self.mgr.save(target, self.app_state)
+            self.mgr.save(target, self.trainer)
         self.mgr.wait()
 
     def weights(self) -> list:
@@ -167,7 +170,7 @@ def test_resume_bit_exact_and_fallback_when_newest_corrupt(
     rng_after_6 = torch.get_rng_state()
 
     fresh = Setup(tmp_path, seed=99)
-    assert fresh.mgr.restore(fresh.app_state) == 6
+    assert fresh.mgr.restore(fresh.trainer) == 6
     assert all(torch.equal(a, b) for a, b in zip(at6, fresh.weights(), strict=True))
     assert fresh.trainer.step == 6
     assert torch.equal(torch.get_rng_state(), rng_after_6)
@@ -181,7 +184,7 @@ def test_resume_bit_exact_and_fallback_when_newest_corrupt(
     flip_byte(next((s.ckdir / "step-00000006" / "dcp").glob("*.distcp")), 200)
     other = Setup(tmp_path, seed=7)
     with caplog.at_level(logging.WARNING):
-        assert other.mgr.restore(other.app_state) == 4
+        assert other.mgr.restore(other.trainer) == 4
     assert "step-00000006" in caplog.text and "manifest expects" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(at4, other.weights(), strict=True))
     assert latest_complete(s.ckdir) == s.ckdir / "step-00000004"
@@ -191,23 +194,23 @@ def test_resume_never_and_explicit_path(tmp_path: Path) -> None:
     s = Setup(tmp_path)
     s.train_and_save([2, 4])
     never = Setup(tmp_path, resume="never")
-    assert never.mgr.restore(never.app_state) is None
+    assert never.mgr.restore(never.trainer) is None
     explicit = Setup(tmp_path, resume=str(s.ckdir / "step-00000002"))
-    assert explicit.mgr.restore(explicit.app_state) == 2
+    assert explicit.mgr.restore(explicit.trainer) == 2
 
     flip_byte(s.ckdir / "step-00000002" / "train_state" / "rank-00000.pt")
     corrupt = Setup(tmp_path, resume=str(s.ckdir / "step-00000002"))
     with pytest.raises(CheckpointError, match=r"is corrupt:\n.*rank-00000.pt: sha256"):
-        corrupt.mgr.restore(corrupt.app_state)
+        corrupt.mgr.restore(corrupt.trainer)
 
     missing = Setup(tmp_path, resume=str(s.ckdir / "step-00000077"))
     with pytest.raises(CheckpointError, match="no such checkpoint folder"):
-        missing.mgr.restore(missing.app_state)
+        missing.mgr.restore(missing.trainer)
 
     (s.ckdir / "step-00000004" / "manifest.json").rename(s.ckdir / "m.json")
     incomplete = Setup(tmp_path, resume=str(s.ckdir / "step-00000004"))
     with pytest.raises(CheckpointError, match=r"no manifest.json, so the checkpoint is incomplete"):
-        incomplete.mgr.restore(incomplete.app_state)
+        incomplete.mgr.restore(incomplete.trainer)
 
 
 def test_every_checkpoint_corrupt_is_an_error_not_a_fresh_start(tmp_path: Path) -> None:
@@ -217,12 +220,12 @@ def test_every_checkpoint_corrupt_is_an_error_not_a_fresh_start(tmp_path: Path) 
         flip_byte(s.ckdir / f"step-{step:08d}" / "dcp" / ".metadata")
     again = Setup(tmp_path)
     with pytest.raises(CheckpointError, match=r"every complete checkpoint .* failed verification"):
-        again.mgr.restore(again.app_state)
+        again.mgr.restore(again.trainer)
 
 
 def test_nothing_to_resume_starts_at_zero(tmp_path: Path) -> None:
     s = Setup(tmp_path)
-    assert s.mgr.restore(s.app_state) is None
+    assert s.mgr.restore(s.trainer) is None
 
 
 def test_crash_before_rename_leaves_previous_set(
@@ -243,7 +246,7 @@ def test_crash_before_rename_leaves_previous_set(
     assert infos[1].path.endswith("step-00000004.tmp")
     assert (Path(infos[1].path) / "manifest.json").exists()  # written, but never renamed
     fresh = Setup(tmp_path)
-    assert fresh.mgr.restore(fresh.app_state) == 2
+    assert fresh.mgr.restore(fresh.trainer) == 2
     # The next save removes the stale .tmp before writing.
     fresh.train_and_save([3])
     assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002", "step-00000003"]
@@ -255,7 +258,7 @@ def test_retention_keeps_newest_and_deletes_only_after_publish(tmp_path: Path) -
     assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000003", "step-00000004"]
     # A save that fails deletes nothing.
     (s.ckdir / ".trash-step-00000001-1-2").mkdir()  # a half-finished deletion
-    s.mgr.save(5, s.app_state)
+    s.mgr.save(5, s.trainer)
     assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000004", "step-00000005"]
 
 
@@ -264,7 +267,7 @@ def test_resaving_an_existing_step_replaces_it_atomically(tmp_path: Path) -> Non
     s.train_and_save([2])
     first = json.loads((s.ckdir / "step-00000002" / "manifest.json").read_text())
     s.step()
-    s.mgr.save(2, s.app_state, final=True)
+    s.mgr.save(2, s.trainer, final=True)
     second = json.loads((s.ckdir / "step-00000002" / "manifest.json").read_text())
     assert first["files"] != second["files"]
     assert verify(s.ckdir / "step-00000002") == []
@@ -275,7 +278,7 @@ def test_async_save_single_process(tmp_path: Path) -> None:
     s = Setup(tmp_path, **{"async": True})
     s.train_and_save([2])
     s.step()
-    s.mgr.save(3, s.app_state)
+    s.mgr.save(3, s.trainer)
     s.mgr.close()
     assert [i.step for i in list_checkpoints(s.ckdir) if i.complete] == [2, 3]
     assert verify(s.ckdir / "step-00000003") == []
@@ -290,7 +293,7 @@ def test_backend_mismatch_is_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(manifest))
     again = Setup(tmp_path)
     with pytest.raises(CheckpointError, match="written by backend 'deepspeed'"):
-        again.mgr.restore(again.app_state)
+        again.mgr.restore(again.trainer)
 
 
 def test_cli_lists_and_verifies(tmp_path: Path) -> None:
@@ -350,7 +353,9 @@ def test_deepspeed_async_falls_back_to_sync_with_a_note(
         }
     )
     with caplog.at_level(logging.WARNING):
-        mgr = CheckpointManager(spec, rank=0, world_size=1)
+        mgr = CheckpointManager(
+            spec.checkpoint, DeepSpeedStateIO(None, spec.strategy), rank=0, world_size=1
+        )
     assert mgr.async_save is False
     assert "checkpoint.async is not supported with strategy.backend deepspeed" in caplog.text
 
@@ -371,6 +376,6 @@ def test_resave_without_rename_exchange_still_ends_complete(
     s.train_and_save([2])
     monkeypatch.setattr(ckpt, "_rename_exchange", lambda a, b: False)
     s.step()
-    s.mgr.save(2, s.app_state)
+    s.mgr.save(2, s.trainer)
     assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002"]
     assert verify(s.ckdir / "step-00000002") == []

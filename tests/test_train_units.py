@@ -155,7 +155,7 @@ def test_stdlib_corpus_is_sorted_and_excludes_site_packages() -> None:
 
 
 def test_wrap_classes_auto_and_override(tmp_path: Path) -> None:
-    from shardctl.train.fsdp import wrap_class_names
+    from shardctl.train.backends.fsdp import wrap_class_names
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model = LlamaForCausalLM(

@@ -4,29 +4,26 @@ Usage inside every rank (after `torch.distributed.init_process_group`; the
 constructor is a collective — every rank creates its manager, in the same order
 relative to other process-group creations, because it makes its own gloo group):
 
-    mgr = CheckpointManager(spec, rank=rank, world_size=world, model_meta=meta)
-    app_state = {
-        "model": ModelState(model),                 # FSDP2 only
-        "optim": OptimizerState(model, optimizer),  # FSDP2 only
-        "trainer": trainer,                         # any Stateful, PER RANK
-    }
-    start = mgr.restore(app_state, engine=ds_engine_or_None) or 0
+    mgr = CheckpointManager(
+        spec.checkpoint,            # its own section of the spec, nothing else
+        backend.state_io,           # how the backend's sharded state is written/read
+        rank=rank, world_size=world, model_meta=meta,
+    )
+    start = mgr.restore(trainer) or 0
     for step in range(start + 1, total + 1):
         ...
         if step % every == 0 or preempted:
-            mgr.save(step, app_state, engine=ds_engine_or_None, final=preempted)
-    mgr.save(total, app_state, engine=..., final=True)   # blocking
+            mgr.save(step, trainer, final=preempted)
+    mgr.save(total, trainer, final=True)   # blocking
     mgr.close()
 
 What goes where (layout in `shardctl.train.manifest`):
-- FSDP: every app_state entry except "trainer" goes into one DCP folder `dcp/`
-  (top-level keys "model", "optim", ...). DCP reshards on load, so a run can
-  resume on another world size.
-- DeepSpeed: pass the engine; it writes `deepspeed/` with
-  `engine.save_checkpoint(save_dir=<step dir>, tag="deepspeed")` (model,
-  optimizer, and the lr scheduler if it was given to `deepspeed.initialize`).
-  "model"/"optim" entries of app_state are ignored for DeepSpeed.
-- "trainer": `trainer.state_dict()` of each rank goes to
+- The backend's state (model, optimizer, ...) goes where its `StateIO` puts it
+  (`shardctl.train.backends`): `dcp/` for FSDP (DCP reshards on load, so a run can
+  resume on another world size), `deepspeed/` for DeepSpeed (ZeRO 1-3 resume only
+  at the world size that wrote them). The manifest records what the `StateIO` says
+  about itself (backend, sharding, zero stage, the concrete precision).
+- The trainer (any `Stateful`): `trainer.state_dict()` of each rank goes to
   `train_state/rank-NNNNN.pt` (torch.save), because RNG state and data position
   differ per rank. On restore at the SAME world size each rank gets back its own
   dict, exactly.
@@ -37,9 +34,8 @@ is called after `load_state_dict`. The trainer must therefore keep its data
 position GLOBAL (e.g. optimizer steps or samples consumed by all ranks together,
 from which each rank derives its own slice) and re-seed per-rank RNG
 deterministically in `reshard` (`reseed_rng(seed, step, rank)` below does that).
-Model and optimizer are resharded by DCP (FSDP). DeepSpeed ZeRO 1-3 checkpoints resume
-only at the world size they were written with, ZeRO-0 at any (see
-`_deepspeed_reshard_refusal`).
+Whether the backend's state loads on another world size is the `StateIO`'s call
+(`check_resumable`).
 
 Atomicity: everything is written to `step-N.tmp/`; once every rank finished, the
 files are hashed (spread over the ranks), rank 0 writes `manifest.json`, fsyncs,
@@ -48,11 +44,12 @@ any instant leaves the previous set of complete checkpoints; `.tmp` leftovers ar
 removed at the next save. Retention runs only after the rename and keeps the
 `checkpoint.keep` newest complete checkpoints, always including the new one.
 
-Async save (`checkpoint.async: true`, FSDP only): the state is staged (copied to
-CPU memory) in `save`, which then returns; DCP writes from a background thread on
-the manager's own gloo group, and the same thread hashes, writes the manifest and
-renames once every rank's write finished (ranks agree through collectives on that
-group). The next `save`, `wait` or `close` waits for it and re-raises its error.
+Async save (`checkpoint.async: true`, where the `StateIO` supports it — FSDP): the
+state is staged (copied to CPU memory) in `save`, which then returns; the backend
+writes from a background thread on the manager's own gloo group, and the same
+thread hashes, writes the manifest and renames once every rank's write finished
+(ranks agree through collectives on that group). The next `save`, `wait` or
+`close` waits for it and re-raises its error.
 """
 
 from __future__ import annotations
@@ -66,15 +63,15 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ..orchestrator.errors import CheckpointError
+from .backends.base import Stateful, StateIO, package_version
 from .manifest import (
     FORMAT_VERSION,
     STEP_RE,
@@ -96,8 +93,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointManager",
-    "ModelState",
-    "OptimizerState",
+    "Stateful",
     "capture_rng",
     "latest_complete",
     "list_checkpoints",
@@ -108,58 +104,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TRAINER_KEY = "trainer"
+TRAINER_DIR = "train_state"
 # Long enough for the slowest rank to write a large shard to slow storage; a
 # stuck peer still fails the save (wait() raises) instead of hanging forever.
 CKPT_GROUP_TIMEOUT = timedelta(minutes=30)
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
-
-
-# ---------------------------------------------------------------- FSDP wrappers
-
-
-class ModelState:
-    """Stateful view of an (FSDP2-sharded) model for DCP.
-
-    `state_dict()` returns the sharded state dict with the plain, unwrapped FQNs
-    (`model.layers.0.self_attn.q_proj.weight`), so DCP can reshard it on load.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-
-    def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-        return get_model_state_dict(self.model)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
-        set_model_state_dict(self.model, state_dict)
-
-
-class OptimizerState:
-    """Stateful view of the optimizer of an (FSDP2-sharded) model for DCP; state is
-    keyed by parameter FQN, so it reshards like the model."""
-
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-
-    def state_dict(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        return get_optimizer_state_dict(self.model, self.optimizer)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
 
 
 # ------------------------------------------------------------------ RNG helpers
@@ -207,6 +155,14 @@ def reseed_rng(seed: int, step: int, rank: int) -> None:
 # ------------------------------------------------------------------ file system
 
 
+def _read_or_why(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(manifest, None), or (None, why it cannot be read)."""
+    try:
+        return read_manifest(path), None
+    except CheckpointError as exc:
+        return None, str(exc)
+
+
 def _rename_exchange(a: Path, b: Path) -> bool:
     """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE)."""
     try:
@@ -240,58 +196,53 @@ def _publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
-def _versions(backend: str) -> dict[str, str | None]:
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {
-        "torch": torch.__version__,
-        "shardctl": version("shardctl"),
-        "deepspeed": version("deepspeed") if backend == "deepspeed" else None,
-    }
-
-
 # ------------------------------------------------------------------- the manager
 
 
 class CheckpointManager:
-    """Saves and restores `dict[str, Stateful]` (+ a DeepSpeed engine) atomically.
+    """Saves and restores a backend's state (through its `StateIO`) and a per-rank
+    trainer `Stateful`, atomically.
 
     Construct it on every rank after the default process group exists (it creates
-    a gloo group for its own collectives: a collective call). `model_meta` goes
-    into the manifest's "model" entry ({"source", "dtype", "hf_config"}).
+    a gloo group for its own collectives: a collective call). It is given only the
+    spec's `checkpoint` section; `directory` defaults to `config.dir` (which spec
+    validation fills in). `model_meta` goes into the manifest's "model" entry
+    ({"source", "dtype", "hf_config"}).
     """
 
     def __init__(
         self,
-        spec: Any,
+        config: Any,
+        state_io: StateIO,
         *,
         rank: int,
         world_size: int,
+        directory: str | Path | None = None,
         model_meta: dict[str, Any] | None = None,
     ) -> None:
-        self.spec = spec
+        self.config = config
+        self.state_io = state_io
         self.rank, self.world_size = rank, world_size
-        self.dir = Path(spec.checkpoint_dir)
-        self.backend: str = spec.strategy.backend
-        self.keep: int = spec.checkpoint.keep
+        where = directory if directory is not None else config.dir
+        if where is None:
+            raise CheckpointError("checkpoint.dir is not set (validate the spec first)")
+        self.dir = Path(where)
+        self.keep: int = config.keep
         self.model_meta = model_meta or {}
         self.distributed = dist.is_available() and dist.is_initialized()
         self.group = (
             dist.new_group(backend="gloo", timeout=CKPT_GROUP_TIMEOUT) if self.distributed else None
         )
-        self.async_save = bool(spec.checkpoint.async_save)
-        if self.async_save and self.backend == "deepspeed":
+        self.async_save = bool(config.async_save)
+        if self.async_save and state_io.sync_only_reason is not None:
             self.async_save = False
             if rank == 0:
                 log.warning(
-                    "checkpoint.async is not supported with strategy.backend deepspeed "
-                    "(engine.save_checkpoint writes synchronously); saving synchronously"
+                    "checkpoint.async is not supported with strategy.backend %s (%s); "
+                    "saving synchronously",
+                    state_io.backend,
+                    state_io.sync_only_reason,
                 )
-        self._stager: Any = None
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
         # Seconds per phase of the last save (after `wait()` for an async one):
@@ -334,14 +285,7 @@ class CheckpointManager:
 
     # -- save -----------------------------------------------------------------------
 
-    def save(
-        self,
-        step: int,
-        app_state: Mapping[str, Any],
-        *,
-        engine: Any = None,
-        final: bool = False,
-    ) -> None:
+    def save(self, step: int, trainer: Stateful | None = None, *, final: bool = False) -> None:
         """Write checkpoint `step` (a collective: every rank calls it).
 
         Blocking unless async save is on and `final` is False; then it returns once
@@ -357,19 +301,13 @@ class CheckpointManager:
         def prepare() -> None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._clean_stale()
-            (tmp / "train_state").mkdir(parents=True)
+            (tmp / TRAINER_DIR).mkdir(parents=True)
 
         self._rank0_do(prepare)
-        self._write_trainer_state(tmp, step, app_state)
+        self._write_trainer_state(tmp, step, trainer)
 
-        if self.backend == "deepspeed":
-            if engine is None:
-                raise CheckpointError("strategy.backend deepspeed: save() needs engine=")
-            engine.save_checkpoint(save_dir=str(tmp), tag="deepspeed")
-            self.timings["write"] = time.perf_counter() - t0
-            self._finalize(step, tmp, final_dir, t0)
-        elif self.async_save and not final:
-            future = self._dcp_async_save(tmp, app_state)
+        if self.async_save and not final:
+            future = self.state_io.save_async(tmp, self.group)
             self._pending_error = None
             self._pending = threading.Thread(
                 target=self._finish_async,
@@ -379,38 +317,10 @@ class CheckpointManager:
             )
             self._pending.start()
         else:
-            import torch.distributed.checkpoint as dcp
-
-            dcp.save(
-                self._dcp_state(app_state),
-                storage_writer=dcp.FileSystemWriter(str(tmp / "dcp"), sync_files=True),
-                process_group=self.group,
-                no_dist=not self.distributed,
-            )
+            self.state_io.save(tmp, self.group)
             self.timings["write"] = time.perf_counter() - t0
             self._finalize(step, tmp, final_dir, t0)
         self.timings["blocked"] = time.perf_counter() - t0
-
-    def _dcp_state(self, app_state: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in app_state.items() if k != TRAINER_KEY}
-
-    def _dcp_async_save(self, tmp: Path, app_state: Mapping[str, Any]) -> Any:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-        if self._stager is None:
-            # Synchronous staging into CPU memory (no pinned/shared memory: CPU
-            # training). The stager keeps its buffers between saves.
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
-        result = dcp.async_save(
-            self._dcp_state(app_state),
-            storage_writer=dcp.FileSystemWriter(str(tmp / "dcp"), sync_files=True),
-            process_group=self.group,
-            async_stager=self._stager,
-            no_dist=not self.distributed,
-        )
-        # torch returns a Future, or an AsyncSaveResponse holding one.
-        return getattr(result, "upload_completion", result)
 
     def _finish_async(self, future: Any, step: int, tmp: Path, final_dir: Path, t0: float) -> None:
         try:
@@ -420,15 +330,14 @@ class CheckpointManager:
         except BaseException as exc:  # re-raised in the training thread by wait()
             self._pending_error = exc
 
-    def _write_trainer_state(self, tmp: Path, step: int, app_state: Mapping[str, Any]) -> None:
-        trainer = app_state.get(TRAINER_KEY)
+    def _write_trainer_state(self, tmp: Path, step: int, trainer: Stateful | None) -> None:
         blob = {
             "rank": self.rank,
             "world_size": self.world_size,
             "step": step,
             "state": trainer.state_dict() if trainer is not None else None,
         }
-        path = tmp / "train_state" / f"rank-{self.rank:05d}.pt"
+        path = tmp / TRAINER_DIR / f"rank-{self.rank:05d}.pt"
         with open(path, "wb") as f:
             torch.save(blob, f)
             f.flush()
@@ -470,17 +379,18 @@ class CheckpointManager:
             log.info("checkpoint %s complete", final_dir)
 
     def _manifest(self, step: int, files: dict[str, Any]) -> dict[str, Any]:
-        s = self.spec.strategy
         return {
             "format_version": FORMAT_VERSION,
             "step": step,
             "world_size": self.world_size,
-            "backend": self.backend,
-            "sharding": s.sharding,
-            "zero_stage": s.zero_stage,
-            "precision": s.precision,
+            # backend, sharding, zero_stage, precision: what the backend says of itself
+            **self.state_io.manifest_fields(),
             "model": self.model_meta,
-            "versions": _versions(self.backend),
+            "versions": {
+                "torch": torch.__version__,
+                "shardctl": package_version("shardctl"),
+                **self.state_io.versions(),
+            },
             "files": dict(sorted(files.items())),
         }
 
@@ -512,17 +422,15 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
-        if self._stager is not None:
-            self._stager.close()
-            self._stager = None
+        self.state_io.close()
 
     # -- restore --------------------------------------------------------------------
 
-    def restore(self, app_state: Mapping[str, Any], *, engine: Any = None) -> int | None:
+    def restore(self, trainer: Stateful | None = None) -> int | None:
         """Load the checkpoint `checkpoint.resume` designates; return its step, or
         None when training starts from scratch. A collective: every rank loads the
         same checkpoint (rank 0 lists, every rank verifies a share of the files)."""
-        mode = self.spec.checkpoint.resume
+        mode = self.config.resume
         if mode == "never":
             return None
         explicit = mode != "auto"
@@ -533,7 +441,14 @@ class CheckpointManager:
         rejected: list[str] = []
         for cand in candidates:
             path = Path(cand)
-            manifest = self._rank0_do(lambda p=path: read_manifest(p))
+            manifest, unreadable = self._rank0_do(lambda p=path: _read_or_why(p))
+            if unreadable is not None:  # a damaged manifest: like a failed verification
+                if explicit:
+                    raise CheckpointError(f"checkpoint.resume {mode!r}: {unreadable}")
+                if self.rank == 0:
+                    log.warning("checkpoint %s not used: %s", path, unreadable)
+                rejected.append(f"{path}:\n  {unreadable}")
+                continue
             sizes = {rel: f["size"] for rel, f in manifest["files"].items()}
             mine = share_of(sizes, self.rank, self.world_size)
             problems = sorted(
@@ -544,7 +459,7 @@ class CheckpointManager:
             if not problems:
                 if rejected and self.rank == 0:
                     log.warning("resuming from %s instead", path)
-                self._load(path, manifest, app_state, engine)
+                self._load(path, manifest, trainer)
                 if self.rank == 0:
                     log.info("resumed from %s (step %d)", path, manifest["step"])
                 return int(manifest["step"])
@@ -580,44 +495,21 @@ class CheckpointManager:
         read_manifest(path)  # raises with the reason when incomplete
         return path
 
-    def _load(
-        self, path: Path, manifest: dict[str, Any], app_state: Mapping[str, Any], engine: Any
-    ) -> None:
+    def _load(self, path: Path, manifest: dict[str, Any], trainer: Stateful | None) -> None:
         saved_backend = manifest.get("backend")
-        if saved_backend != self.backend:
+        backend = self.state_io.backend
+        if saved_backend != backend:
             raise CheckpointError(
                 f"{path} was written by backend {saved_backend!r} but this run uses "
-                f"strategy.backend {self.backend!r}; a checkpoint resumes only with the "
+                f"strategy.backend {backend!r}; a checkpoint resumes only with the "
                 "backend that wrote it (to switch, consolidate it with `shardctl consolidate` "
                 "and start from the model with train.model.pretrained)"
             )
-        old_ws = int(manifest["world_size"])
-        if self.backend == "deepspeed":
-            if engine is None:
-                raise CheckpointError("strategy.backend deepspeed: restore() needs engine=")
-            if old_ws != self.world_size and manifest.get("zero_stage") != 0:
-                raise CheckpointError(_deepspeed_reshard_refusal(path, manifest, self.world_size))
-            load_path, _client = engine.load_checkpoint(
-                str(path),
-                tag="deepspeed",
-                load_optimizer_states=True,
-                load_lr_scheduler_states=True,
-            )
-            if load_path is None:
-                raise CheckpointError(f"{path}: DeepSpeed found no checkpoint under deepspeed/")
-        else:
-            import torch.distributed.checkpoint as dcp
+        self.state_io.check_resumable(path, manifest, self.world_size)
+        self.state_io.load(path, manifest, self.group)
+        self._load_trainer_state(path, trainer, int(manifest["world_size"]))
 
-            dcp.load(
-                self._dcp_state(app_state),
-                storage_reader=dcp.FileSystemReader(str(path / "dcp")),
-                process_group=self.group,
-                no_dist=not self.distributed,
-            )
-        self._load_trainer_state(path, app_state, old_ws)
-
-    def _load_trainer_state(self, path: Path, app_state: Mapping[str, Any], old_ws: int) -> None:
-        trainer = app_state.get(TRAINER_KEY)
+    def _load_trainer_state(self, path: Path, trainer: Stateful | None, old_ws: int) -> None:
         if trainer is None:
             return
         same = old_ws == self.world_size
@@ -625,7 +517,7 @@ class CheckpointManager:
         # Our own files, verified against the manifest just before: they hold RNG
         # states (numpy arrays, tuples) that weights_only loading refuses.
         blob = torch.load(
-            path / "train_state" / f"rank-{source:05d}.pt", map_location="cpu", weights_only=False
+            path / TRAINER_DIR / f"rank-{source:05d}.pt", map_location="cpu", weights_only=False
         )
         trainer.load_state_dict(blob["state"])
         if not same:
@@ -639,23 +531,3 @@ class CheckpointManager:
             hook = getattr(trainer, "reshard", None)
             if callable(hook):
                 hook(old_ws, self.world_size)
-
-
-def _deepspeed_reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
-    # DeepSpeed's engine.load_checkpoint raises for a ZeRO (stage >= 1) checkpoint
-    # written at another data-parallel size (zero_optimization.elastic_checkpoint
-    # does not lift that check, as of DeepSpeed 0.19); only its offline "universal checkpoint"
-    # conversion (deepspeed.checkpoint.ds_to_universal + `checkpoint.load_universal`
-    # in the DeepSpeed config) can reshard the partitioned optimizer state, and
-    # shardctl does not drive that conversion. Stage 0 keeps the whole optimizer
-    # state in one file, so it resumes on any world size.
-    return (
-        f"{path} is a DeepSpeed ZeRO-{manifest.get('zero_stage')} checkpoint written by "
-        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed partitions "
-        "the optimizer state (and with ZeRO-3 the parameters) per rank and cannot load it on "
-        "another number of ranks without an offline universal-checkpoint conversion, which "
-        "shardctl does not do. Resume with resources giving world size "
-        f"{manifest['world_size']}, or consolidate the weights (`shardctl consolidate`) and "
-        "start a new run from them (train.model.pretrained; the optimizer state restarts), "
-        "or use strategy.backend fsdp, whose checkpoints reshard"
-    )

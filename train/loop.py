@@ -4,8 +4,9 @@
     zero_grad → agree on loss and preemption (one all-reduce) → log →
     maybe checkpoint → maybe stop
 
-Backends (`FsdpBackend`, `DeepSpeedBackend`) provide `set_lr`, `micro_step` and
-`step`; the loop does not know which one it drives. Step numbers count finished
+Backends (`shardctl.train.backends`: FSDP2, DeepSpeed) implement `TrainingBackend`:
+`set_lr`, `micro_step` and `step`, plus the `state_io` the checkpoint manager saves
+through; the loop does not know which one it drives. Step numbers count finished
 optimizer steps: checkpoint `step-N` holds the state after N steps, and resuming
 from it runs step N+1 next.
 
@@ -41,7 +42,9 @@ from shardctl.orchestrator.rundir import (
 from shardctl.orchestrator.spec import JobSpec
 
 from . import distributed
+from .backends import TrainingBackend, build_backend
 from .distributed import DistEnv
+from .precision import resolve as resolve_precision
 from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
 
 log = logging.getLogger("shardctl.train")
@@ -112,22 +115,17 @@ class Trainer:
         _seed_all(t.seed)
         model, self.model_meta = build_model(spec)
         _check_vocab(spec, self.model_meta)
-        if spec.strategy.backend == "deepspeed":
-            from .ds_engine import DeepSpeedBackend
-
-            self.backend: Any = DeepSpeedBackend(model, spec, env)
-        else:
-            from .fsdp import FsdpBackend
-
-            self.backend = FsdpBackend(model, spec, env)
+        self.backend: TrainingBackend = build_backend(model, spec, env)
         # From here on each rank has its own RNG stream (dropout etc.).
         reseed_rng(t.seed, 0, env.rank)
         self.data = build_data(spec, env.rank, env.world_size)
         self.state = TrainerState(t.seed, env.rank, self.data)
-        self.app_state = {**self.backend.app_state(), "trainer": self.state}
-        self.engine = getattr(self.backend, "engine", None)
         self.ckpt = CheckpointManager(
-            spec, rank=env.rank, world_size=env.world_size, model_meta=self.model_meta
+            spec.checkpoint,
+            self.backend.state_io,
+            rank=env.rank,
+            world_size=env.world_size,
+            model_meta=self.model_meta,
         )
         self.run_dir = RunDir.of(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
@@ -163,7 +161,7 @@ class Trainer:
         flag.install()
         try:
             t_restore = time.perf_counter()
-            restored = self.ckpt.restore(self.app_state, engine=self.engine)
+            restored = self.ckpt.restore(self.state)
             t_restore = time.perf_counter() - t_restore
             step = restored or 0
             self.state.step = step
@@ -208,7 +206,7 @@ class Trainer:
                 if step % every == 0 or step == t.steps or stop:
                     final = step == t.steps or stop
                     save_s = time.perf_counter()
-                    self.ckpt.save(step, self.app_state, engine=self.engine, final=final)
+                    self.ckpt.save(step, self.state, final=final)
                     save_s = time.perf_counter() - save_s
                 if stop:
                     self.ckpt.wait()
@@ -250,6 +248,8 @@ def run(spec: JobSpec) -> int:
         return EXIT_OK
     env = distributed.init(spec.resources.device, spec.world_size)
     try:
+        # `auto` becomes one concrete precision here, before anything is built from it.
+        spec = resolve_precision(spec, env)
         code, step = Trainer(spec, env).fit()
     finally:
         distributed.destroy()

@@ -20,10 +20,10 @@ import sys
 import torch
 import torch.distributed as dist
 from shardctl.orchestrator.spec import parse_spec
+from shardctl.train.backends.deepspeed import DeepSpeedStateIO
+from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
 from shardctl.train.checkpoint import (
     CheckpointManager,
-    ModelState,
-    OptimizerState,
     capture_rng,
     reseed_rng,
     restore_rng,
@@ -149,13 +149,19 @@ def main() -> int:
         )
         train_model = engine
     trainer = Trainer(1234, rank, world, sched if engine is None else None)
-    mgr = CheckpointManager(
-        spec, rank=rank, world_size=world, model_meta={"source": "factory", "dtype": "fp32"}
-    )
-    app_state = {"trainer": trainer}
     if engine is None:
-        app_state |= {"model": ModelState(model), "optim": OptimizerState(model, optim)}
-    resumed = mgr.restore(app_state, engine=engine)
+        states = {"model": ModelState(model), "optim": OptimizerState(model, optim)}
+        state_io: object = DcpStateIO(states, spec.strategy)
+    else:
+        state_io = DeepSpeedStateIO(engine, spec.strategy)
+    mgr = CheckpointManager(
+        spec.checkpoint,
+        state_io,
+        rank=rank,
+        world_size=world,
+        model_meta={"source": "factory", "dtype": "fp32"},
+    )
+    resumed = mgr.restore(trainer)
     trainer.step = resumed or 0
     restored_hash = weights_hash(model, engine, args.zero)
     loss_val = None
@@ -180,7 +186,7 @@ def main() -> int:
 
             time.sleep(args.step_sleep)
         if trainer.step % args.every == 0 and trainer.step < args.steps:
-            mgr.save(trainer.step, app_state, engine=engine)
+            mgr.save(trainer.step, trainer)
         if args.stop_after and trainer.step == args.stop_after:
             mgr.close()
             stop_hash = weights_hash(model, engine, args.zero)
@@ -190,7 +196,7 @@ def main() -> int:
             dist.barrier()
             dist.destroy_process_group()
             return 0
-    mgr.save(trainer.step, app_state, engine=engine, final=True)
+    mgr.save(trainer.step, trainer, final=True)
     mgr.close()
 
     final_hash = weights_hash(model, engine, args.zero)

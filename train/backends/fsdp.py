@@ -1,4 +1,4 @@
-"""FSDP2: `fully_shard` per transformer block plus the root.
+"""FSDP2: `fully_shard` per transformer block plus the root; state I/O through DCP.
 
 Sharding → how FSDP2 is applied (one table, `_LAYOUT`):
 
@@ -27,19 +27,30 @@ names its decoder-layer class there, e.g. `LlamaDecoderLayer`); otherwise the ch
 of the model's first `ModuleList`. A list of class names overrides that.
 Activation checkpointing uses the composable `checkpoint()` on each block, which
 keeps parameter names unchanged (checkpoints stay plain-FQN).
+
+State I/O (`DcpStateIO`): model and optimizer go into one DCP folder `dcp/` of the
+step folder (top-level keys "model" and "optim"), through the `ModelState` and
+`OptimizerState` views, whose keys are plain parameter FQNs. DCP reshards on load,
+so an FSDP checkpoint resumes on any world size. Async save stages the state into
+CPU memory and lets DCP write from a background thread.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from shardctl.orchestrator.errors import ShardctlError
 from shardctl.orchestrator.spec import JobSpec
 
-from .distributed import DistEnv
-from .model import logits_of
-from .optim import build_optimizer, set_lr
+from ..distributed import DistEnv
+from ..model import logits_of
+from ..optim import build_optimizer, set_lr
+from .base import SaveFuture, Stateful, strategy_fields
+
+DCP_DIR = "dcp"
 
 # sharding → (mesh kind, reshard_after_forward)
 _LAYOUT: dict[str, tuple[str, bool]] = {
@@ -143,7 +154,6 @@ class FsdpBackend:
     """One training step's pieces for FSDP2; the loop calls them in order."""
 
     name = "fsdp"
-    engine = None
 
     def __init__(self, model: Any, spec: JobSpec, env: DistEnv) -> None:
         import torch
@@ -161,14 +171,10 @@ class FsdpBackend:
             else None
         )
         self.device = env.device
-
-    def app_state(self) -> dict[str, Any]:
-        from .checkpoint import ModelState, OptimizerState
-
-        return {
-            "model": ModelState(self.model),
-            "optim": OptimizerState(self.model, self.optimizer),
-        }
+        self.state_io = DcpStateIO(
+            {"model": ModelState(self.model), "optim": OptimizerState(self.model, self.optimizer)},
+            spec.strategy,
+        )
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)
@@ -210,3 +216,119 @@ class FsdpBackend:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
+
+
+# ---------------------------------------------------------------------- state I/O
+
+
+class ModelState:
+    """Stateful view of an (FSDP2-sharded) model for DCP.
+
+    `state_dict()` returns the sharded state dict with the plain, unwrapped FQNs
+    (`model.layers.0.self_attn.q_proj.weight`), so DCP can reshard it on load.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(self.model, state_dict)
+
+
+class OptimizerState:
+    """Stateful view of the optimizer of an (FSDP2-sharded) model for DCP; state is
+    keyed by parameter FQN, so it reshards like the model."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict)
+
+
+class DcpStateIO:
+    """`StateIO` of FSDP: every given `Stateful` into one DCP folder, `dcp/`.
+
+    `states` maps top-level DCP keys to stateful views ("model", "optim"); any
+    `Stateful` whose state dict DCP can shard works, which is also how the
+    checkpoint tests drive it without an FSDP model.
+    """
+
+    backend = "fsdp"
+    sync_only_reason = None
+
+    def __init__(self, states: Mapping[str, Stateful], strategy: Any) -> None:
+        self.states = dict(states)
+        self.strategy = strategy
+        self._stager: Any = None
+
+    def manifest_fields(self) -> dict[str, Any]:
+        return {"backend": self.backend, **strategy_fields(self.strategy)}
+
+    def versions(self) -> dict[str, str | None]:
+        return {}
+
+    def _writer(self, step_dir: Path) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        return dcp.FileSystemWriter(str(step_dir / DCP_DIR), sync_files=True)
+
+    def save(self, step_dir: Path, group: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(
+            self.states,
+            storage_writer=self._writer(step_dir),
+            process_group=group,
+            no_dist=group is None,
+        )
+
+    def save_async(self, step_dir: Path, group: Any) -> SaveFuture:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            # Synchronous staging into CPU memory (no pinned/shared memory: CPU
+            # training). The stager keeps its buffers between saves.
+            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+        result = dcp.async_save(
+            self.states,
+            storage_writer=self._writer(step_dir),
+            process_group=group,
+            async_stager=self._stager,
+            no_dist=group is None,
+        )
+        # torch returns a Future, or an AsyncSaveResponse holding one.
+        return getattr(result, "upload_completion", result)
+
+    def check_resumable(self, step_dir: Path, manifest: dict[str, Any], world_size: int) -> None:
+        return None  # DCP reshards on load: any world size will do
+
+    def load(self, step_dir: Path, manifest: dict[str, Any], group: Any) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(
+            self.states,
+            storage_reader=dcp.FileSystemReader(str(step_dir / DCP_DIR)),
+            process_group=group,
+            no_dist=group is None,
+        )
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None

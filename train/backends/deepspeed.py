@@ -16,6 +16,12 @@ all-reduce; training collectives go through torch.distributed (gloo), so on CPU 
 mark the op unavailable instead of compiling it. Any op DeepSpeed still compiles
 lands in `TORCH_EXTENSIONS_DIR` (default: a shardctl folder in the user's cache), so
 it is built once per machine, not once per run.
+
+State I/O (`DeepSpeedStateIO`): `engine.save_checkpoint(save_dir=<step dir>,
+tag="deepspeed")` writes `deepspeed/` (model, optimizer, and the lr scheduler if one
+was given to `deepspeed.initialize`), synchronously — DeepSpeed has no staged save
+here, so `checkpoint.async` falls back to synchronous saves. ZeRO 1-3 checkpoints
+load only at the world size that wrote them, ZeRO-0 at any (see `_reshard_refusal`).
 """
 
 from __future__ import annotations
@@ -24,11 +30,16 @@ import os
 from pathlib import Path
 from typing import Any
 
+from shardctl.orchestrator.errors import CheckpointError
 from shardctl.orchestrator.spec import JobSpec
 
-from .distributed import DistEnv
-from .model import logits_of
-from .optim import build_optimizer, set_lr
+from ..distributed import DistEnv
+from ..model import logits_of
+from ..optim import build_optimizer, set_lr
+from .base import SaveFuture, package_version, strategy_fields
+
+TAG = "deepspeed"
+"""The sub-folder of a step folder DeepSpeed writes (its checkpoint `tag`)."""
 
 
 def extensions_dir() -> Path:
@@ -68,10 +79,8 @@ class DeepSpeedBackend:
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False
         )
         self.device = env.device
-
-    def app_state(self) -> dict[str, Any]:
-        # The engine holds model and optimizer; the checkpoint manager saves it whole.
-        return {}
+        # The engine holds model and optimizer; it is saved and loaded whole.
+        self.state_io = DeepSpeedStateIO(self.engine, spec.strategy)
 
     def set_lr(self, lr: float) -> None:
         set_lr(self.optimizer, lr)
@@ -109,3 +118,71 @@ def _enable_recompute(model: Any) -> None:
     names = set(wrap_class_names(model, "auto"))
     for block in [m for m in model.modules() if type(m).__name__ in names]:
         checkpoint(block)
+
+
+# ---------------------------------------------------------------------- state I/O
+
+
+class DeepSpeedStateIO:
+    """`StateIO` of DeepSpeed: the engine's own checkpoint format under `deepspeed/`."""
+
+    backend = "deepspeed"
+    sync_only_reason = "engine.save_checkpoint writes synchronously"
+
+    def __init__(self, engine: Any, strategy: Any) -> None:
+        self.engine = engine
+        self.strategy = strategy
+
+    def _engine(self) -> Any:
+        if self.engine is None:
+            raise CheckpointError("strategy.backend deepspeed: no DeepSpeed engine to save or load")
+        return self.engine
+
+    def manifest_fields(self) -> dict[str, Any]:
+        return {"backend": self.backend, **strategy_fields(self.strategy)}
+
+    def versions(self) -> dict[str, str | None]:
+        return {"deepspeed": package_version("deepspeed")}
+
+    def save(self, step_dir: Path, group: Any) -> None:
+        self._engine().save_checkpoint(save_dir=str(step_dir), tag=TAG)
+
+    def save_async(self, step_dir: Path, group: Any) -> SaveFuture:
+        raise CheckpointError(f"strategy.backend deepspeed: {self.sync_only_reason}")
+
+    def check_resumable(self, step_dir: Path, manifest: dict[str, Any], world_size: int) -> None:
+        if int(manifest["world_size"]) != world_size and manifest.get("zero_stage") != 0:
+            raise CheckpointError(_reshard_refusal(step_dir, manifest, world_size))
+
+    def load(self, step_dir: Path, manifest: dict[str, Any], group: Any) -> None:
+        load_path, _client = self._engine().load_checkpoint(
+            str(step_dir),
+            tag=TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if load_path is None:
+            raise CheckpointError(f"{step_dir}: DeepSpeed found no checkpoint under {TAG}/")
+
+    def close(self) -> None:
+        return None
+
+
+def _reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
+    # DeepSpeed's engine.load_checkpoint raises for a ZeRO (stage >= 1) checkpoint
+    # written at another data-parallel size (zero_optimization.elastic_checkpoint
+    # does not lift that check, as of DeepSpeed 0.19); only its offline "universal checkpoint"
+    # conversion (deepspeed.checkpoint.ds_to_universal + `checkpoint.load_universal`
+    # in the DeepSpeed config) can reshard the partitioned optimizer state, and
+    # shardctl does not drive that conversion. Stage 0 keeps the whole optimizer
+    # state in one file, so it resumes on any world size.
+    return (
+        f"{path} is a DeepSpeed ZeRO-{manifest.get('zero_stage')} checkpoint written by "
+        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed partitions "
+        "the optimizer state (and with ZeRO-3 the parameters) per rank and cannot load it on "
+        "another number of ranks without an offline universal-checkpoint conversion, which "
+        "shardctl does not do. Resume with resources giving world size "
+        f"{manifest['world_size']}, or consolidate the weights (`shardctl consolidate`) and "
+        "start a new run from them (train.model.pretrained; the optimizer state restarts), "
+        "or use strategy.backend fsdp, whose checkpoints reshard"
+    )
