@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 from helpers.render_util import variant, write_files
-from shardctl.orchestrator.accelerate_config import accelerate_config
+from shardctl.orchestrator.accelerate_config import accelerate_config, accelerate_config_text
 from shardctl.orchestrator.dsconfig import deepspeed_config
 from shardctl.orchestrator.launch import launch_argv
+from shardctl.orchestrator.precision import rendered_precision
 from shardctl.orchestrator.render import local_artifacts
 from shardctl.orchestrator.spec import JobSpec
 
@@ -35,6 +36,13 @@ ACCELERATE_CASES: dict[str, dict[str, Any]] = {
     },
     "fsdp-wrap-list-fp32": {"strategy": {"wrap": ["LlamaDecoderLayer"], "precision": "fp32"}},
     "fsdp-bf16-pure": {"strategy": {"precision": "bf16-pure"}},
+    # `auto` is decided on the node; the file says what it renders as for the device.
+    "fsdp-auto-cpu": {"strategy": {"precision": "auto"}},
+    "fsdp-auto-cuda": {"resources": {"device": "cuda"}, "strategy": {"precision": "auto"}},
+    "ds-auto-cuda": {
+        "resources": {"device": "cuda"},
+        "strategy": {"backend": "deepspeed", "precision": "auto"},
+    },
     "fsdp-pretrained": {"train": {"model": {"llama": None, "pretrained": "models/tiny"}}},
     "ds-zero3": {"strategy": {"backend": "deepspeed", "sharding": None, "zero_stage": 3}},
     "ds-zero2-2nodes": {
@@ -180,6 +188,8 @@ DS_CASES: dict[str, dict[str, Any]] = {
         "resources": {"device": "cuda"},
         "strategy": {"zero_stage": 2, "offload": "optimizer"},
     },
+    "zero3-auto-cpu": {"strategy": {"precision": "auto"}},
+    "zero3-auto-cuda": {"resources": {"device": "cuda"}, "strategy": {"precision": "auto"}},
 }
 
 
@@ -220,9 +230,10 @@ def test_deepspeed_config_loads_in_deepspeeds_config_class(
     assert ds.gradient_accumulation_steps == t.grad_accum
     assert ds.gradient_clipping == t.clip
     assert ds.zero_optimization_stage == s.zero_stage
-    assert ds.bfloat16_config.enabled is (s.precision == "bf16-mixed")
-    assert ds.float16_config.enabled is (s.precision == "fp16-mixed")
-    if s.precision == "fp16-mixed":
+    precision = rendered_precision(s.precision, spec.resources.device)
+    assert ds.bfloat16_config.enabled is (precision == "bf16-mixed")
+    assert ds.float16_config.enabled is (precision == "fp16-mixed")
+    if precision == "fp16-mixed":
         assert ds.float16_config.loss_scale == 0  # dynamic
     zero = ds.zero_config
     assert zero.zero_hpz_partition_size == (
@@ -241,3 +252,49 @@ def test_deepspeed_config_with_the_wrong_world_size_is_refused(
     spec = _ds_spec({})
     with pytest.raises(AssertionError, match="train_batch_size"):
         _load_ds(deepspeed_config(spec), spec.world_size + 1, monkeypatch)
+
+
+# ------------------------------------------------------------------ precision auto
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize(("device", "rendered"), [("cuda", "bf16-mixed"), ("cpu", "fp32")])
+def test_auto_renders_loadable_configs_that_say_what_auto_became(
+    tmp_path: Path, backend: str, device: str, rendered: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    patch: dict[str, Any] = {
+        "resources": {"device": device},
+        "strategy": {"backend": backend, "precision": "auto"},
+    }
+    spec = _accelerate_spec(patch)
+    text = accelerate_config_text(spec)
+    # The header (comments, which accelerate's loader skips) names the choice.
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert f"# strategy.precision auto rendered as {rendered} (resources.device {device});" in (
+        "\n".join(comments)
+    )
+    (tmp_path / "accelerate_config.yaml").write_text(text)
+    loaded = load_config_from_file(str(tmp_path / "accelerate_config.yaml"))
+    ds_json = deepspeed_config(spec)
+    if backend == "fsdp":
+        assert str(loaded.mixed_precision) == ("bf16" if rendered == "bf16-mixed" else "no")
+    else:
+        # DeepSpeed's precision lives in its JSON, which DeepSpeed's own class reads.
+        ds = _load_ds(ds_json, spec.world_size, monkeypatch)
+        assert ds.bfloat16_config.enabled is (rendered == "bf16-mixed")
+        assert ds.float16_config.enabled is False
+    assert ("bf16" in ds_json) is (rendered == "bf16-mixed")
+
+
+@pytest.mark.parametrize("case", sorted(ACCELERATE_CASES))
+def test_the_header_names_auto_only_for_auto(case: str) -> None:
+    from shardctl.orchestrator.render import accelerate_config_yaml
+
+    spec = _accelerate_spec(ACCELERATE_CASES[case])
+    text = accelerate_config_text(spec)
+    assert ("auto rendered as" in text) is (spec.strategy.precision == "auto")
+    if spec.strategy.precision != "auto":
+        # Render writes the same bytes (the golden files hold them).
+        assert accelerate_config_yaml(spec) == text

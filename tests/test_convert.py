@@ -823,3 +823,172 @@ def test_every_deepspeed_key_is_mapped_or_reported():
     text = " ".join(str(n) for n in result.notes)
     for key in cfg:
         assert key in text, key
+
+
+# ------------------------------------------------------------------- stdin
+
+
+def test_stdin_gives_the_same_bytes_as_the_file(tmp_path: Path):
+    """`cat acc.yaml | shardctl convert - --to deepspeed`: the kind comes from the content."""
+    for data, to in (
+        (FSDP_CONFIGS["v1-full-shard-everything"], "deepspeed"),
+        (deepspeed({"zero_stage": 2}), "fsdp"),
+        (yaml.safe_load(TINY.read_text()), "deepspeed"),
+    ):
+        src = write_yaml(tmp_path / "in.yaml", data)
+        from_file = CliRunner().invoke(cli, ["convert", str(src), "--to", to])
+        piped = CliRunner().invoke(cli, ["convert", "-", "--to", to], input=src.read_text())
+        assert piped.exit_code == 0, piped.stderr
+        assert piped.stdout == from_file.stdout
+        assert piped.stderr == from_file.stderr
+
+
+def test_stdin_finds_a_relative_deepspeed_json_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    text = yaml.safe_dump(deepspeed({"deepspeed_config_file": "ds.json"}))
+    monkeypatch.chdir(tmp_path)  # as `accelerate launch` resolves it
+    res = CliRunner().invoke(cli, ["convert", "-", "--to", "fsdp"], input=text)
+    assert res.exit_code == 0, res.stderr
+    assert yaml.safe_load(res.stdout)["fsdp_config"]["fsdp_reshard_after_forward"] is True
+
+
+@pytest.mark.parametrize("text", ["", "  \n\n"])
+def test_stdin_empty_is_refused(text: str):
+    res = CliRunner().invoke(cli, ["convert", "-", "--to", "fsdp"], input=text)
+    assert res.exit_code == 2
+    assert "stdin is empty" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_stdin_that_is_a_terminal_is_refused_not_waited_on(tmp_path: Path):
+    """A real pseudo-terminal on stdin: the command must refuse at once, not block."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardctl.orchestrator.cli", "convert", "-", "--to", "fsdp"],
+            stdin=follower,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert proc.returncode == 2
+    assert "stdin is a terminal" in proc.stderr and "cat accelerate.yaml |" in proc.stderr
+
+
+def test_stdin_errors_name_stdin_and_the_kind():
+    bad = "distributed_type: DEEPSPEED\ndeepspeed_config:\n  zero_stage: 5\n"
+    res = CliRunner().invoke(cli, ["convert", "-", "--to", "fsdp"], input=bad)
+    assert res.exit_code == 2
+    assert "error: <stdin>: invalid accelerate config: deepspeed_config.zero_stage 5" in (
+        res.stderr
+    )
+
+
+# ------------------------------------------------------------------- what an error calls the input
+
+
+def test_a_bad_deepspeed_json_is_named_as_such(tmp_path: Path):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 7}}))
+    src = write_yaml(tmp_path / "acc.yaml", deepspeed({"deepspeed_config_file": "ds.json"}))
+    with pytest.raises(ConfigError) as exc:
+        convert_file(src, "fsdp")
+    assert str(exc.value) == (
+        f"{tmp_path / 'ds.json'}: invalid DeepSpeed JSON config: "
+        "zero_optimization.stage 7 is not valid; accepted: 0, 1, 2, 3"
+    )
+    assert exc.value.exit_code == 2
+    (tmp_path / "ds.json").write_text("{not json")
+    with pytest.raises(ConfigError) as exc:
+        convert_file(src, "fsdp")
+    assert "ds.json: invalid DeepSpeed JSON config: not readable JSON" in str(exc.value)
+
+
+def test_an_accelerate_config_error_through_the_cli_says_accelerate_config(tmp_path: Path):
+    src = tmp_path / "accelerate.yaml"
+    src.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_offload_params: maybe\n")
+    res = CliRunner().invoke(cli, ["convert", str(src), "--to", "deepspeed"])
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"error: {src}: invalid accelerate config: ")
+    assert "fsdp_config.fsdp_offload_params 'maybe' is not a boolean" in res.stderr
+
+
+# ------------------------------------------------------------------- one mapping, one place
+
+
+def test_accelerate_strategy_names_agree_with_the_specs_table():
+    from shardctl.orchestrator.convert.mapping import STRATEGY_TO_ZERO, strategy_of_zero
+    from shardctl.orchestrator.spec import SHARDING_TO_ZERO, ZERO_TO_SHARDING
+
+    for sharding, stage in SHARDING_TO_ZERO.items():
+        assert STRATEGY_TO_ZERO[sharding.upper()] == stage, sharding
+    for stage, sharding in ZERO_TO_SHARDING.items():
+        if sharding is not None:
+            assert strategy_of_zero(stage, None) == sharding.upper()
+
+
+@pytest.mark.parametrize("example", ["tiny-llama", "deepspeed-zero3", "slurm-2node"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32", "bf16-pure", "fp16-mixed", "auto"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_job_spec_converts_through_what_render_writes(example: str, precision: str, device: str):
+    """Precision, ZeRO stage, offload, accumulation, clipping: what render's functions say."""
+    from shardctl.orchestrator.accelerate_config import accelerate_config, mixed_precision
+    from shardctl.orchestrator.dsconfig import deepspeed_config
+
+    data = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
+    data["strategy"]["precision"] = precision
+    data["resources"]["device"] = device
+    try:
+        spec = parse_spec(data)
+    except SpecError:
+        pytest.skip("not a valid spec (fp16 on cpu, bf16-pure with deepspeed)")
+    rendered, ds = accelerate_config(spec), deepspeed_config(spec)
+    for to in ("fsdp", "deepspeed"):
+        result = convert_data(data, to)  # type: ignore[arg-type]
+        cfg = result.accelerate_config
+        assert cfg["mixed_precision"] == mixed_precision(spec)
+        if spec.strategy.backend == "fsdp":
+            assert cfg["mixed_precision"] == rendered["mixed_precision"]
+        else:  # DeepSpeed's precision lives in the JSON
+            sections = [k for k in ("bf16", "fp16") if k in ds]
+            assert cfg["mixed_precision"] == (sections[0] if sections else "no")
+        assert cfg["num_processes"] == rendered["num_processes"]
+        if to == "deepspeed":
+            inline = cfg["deepspeed_config"]
+            assert inline["zero_stage"] == ds["zero_optimization"]["stage"]
+            assert inline["gradient_accumulation_steps"] == ds["gradient_accumulation_steps"]
+            assert inline["gradient_clipping"] == (ds["gradient_clipping"] or "auto")
+
+
+@pytest.mark.parametrize(("device", "expected"), [("cuda", "bf16"), ("cpu", "no")])
+def test_precision_auto_converts_as_it_renders_and_says_so(device: str, expected: str):
+    data = yaml.safe_load(TINY.read_text())
+    data["strategy"]["precision"] = "auto"
+    data["resources"]["device"] = device
+    result = convert_data(data, "deepspeed")
+    assert result.accelerate_config["mixed_precision"] == expected
+    notes = [n.message for n in result.notes if n.setting == "strategy.precision"]
+    rendered_as = "bf16-mixed" if device == "cuda" else "fp32"
+    assert any(f"auto rendered as {rendered_as}" in m for m in notes), notes
+    assert result.spec_strategy is not None and result.spec_strategy["precision"] == "auto"
+
+
+def test_converting_an_accelerate_config_imports_no_pydantic(tmp_path: Path):
+    """Only a job spec needs the spec model; accelerate input stays cheap."""
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v2-reshard-false"])
+    code = (
+        "import sys\n"
+        "from shardctl.orchestrator.convert import convert_file\n"
+        f"convert_file({str(src)!r}, 'deepspeed')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'torch', 'accelerate', 'deepspeed')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == "[]"
