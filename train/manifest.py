@@ -141,7 +141,27 @@ def read_manifest(step_dir: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: format_version {version!r} is not supported; accepted: {FORMAT_VERSION}"
         )
+    for rel, entry in data["files"].items():
+        _check_entry(path, rel, entry)
     return data
+
+
+def _check_entry(path: Path, rel: str, entry: Any) -> None:
+    # Checked once here so that readers (verify, resume, the CLI) can index an
+    # entry without a KeyError escaping from a hand-edited or damaged manifest.
+    if not isinstance(entry, dict):
+        raise CheckpointError(
+            f"{path}: files entry {rel!r} is {type(entry).__name__}, not an object with "
+            "'size' and 'sha256'"
+        )
+    for key, kind in (("size", int), ("sha256", str)):
+        value = entry.get(key)
+        if value is None:
+            raise CheckpointError(f"{path}: files entry {rel!r} has no {key!r}")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise CheckpointError(
+                f"{path}: files entry {rel!r} has {key} {value!r}; accepted: {kind.__name__}"
+            )
 
 
 def _dir_size(path: Path) -> int:

@@ -2,6 +2,14 @@
 
 Reads only folders and manifests (no torch import), so it answers in well under
 a second on a login node. `--verify` re-hashes every file against its manifest.
+
+Statuses, named after what the trainer does with a folder when it resumes
+(`checkpoint.resume: auto`):
+- `incomplete`: a save that never finished (`.tmp`, or no manifest.json); skipped.
+- `corrupt`: published (final name and a manifest.json) but its manifest cannot be
+  read or a file does not match it; the trainer rejects it and tries older ones.
+- `complete` (sizes match) / `verified` (sha256 match too); the newest is resumed.
+Exit 1 when any checkpoint is corrupt.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     rows = []
     for info in infos:
         row = info.to_json()
-        row["status"] = "complete" if info.complete else "incomplete"
+        row["status"] = "complete" if info.complete else _why_not(Path(info.path))
         row["problems"] = [] if info.complete else [info.why_incomplete]
         if check_hashes and info.complete:
             problems = verify(info.path)
@@ -53,12 +61,40 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
             row["status"] = "corrupt" if problems else "verified"
         rows.append(row)
     usable = [r for r in rows if r["status"] in ("complete", "verified")]
+    published = [r for r in rows if r["status"] != "incomplete"]
+    # What `checkpoint.resume: auto` does with this folder (see CheckpointManager.restore).
+    resume = "resume" if usable else ("error" if published else "start")
     return {
         "checkpoint_dir": str(folder.parent if one else folder),
         "checkpoints": rows,
         "latest_complete": usable[-1]["path"] if usable else None,
+        "resume_auto": resume,
         "verified": check_hashes,
     }
+
+
+def _why_not(path: Path) -> str:
+    """`incomplete` for a save that never finished, `corrupt` for a published one
+    (final name and a manifest file) that is damaged."""
+    from ...train.manifest import MANIFEST, STEP_RE
+
+    m = STEP_RE.match(path.name)
+    if (m and m.group(2)) or not (path / MANIFEST).is_file():
+        return "incomplete"
+    return "corrupt"
+
+
+def _resume_line(data: dict[str, Any]) -> str:
+    latest = data["latest_complete"]
+    if data["resume_auto"] == "resume":
+        return latest
+    if data["resume_auto"] == "error":
+        return (
+            "none — every published checkpoint is corrupt, so a resumed run stops with an "
+            "error instead of starting over (set checkpoint.resume: never to start at step 0, "
+            "or the path of one checkpoint)"
+        )
+    return "none — no save has finished, so a resumed run starts at step 0"
 
 
 @click.command("checkpoints")
@@ -91,7 +127,7 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
             )
             for problem in r["problems"]:
                 click.echo(f"{'':>12}{problem}")
-        latest = data["latest_complete"] or "none — training would start at step 0"
+        latest = _resume_line(data)
         if check_hashes:
             click.echo(f"resume (auto) would use: {latest}")
         else:
