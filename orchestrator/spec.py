@@ -372,7 +372,7 @@ def llama_problems(cfg: dict[str, Any]) -> list[str]:
         type_text = accepted[key][0]
         if not _llama_type_ok(value, type_text):
             problems.append(
-                f"{field}: {_show(value)} is a {_type_name(value)}; accepted: {type_text}"
+                f"{field}: {_show(value)} is {_type_name(value)}; accepted: {type_text}"
             )
             continue
         if isinstance(value, float) and not math.isfinite(value):
@@ -429,8 +429,9 @@ def _llama_shape_problems(cfg: dict[str, Any]) -> list[str]:
 
 
 def _type_name(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    names.update({list: "list", dict: "mapping", type(None): "null"})
+    """What YAML made of a value, with its article: 'a string', 'an integer'."""
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names.update({list: "a list", dict: "a mapping", type(None): "null"})
     return names.get(type(value), type(value).__name__)
 
 
@@ -1031,9 +1032,20 @@ def _explain(exc: ValidationError, data: Any) -> list[str]:
             hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
             where = _dotted(parent) or "the top level"
             did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+            # A plain path is quoted; one holding a cut or odd key is quoted inside already.
+            named = repr(field) if field.isprintable() and "'" not in field else field
             problems.append(
-                f"unknown key {field!r} in {where}{did_you_mean} "
+                f"unknown key {named} in {where}{did_you_mean} "
                 f"(accepted: {', '.join(sorted(allowed))})"
+            )
+            continue
+        if kind == "invalid_key":
+            # YAML made the key a number, null or boolean (`5:`, `~:`, `yes:`).
+            parent, key = loc[:-1], err.get("input", loc[-1] if loc else None)
+            where = _dotted(parent) or "the top level"
+            problems.append(
+                f"key {_show(key)} in {where} is {_type_name(key)}; accepted: keys that are "
+                "names (quote it if it is one)"
             )
             continue
         if kind == "missing":
@@ -1058,9 +1070,9 @@ def _explain(exc: ValidationError, data: Any) -> list[str]:
             ):  # fmt: skip
                 problems.extend(msg.split("\n"))
                 continue
-        # The value once: our own validators quote it already; pydantic's messages never
-        # do, and a whole section (a mapping) is not worth printing.
-        got = "" if isinstance(value, dict) or (ours and shown in msg) else f" (got {shown})"
+        # The value once: our own validators show it (or the bad item of a list) in
+        # their sentence; pydantic's messages never do; a whole section is not printed.
+        got = "" if ours or isinstance(value, dict) else f" (got {shown})"
         problems.append(f"{field or 'spec'}: {msg}{got}")
     return problems
 

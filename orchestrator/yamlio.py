@@ -1,5 +1,10 @@
 """Reading YAML files with errors that name the file, line and column (no pydantic here:
-`shardctl convert` uses it before it knows whether the file is a job spec)."""
+`shardctl convert` uses it before it knows whether the file is a job spec).
+
+Stricter than `yaml.safe_load` in one way: a key given twice in one mapping is an
+error (PyYAML keeps the last one silently, so `nodes: 2` ... `nodes: 1` ran on one
+node). Merge keys (`<<: *defaults`) still override what they merge in, as YAML says.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +12,82 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.constructor import ConstructorError
 
 from .errors import SpecError
 
+# A job spec or launcher config is a few kilobytes; reading stops here so that a wrong
+# path (a disk image, /dev/zero) becomes a message instead of an exhausted memory.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`SafeLoader` that refuses a key given twice in the same mapping, at any depth."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == MERGE_TAG:
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first_line.get(key)
+                except TypeError:  # an unhashable key: SafeLoader says so below
+                    continue
+                line = key_node.start_mark.line + 1
+                if seen is not None:
+                    raise ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {SpecError.show_value(key)} (first given at line "
+                        f"{seen}); a mapping takes each key once, so one of the two would "
+                        "be silently lost: keep one",
+                        key_node.start_mark,
+                    )
+                first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
 
 def read_yaml_file(path: str | Path) -> Any:
-    """Read a YAML file; unreadable files and YAML syntax errors become `SpecError`s
-    that name the file and, for syntax errors, the line and column."""
+    """Read a YAML file; unreadable files, YAML syntax errors and duplicate keys become
+    `SpecError`s that name the file and, for the latter two, the line and column."""
     path = Path(path)
+    where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError([f"file {str(path)!r} does not exist"], str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError([f"cannot read {str(path)!r}: {exc}"], str(path)) from None
+        raise SpecError([f"file {where!r} does not exist"], where) from None
+    except IsADirectoryError:
+        raise SpecError([f"{where!r} is a folder; accepted: a YAML file"], where) from None
+    except OSError as exc:
+        raise SpecError([f"cannot read {where!r}: {exc.strerror or exc}"], where) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise SpecError(
+            [f"{where!r} is larger than {MAX_FILE_BYTES // 2**20} MiB; not a job spec or config"],
+            where,
+        )
     try:
-        return yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            [f"cannot read {where!r}: not UTF-8 text (byte {exc.start}); is it a binary file?"],
+            where,
+        ) from None
+    return parse_yaml_text(text, where)
+
+
+def parse_yaml_text(text: str, source: str | None = None) -> Any:
+    """Parse YAML text like `read_yaml_file` (duplicate keys refused, errors located)."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise SpecError([f"not valid YAML{where}: {problem}"], str(path)) from None
+        raise SpecError([f"not valid YAML{at}: {problem}"], source) from None
+    except RecursionError:
+        # PyYAML builds nested collections recursively; thousands of levels exhaust it.
+        raise SpecError(["nested too deeply to be a job spec or config"], source) from None

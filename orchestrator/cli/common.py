@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,10 +31,21 @@ def handle_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except ShardctlError as exc:
-            click.secho(f"error: {exc}", fg="red", err=True)
+            echo_error(f"error: {exc}")
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def colour_wanted() -> bool | None:
+    """False when NO_COLOR (https://no-color.org) is set to anything non-empty; else None,
+    which lets click decide: colour on a terminal, none when the stream is a pipe or file."""
+    return False if os.environ.get("NO_COLOR") else None
+
+
+def echo_error(message: str) -> None:
+    """An error on stderr: red on a terminal, plain under NO_COLOR or when redirected."""
+    click.secho(message, fg="red", err=True, color=colour_wanted())
 
 
 def output_option(fn: F) -> F:
