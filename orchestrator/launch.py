@@ -4,17 +4,10 @@ Pure functions of a `JobSpec`, deterministic, no torch import. Values that only
 exist on the cluster at run time (node rank, node count, the master's address)
 are never filled in here: the scripts refer to them by name and the node's own
 shell expands them when it runs the script. Every launch script reads the
-`RUNTIME_VARS` from its environment; the env part at its top sets them from the
-cluster's own variables:
-
-    local   literal values (node rank 0, 127.0.0.1, `local.master_port`); only
-            SHARDCTL_NODE_RANK may be preset, to start node 1 of a multi-node
-            spec on this same host
-    slurm   `${SLURM_NODEID}`, `${SLURM_JOB_NUM_NODES}`, the first host of
-            `${SLURM_JOB_NODELIST}` (expanded on the node, never at submit time,
-            or every node would become rank 0)
-    k8s     the Kubeflow operator's `PET_NODE_RANK`, `PET_NNODES`,
-            `PET_NPROC_PER_NODE`, `MASTER_ADDR`, `MASTER_PORT`
+`RUNTIME_VARS` from its environment; how a node learns them is the cluster's
+business: each cluster class (`shardctl.orchestrator.clusters`) declares its
+`runtime_env(spec)`, the env lines that set them from its own variables, and
+passes them in here.
 
 Shell safety: a word is a sequence of literal text and variable references;
 literals go through `shlex.quote`, references become `"${NAME}"`, so nothing a
@@ -28,10 +21,10 @@ it `SHARDCTL_RENDER_DIR`, so a rendered folder works wherever it is copied.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from .errors import UsageError
 from .spec import JobSpec
 from .templating import render_template
 
@@ -43,7 +36,6 @@ RUNTIME_VARS: tuple[str, ...] = (
     "MASTER_PORT",
 )
 RENDER_DIR_VAR = "SHARDCTL_RENDER_DIR"
-LAUNCH_CLUSTERS = ("local", "slurm", "k8s")
 TRAIN_MODULE = "shardctl.train"
 
 # File names of the artifacts the launchers read, beside launch.sh.
@@ -100,21 +92,16 @@ class EnvLine:
     comment: str | None = None
 
 
-def _export(name: str, value: str, comment: str | None = None) -> EnvLine:
+def export(name: str, value: str, comment: str | None = None) -> EnvLine:
+    """`export NAME=value`, the value a literal."""
     return EnvLine(f"export {name}={shlex.quote(value)}", comment)
 
 
-def _export_from(name: str, source: str, why: str, comment: str | None = None) -> EnvLine:
+def export_from(name: str, source: str, why: str, comment: str | None = None) -> EnvLine:
+    """`export NAME="${SOURCE}"`, stopping the script with `why` when SOURCE is unset."""
     # `${X:?why}` stops the script with a message naming the missing variable
     # instead of starting ranks with an empty rank or address.
     return EnvLine(f'export {name}="${{{source}:?{why}}}"', comment)
-
-
-def check_cluster(cluster: str) -> None:
-    if cluster not in LAUNCH_CLUSTERS:
-        raise UsageError(
-            f"cluster {cluster!r} is not known; accepted: {', '.join(LAUNCH_CLUSTERS)}"
-        )
 
 
 def backend_env(spec: JobSpec) -> dict[str, str]:
@@ -136,66 +123,24 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-def _runtime_lines(spec: JobSpec, cluster: str) -> list[EnvLine]:
-    r = spec.resources
-    if cluster == "local":
-        return [
-            _export("SHARDCTL_NNODES", str(r.nodes), "this host is every node"),
-            EnvLine(
-                'export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"',
-                "preset it to start another node of a multi-node spec on this host",
-            ),
-            _export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
-            _export("MASTER_ADDR", "127.0.0.1"),
-            _export("MASTER_PORT", str(spec.local.master_port)),
-        ]
-    if cluster == "slurm":
-        where = "run this script inside a Slurm allocation (srun)"
-        return [
-            _export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
-            _export_from(
-                "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
-            ),
-            _export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
-            # The first host of the allocation hosts the rendezvous. No pipe into
-            # `head`: with pipefail, scontrol's SIGPIPE on a long list would fail.
-            EnvLine(
-                f'MASTER_ADDR="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?{where}}}")"',
-                "the first node of the allocation",
-            ),
-            EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
-            EnvLine("export MASTER_ADDR"),
-            _export("MASTER_PORT", str(spec.slurm.master_port)),
-        ]
-    where = "set by the Kubeflow training operator in PyTorchJob pods"
-    return [
-        _export_from("SHARDCTL_NNODES", "PET_NNODES", where),
-        _export_from("SHARDCTL_NODE_RANK", "PET_NODE_RANK", where),
-        _export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
-        _export_from("MASTER_ADDR", "MASTER_ADDR", where),
-        _export_from("MASTER_PORT", "MASTER_PORT", where),
-    ]
-
-
-def env_lines(spec: JobSpec, cluster: str) -> list[EnvLine]:
+def env_lines(spec: JobSpec, runtime: Sequence[EnvLine]) -> list[EnvLine]:
     """The statements of one node's environment, in the order they must run.
 
     Library defaults first, then the user's `env` (so it can override them, e.g.
     NCCL_DEBUG), then the runtime variables last so nothing can shadow them.
     User values are literal: `$HOME` in a value stays the five characters.
     """
-    check_cluster(cluster)
-    lines = [_export(k, v) for k, v in backend_env(spec).items()]
-    lines += [_export(k, v, "from the spec's env" if i == 0 else None)
+    lines = [export(k, v) for k, v in backend_env(spec).items()]
+    lines += [export(k, v, "from the spec's env" if i == 0 else None)
               for i, (k, v) in enumerate(sorted(spec.env.items()))]  # fmt: skip
-    lines += _runtime_lines(spec, cluster)
+    lines += runtime
     return lines
 
 
-def env_file(spec: JobSpec, cluster: str) -> str:
+def env_file(spec: JobSpec, cluster: str, runtime: Sequence[EnvLine]) -> str:
     """Bash text that sets one node's environment (`source` it, or inline it)."""
     return render_template(
-        "env.sh.j2", job_name=spec.name, cluster=cluster, lines=env_lines(spec, cluster)
+        "env.sh.j2", job_name=spec.name, cluster=cluster, lines=env_lines(spec, runtime)
     )
 
 
@@ -279,7 +224,12 @@ def _spec_word(spec_path: str) -> Word:
 
 
 def launch_script(
-    spec: JobSpec, cluster: str, spec_path: str, *, module: str = TRAIN_MODULE
+    spec: JobSpec,
+    cluster: str,
+    runtime: Sequence[EnvLine],
+    spec_path: str,
+    *,
+    module: str = TRAIN_MODULE,
 ) -> str:
     """A complete bash script that sets one node's environment and execs the launcher.
 
@@ -287,7 +237,6 @@ def launch_script(
     taken relative to the script's own folder. `module` is what every rank runs
     with `python -m` (the trainer; tests start a probe instead).
     """
-    check_cluster(cluster)
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
     return render_template(
@@ -296,7 +245,7 @@ def launch_script(
         cluster=cluster,
         launcher=spec.launcher,
         render_dir_var=RENDER_DIR_VAR,
-        env=env_lines(spec, cluster),
+        env=env_lines(spec, runtime),
         command=command,
     )
 

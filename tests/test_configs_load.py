@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from helpers.render_util import variant, write_files
 from shardctl.orchestrator.accelerate_config import accelerate_config, accelerate_config_text
+from shardctl.orchestrator.clusters import render_artifacts
 from shardctl.orchestrator.dsconfig import deepspeed_config
 from shardctl.orchestrator.launch import launch_argv
 from shardctl.orchestrator.precision import rendered_precision
-from shardctl.orchestrator.render import local_artifacts
 from shardctl.orchestrator.spec import JobSpec
 
 CUDA2 = {"nodes": 2, "device": "cuda"}
@@ -86,7 +86,7 @@ def test_accelerate_config_loads_with_accelerates_loader(tmp_path: Path, case: s
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 
     spec = _accelerate_spec(ACCELERATE_CASES[case])
-    folder = write_files(local_artifacts(spec, "local"), tmp_path)
+    folder = write_files(render_artifacts(spec, "local"), tmp_path)
     loaded = load_config_from_file(str(folder / "accelerate_config.yaml"))
     assert isinstance(loaded, ClusterConfig)
     assert loaded.num_processes == spec.world_size
@@ -111,7 +111,7 @@ def test_accelerate_launch_validates_the_rendered_flags(
     from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
     spec = _accelerate_spec(ACCELERATE_CASES[case])
-    folder = write_files(local_artifacts(spec, "local"), tmp_path)
+    folder = write_files(render_artifacts(spec, "local"), tmp_path)
     node = spec.resources.nodes - 1
     args = launch_command_parser().parse_args(_node_words(spec, folder, node))
     args, defaults, _ = _validate_launch_command(args)
@@ -220,7 +220,7 @@ def test_deepspeed_config_loads_in_deepspeeds_config_class(
 ) -> None:
     spec = _ds_spec(DS_CASES[case])
     s, t = spec.strategy, spec.train
-    config = json.loads(local_artifacts(spec, "local")["ds_config.json"])
+    config = json.loads(render_artifacts(spec, "local")["ds_config.json"])
     # Exactly what the training loop passes to deepspeed.initialize.
     assert config == deepspeed_config(spec)
     ds = _load_ds(config, spec.world_size, monkeypatch)

@@ -717,7 +717,7 @@ EXAMPLE_VARIANTS = {
 @pytest.mark.parametrize("variant", sorted(EXAMPLE_VARIANTS))
 def test_the_accelerate_config_shardctl_renders_converts_consistently(tmp_path: Path, variant):
     """`shardctl render` (launcher accelerate) → convert: the spec's own choices come back."""
-    from shardctl.orchestrator.render import render_artifacts
+    from shardctl.orchestrator.clusters import render_artifacts
 
     example, strategy = EXAMPLE_VARIANTS[variant]
     data = yaml.safe_load((ROOT / "examples" / example).read_text())

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from helpers.render_util import EXAMPLES, ROOT
+from shardctl.orchestrator.clusters import render_artifacts
 from shardctl.orchestrator.errors import RenderError
-from shardctl.orchestrator.render import render_artifacts
 from shardctl.orchestrator.spec import load_spec
 
 GOLDEN = ROOT / "tests" / "golden"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.k8s_schemas import find_helm, validate_any, validate_core, validate_pytorchjob
-from shardctl.orchestrator import render_k8s
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import JobSpec, load_spec
 from test_k8s_render import VARIANTS, make
 
@@ -89,7 +89,7 @@ def _diff(a: dict[str, Any], b: dict[str, Any]) -> str:
 
 def test_shardctl_render_output_installs_the_same_objects(helm: str, tmp_path: Path) -> None:
     """End to end: the files `shardctl render --cluster k8s` writes, through helm."""
-    from shardctl.orchestrator.render import render_artifacts
+    from shardctl.orchestrator.clusters import render_artifacts
 
     files = render_artifacts(CASES["examples/k8s.yaml"], "k8s")
     values = tmp_path / "values.yaml"

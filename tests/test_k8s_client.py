@@ -18,9 +18,9 @@ from typing import Any
 import kmock
 import pytest
 from helpers.kmock_server import PYTORCHJOBS, KMockServer
-from shardctl.orchestrator import render_k8s
 from shardctl.orchestrator.clusters import k8s as k8s_backend
 from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.errors import ClusterError, JobNotFoundError
 from test_k8s_render import BASE, make
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from shardctl.orchestrator import render_k8s
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent

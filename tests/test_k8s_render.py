@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.k8s_schemas import validate_core, validate_pytorchjob
-from shardctl.orchestrator import render_k8s
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import JobSpec, load_spec, parse_spec
 
 BASE: dict[str, Any] = {
@@ -178,8 +178,10 @@ def test_checkpoints_live_on_the_pvc() -> None:
     objects = render_k8s.k8s_objects(spec)
     inside = yaml.safe_load(objects["configmap"]["data"]["job.yaml"])
     assert inside["checkpoint"]["dir"] == "/shardctl/runs/k8s-test/checkpoints"
+    assert inside["run_dir"] == "/shardctl/runs/k8s-test"
     # Everything else is the user's spec, unchanged.
-    assert parse_spec(inside).model_copy(update={"checkpoint": spec.checkpoint}) == spec
+    mine = {"checkpoint": spec.checkpoint, "run_dir": spec.run_dir}
+    assert parse_spec(inside).model_copy(update=mine) == spec
     p = pod(objects["pytorchjob"])
     runs = next(v for v in p["volumes"] if v["name"] == "runs")
     assert runs["persistentVolumeClaim"] == {"claimName": "runs"}
@@ -287,7 +289,7 @@ def test_launcher_files_travel_in_the_configmap() -> None:
 
 @pytest.mark.parametrize("variant_name", ["accelerate-deepspeed", "deepspeed-launcher-cuda"])
 def test_pods_get_the_files_shardctl_render_writes(variant_name: str) -> None:
-    from shardctl.orchestrator.render import render_artifacts
+    from shardctl.orchestrator.clusters import render_artifacts
 
     spec = make(**VARIANTS[variant_name])
     files = render_artifacts(spec, "k8s")
@@ -315,11 +317,12 @@ def test_deterministic_and_sorted() -> None:
     assert yaml.safe_load(a["configmap.yaml"]) == render_k8s.configmap(make())
 
 
-def test_module_prints_manifests(tmp_path: Any) -> None:
+def test_dry_run_prints_the_manifests(tmp_path: Any) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(BASE))
+    cli = [sys.executable, "-m", "shardctl.orchestrator.cli"]
     out = subprocess.run(
-        [sys.executable, "-m", "shardctl.orchestrator.render_k8s", str(path)],
+        [*cli, "submit", str(path), "--cluster", "k8s", "--dry-run"],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]

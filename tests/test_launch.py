@@ -19,15 +19,13 @@ from pathlib import Path
 
 import pytest
 from helpers.render_util import ROOT, run_script, stub_launchers, variant, write_files
+from shardctl.orchestrator.clusters import get_cluster, render_artifacts
 from shardctl.orchestrator.errors import SpecError, UsageError
 from shardctl.orchestrator.launch import (
     RUNTIME_VARS,
-    env_file,
     hostfile,
     launch_argv,
-    launch_script,
 )
-from shardctl.orchestrator.render import local_artifacts
 from shardctl.orchestrator.spec import load_spec
 
 SPEC = "job.yaml"
@@ -116,7 +114,7 @@ def test_every_launcher_refers_to_runtime_vars_only_by_name() -> None:
 
 def test_unknown_cluster_is_refused() -> None:
     with pytest.raises(UsageError, match="accepted: local, slurm, k8s"):
-        launch_script(variant(), "aws", SPEC)
+        get_cluster("aws").launch_script(variant(), SPEC)
 
 
 # -------------------------------------------------------------- env file
@@ -146,7 +144,7 @@ def _env_after_sourcing(text: str, env: dict[str, str], tmp_path: Path) -> dict[
 
 def test_local_env_is_literal(tmp_path: Path) -> None:
     spec = variant({"local": {"master_port": 29611}, "resources": {"cpus_per_proc": 3}})
-    got = _env_after_sourcing(env_file(spec, "local"), {}, tmp_path)
+    got = _env_after_sourcing(get_cluster("local").env_file(spec), {}, tmp_path)
     assert got == {
         "SHARDCTL_NNODES": "1", "SHARDCTL_NODE_RANK": "0", "SHARDCTL_NPROC_PER_NODE": "2",
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611", "OMP_NUM_THREADS": "3",
@@ -155,7 +153,9 @@ def test_local_env_is_literal(tmp_path: Path) -> None:
 
 def test_local_node_rank_can_be_preset_to_emulate_another_node(tmp_path: Path) -> None:
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
-    got = _env_after_sourcing(env_file(spec, "local"), {"SHARDCTL_NODE_RANK": "1"}, tmp_path)
+    got = _env_after_sourcing(
+        get_cluster("local").env_file(spec), {"SHARDCTL_NODE_RANK": "1"}, tmp_path
+    )
     assert got["SHARDCTL_NODE_RANK"] == "1" and got["SHARDCTL_NNODES"] == "2"
 
 
@@ -173,7 +173,7 @@ def _scontrol_on_path(tmp_path: Path) -> dict[str, str]:
 
 def test_slurm_env_keeps_slurm_variables_until_the_node_runs_it(tmp_path: Path) -> None:
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
-    text = env_file(spec, "slurm")
+    text = get_cluster("slurm").env_file(spec)
     # Unexpanded in the file: the node's own shell fills them in.
     assert 'SHARDCTL_NODE_RANK="${SLURM_NODEID:?' in text
     assert 'SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?' in text
@@ -193,7 +193,7 @@ def test_slurm_env_expands_a_real_hostlist(tmp_path: Path) -> None:
         pytest.skip("Slurm's scontrol is not installed (apt-get install slurm-client)")
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
     got = _env_after_sourcing(
-        env_file(spec, "slurm"),
+        get_cluster("slurm").env_file(spec),
         {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODEID": "1"},
         tmp_path,
     )
@@ -202,7 +202,7 @@ def test_slurm_env_expands_a_real_hostlist(tmp_path: Path) -> None:
 
 def test_slurm_launch_script_gives_node_rank_one_on_node_one(tmp_path: Path) -> None:
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
-    out = write_files({"launch.sh": launch_script(spec, "slurm", SPEC)}, tmp_path / "r")
+    out = write_files({"launch.sh": get_cluster("slurm").launch_script(spec, SPEC)}, tmp_path / "r")
     record = tmp_path / "record.jsonl"
     env = stub_launchers(tmp_path / "stubs", record)
     env.update(_scontrol_on_path(tmp_path))
@@ -220,7 +220,7 @@ def json_lines(path: Path) -> list[dict]:
 
 def test_slurm_script_outside_an_allocation_says_why(tmp_path: Path) -> None:
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
-    out = write_files({"launch.sh": launch_script(spec, "slurm", SPEC)}, tmp_path / "r")
+    out = write_files({"launch.sh": get_cluster("slurm").launch_script(spec, SPEC)}, tmp_path / "r")
     env = stub_launchers(tmp_path / "stubs", tmp_path / "record.jsonl")
     done = run_script(out / "launch.sh", env)
     assert done.returncode != 0
@@ -234,14 +234,14 @@ def test_k8s_env_reads_the_operator_variables(tmp_path: Path) -> None:
         "PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_NPROC_PER_NODE": "2",
         "MASTER_ADDR": "k8s-tiny-master-0", "MASTER_PORT": "23456",
     }  # fmt: skip
-    got = _env_after_sourcing(env_file(spec, "k8s"), pet, tmp_path)
+    got = _env_after_sourcing(get_cluster("k8s").env_file(spec), pet, tmp_path)
     assert got["SHARDCTL_NODE_RANK"] == "1" and got["SHARDCTL_NNODES"] == "2"
     assert got["MASTER_ADDR"] == "k8s-tiny-master-0" and got["MASTER_PORT"] == "23456"
 
 
 def test_user_env_comes_after_defaults_and_before_runtime_vars() -> None:
     spec = variant({"env": {"NCCL_DEBUG": "INFO"}})
-    text = env_file(spec, "local")
+    text = get_cluster("local").env_file(spec)
     assert text.index("OMP_NUM_THREADS") < text.index("NCCL_DEBUG=INFO")
     # The runtime values are set last, so nothing before them can shadow them ...
     assert text.index("NCCL_DEBUG=INFO") < text.index("SHARDCTL_NODE_RANK")
@@ -251,13 +251,13 @@ def test_user_env_comes_after_defaults_and_before_runtime_vars() -> None:
 
 
 def test_nccl_settings_only_on_cuda() -> None:
-    assert "NCCL" not in env_file(variant(), "local")
-    cuda = env_file(variant({"resources": {"device": "cuda"}}), "local")
+    assert "NCCL" not in get_cluster("local").env_file(variant())
+    cuda = get_cluster("local").env_file(variant({"resources": {"device": "cuda"}}))
     assert "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1" in cuda
 
 
 def test_launch_script_shape() -> None:
-    text = launch_script(variant(), "local", SPEC)
+    text = get_cluster("local").launch_script(variant(), SPEC)
     lines = text.splitlines()
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
@@ -291,8 +291,8 @@ def _probe_env(probe_out: Path) -> dict[str, str]:
 
 
 def _render_probe(spec, out: Path) -> Path:
-    files = local_artifacts(spec, "local")
-    files["launch.sh"] = launch_script(spec, "local", SPEC, module="rank_probe")
+    files = render_artifacts(spec, "local")
+    files["launch.sh"] = get_cluster("local").launch_script(spec, SPEC, module="rank_probe")
     return write_files(files, out)
 
 
@@ -375,7 +375,7 @@ def test_example_trains_from_its_rendered_launch_script(tmp_path: Path, example:
     through the same c10d rendezvous the Slurm nodes use.
     """
     spec = variant({"local": {"master_port": _free_port()}}, example=example)
-    out = write_files(local_artifacts(spec, "local"), tmp_path / "rendered")
+    out = write_files(render_artifacts(spec, "local"), tmp_path / "rendered")
     env = _probe_env(tmp_path)
     env.pop("PYTHONPATH")
     procs, logs = [], []

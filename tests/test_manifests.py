@@ -11,8 +11,8 @@ import pytest
 import yaml
 from helpers.k8s_schemas import validate_any
 from helpers.kmock_server import KMockServer
-from shardctl.orchestrator import render_k8s
 from shardctl.orchestrator.clusters.k8s import K8sCluster
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +45,7 @@ def test_example_is_rendered_from_examples_k8s_yaml() -> None:
     body = actual[actual.index("---") :]
     assert body == expected, (
         "manifests/example-pytorchjob.yaml is out of date; regenerate it with:\n"
-        "  python -m shardctl.orchestrator.render_k8s examples/k8s.yaml "
+        "  shardctl submit examples/k8s.yaml --cluster k8s --dry-run "
         "> manifests/example-pytorchjob.yaml"
     )
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.clusters.base import JobRef, remember
+from shardctl.orchestrator.clusters.base import JobRef
+from shardctl.orchestrator.clusters.records import remember
 from shardctl.train.metrics import read_metrics
 
 
@@ -55,7 +56,7 @@ def test_plot_by_job_name_and_by_spec_file(tmp_path: Path) -> None:
     spec.write_text(
         "name: named\ntrain:\n  model: {llama: {vocab_size: 256}}\n"
         "  data: {builtin: python-stdlib}\n"
-        f"  steps: 5\ncheckpoint: {{every_steps: 5, dir: {run_dir / 'checkpoints'}}}\n"
+        f"  steps: 5\nrun_dir: {run_dir}\ncheckpoint: {{every_steps: 5}}\n"
     )
     (run_dir / "loss.png").unlink()
     res = CliRunner().invoke(cli, ["plot", str(spec)])

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers.render_util import EXAMPLES, ROOT, variant
-from shardctl.orchestrator import render as render_mod
+from shardctl.orchestrator import clusters
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.errors import RenderError
-from shardctl.orchestrator.render import local_artifacts, render_artifacts
+from shardctl.orchestrator.clusters import render_artifacts
+from shardctl.orchestrator.clusters.writer import LEDGER
+from shardctl.orchestrator.errors import RenderError, UsageError
 from shardctl.orchestrator.spec import load_spec
 from shardctl.orchestrator.templating import render_template
 
@@ -69,17 +70,21 @@ def test_k8s_node_files_are_the_ones_the_pods_get() -> None:
 
 
 def test_missing_cluster_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(
-        render_mod.CLUSTER_ARTIFACTS, "slurm", ("shardctl.orchestrator.no_such_mod", "x")
-    )
+    monkeypatch.setitem(clusters.REGISTRY, "slurm", "no_such_mod:X")
     with pytest.raises(RenderError, match=r"cluster 'slurm' needs the module .*no_such_mod"):
         render_artifacts(variant(), "slurm")
     # Local rendering never needs it.
     assert set(render_artifacts(variant(), "local")) == COMMON
 
 
+def test_unknown_cluster_names_the_accepted_ones() -> None:
+    with pytest.raises(UsageError, match=r"'aws' is not a cluster; accepted: local, slurm, k8s"):
+        render_artifacts(variant(), "aws")
+
+
 def test_conflicting_cluster_artifact_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(render_mod, "cluster_renderer", lambda c: lambda s: {"env.sh": "x\n"})
+    slurm = clusters.cluster_class("slurm")
+    monkeypatch.setattr(slurm, "own_artifacts", lambda self, node, common: {"env.sh": "x\n"})
     with pytest.raises(RenderError, match=r"env\.sh"):
         render_artifacts(variant(), "slurm")
 
@@ -93,7 +98,7 @@ def test_missing_template_variable_names_the_template() -> None:
 
 def test_rendering_is_pure() -> None:
     spec = variant({"launcher": "accelerate", "strategy": {"backend": "deepspeed"}})
-    assert local_artifacts(spec, "local") == local_artifacts(spec, "local")
+    assert render_artifacts(spec, "local") == render_artifacts(spec, "local")
 
 
 # --------------------------------------------------------------------- CLI
@@ -107,7 +112,7 @@ def test_cli_writes_every_file_and_marks_scripts_executable(tmp_path: Path) -> N
     )
     assert result.exit_code == 0, result.output
     expected = render_artifacts(load_spec(EXAMPLES / "deepspeed-zero3.yaml"), "local")
-    assert sorted(p.name for p in out.iterdir()) == sorted(expected)
+    assert sorted(p.name for p in out.iterdir() if p.name != LEDGER) == sorted(expected)
     for name, content in expected.items():
         assert (out / name).read_text() == content
         executable = bool((out / name).stat().st_mode & stat.S_IXUSR)
@@ -142,8 +147,62 @@ def test_cli_json_output(tmp_path: Path) -> None:
     doc = json.loads(result.output)
     assert doc["cluster"] == "local" and doc["name"] == "tiny-llama"
     sizes = {f["name"]: f["bytes"] for f in doc["files"]}
-    assert sizes == {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert sizes == {p.name: p.stat().st_size for p in tmp_path.iterdir() if p.name != LEDGER}
     assert doc["not_rendered_now"] == []
+
+
+# ------------------------------------------------------ never overwrite the user's files
+
+
+def test_render_into_the_specs_own_folder_keeps_the_users_job_yaml(tmp_path: Path) -> None:
+    """`render job.yaml --out .` once replaced the user's commented spec with the rendered one."""
+    spec = tmp_path / "job.yaml"
+    original = "# my comments\n" + (EXAMPLES / "tiny-llama.yaml").read_text()
+    spec.write_text(original)
+    result = CliRunner().invoke(cli, ["render", str(spec), "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"not overwriting {spec}" in result.output and "shardctl did not write it" in result.output
+    )
+    assert spec.read_text() == original
+    # Nothing else was written either: the refusal comes before the first byte.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_rendering_again_replaces_only_what_shardctl_wrote(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(out)]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    assert CliRunner().invoke(cli, args).exit_code == 0  # its own files: fine
+    (out / "launch.sh").write_text("#!/bin/bash\n# edited by hand\n")
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "launch.sh" in result.output
+    assert (out / "launch.sh").read_text().endswith("# edited by hand\n")
+
+
+def test_render_out_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "a-file"
+    target.write_text("keep me\n")
+    result = CliRunner().invoke(
+        cli, ["render", str(EXAMPLES / "tiny-llama.yaml"), "--out", str(target)]
+    )
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert target.read_text() == "keep me\n"
+
+
+def test_render_writes_what_the_dry_run_holds(tmp_path: Path) -> None:
+    """`shardctl render` = the dry run's artifacts (Slurm: absolute run dir, this Python)."""
+    from shardctl.orchestrator.clusters import get_cluster
+
+    spec = load_spec(EXAMPLES / "slurm-2node.yaml")
+    out = tmp_path / "r"
+    result = CliRunner().invoke(
+        cli, ["render", str(EXAMPLES / "slurm-2node.yaml"), "--cluster", "slurm", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    expected = get_cluster("slurm").dryrun(spec).artifacts
+    assert {p.name: p.read_text() for p in out.iterdir() if p.name != LEDGER} == expected
+    assert "sbatch " in result.output and "job.sbatch" in result.output
 
 
 def test_cli_bad_spec_exits_2_without_traceback(tmp_path: Path) -> None:

@@ -25,9 +25,8 @@ from helpers.render_util import (
     variant,
     write_files,
 )
+from shardctl.orchestrator.clusters import get_cluster, render_artifacts
 from shardctl.orchestrator.errors import RenderError, SpecError
-from shardctl.orchestrator.launch import env_file, launch_script
-from shardctl.orchestrator.render import local_artifacts, render_artifacts
 from shardctl.orchestrator.spec import load_spec, parse_spec
 
 PWNED = "PWNED"
@@ -92,7 +91,7 @@ def test_hostile_values_reach_the_launcher_verbatim(
     tmp_path: Path, launcher: str, backend: str
 ) -> None:
     spec = _hostile_spec(launcher, backend)
-    folder = write_files(local_artifacts(spec, "local"), tmp_path / HOSTILE_DIR)
+    folder = write_files(render_artifacts(spec, "local"), tmp_path / HOSTILE_DIR)
     record = tmp_path / "record.jsonl"
     env = stub_launchers(tmp_path / "bin", record)
     env["STUB_EXTRA_ENV"] = " ".join(HOSTILE_VALUES)
@@ -112,7 +111,9 @@ def test_hostile_values_reach_the_launcher_verbatim(
 def test_hostile_absolute_spec_path_stays_one_word(tmp_path: Path) -> None:
     spec = variant()
     spec_path = str(tmp_path / "a b" / "$(touch PWNED-path)" / "it's `x`\n.yaml")
-    folder = write_files({"launch.sh": launch_script(spec, "local", spec_path)}, tmp_path / "r")
+    folder = write_files(
+        {"launch.sh": get_cluster("local").launch_script(spec, spec_path)}, tmp_path / "r"
+    )
     record = tmp_path / "record.jsonl"
     done = run_script(folder / "launch.sh", stub_launchers(tmp_path / "bin", record))
     assert done.returncode == 0, done.stderr
@@ -124,7 +125,9 @@ def test_hostile_absolute_spec_path_stays_one_word(tmp_path: Path) -> None:
 def test_hostile_cluster_variables_are_not_re_evaluated(tmp_path: Path, cluster: str) -> None:
     """Values the cluster injects are expanded once, as data, never run as code."""
     spec = variant({"resources": {"nodes": 2}, "env": {"H_SUBST": HOSTILE_VALUES["H_SUBST"]}})
-    folder = write_files({"launch.sh": launch_script(spec, cluster, "job.yaml")}, tmp_path / "r")
+    folder = write_files(
+        {"launch.sh": get_cluster(cluster).launch_script(spec, "job.yaml")}, tmp_path / "r"
+    )
     record = tmp_path / "record.jsonl"
     env = stub_launchers(tmp_path / "bin", record)
     evil = "$(touch PWNED-cluster)`touch PWNED-tick`"
@@ -148,7 +151,7 @@ def test_hostile_cluster_variables_are_not_re_evaluated(tmp_path: Path, cluster:
 
 def test_job_yaml_round_trips_hostile_values(tmp_path: Path) -> None:
     spec = _hostile_spec("torchrun", "fsdp")
-    folder = write_files(local_artifacts(spec, "local"), tmp_path / "r")
+    folder = write_files(render_artifacts(spec, "local"), tmp_path / "r")
     assert load_spec(folder / "job.yaml") == spec
 
 
@@ -161,7 +164,7 @@ def test_hostile_job_names_are_refused_before_rendering(name: str) -> None:
 
 
 def test_user_env_values_are_literal_not_expanded(tmp_path: Path) -> None:
-    text = env_file(variant({"env": {"H_VARS": "$HOME"}}), "local")
+    text = get_cluster("local").env_file(variant({"env": {"H_VARS": "$HOME"}}))
     assert "export H_VARS='$HOME'" in text
 
 
@@ -214,8 +217,8 @@ def test_shellcheck_hostile_renderings(
     spec = _hostile_spec(launcher, backend)
     folder = tmp_path / "r"
     folder.mkdir()
-    (folder / "launch.sh").write_text(launch_script(spec, cluster, "job.yaml"))
-    (folder / "env.sh").write_text(env_file(spec, cluster))
+    (folder / "launch.sh").write_text(get_cluster(cluster).launch_script(spec, "job.yaml"))
+    (folder / "env.sh").write_text(get_cluster(cluster).env_file(spec))
     # SC2016/SC1003 are notes that a single-quoted '$(...)' or '\\' will not be
     # expanded — exactly the point of quoting user values; everything else counts.
     done = run_shellcheck([folder / "launch.sh", folder / "env.sh"], exclude=INTENDED_NOTES)
@@ -225,7 +228,7 @@ def test_shellcheck_hostile_renderings(
 def test_render_dir_discovery_survives_a_symlinked_cwd(tmp_path: Path) -> None:
     """launch.sh finds its folder from its own path, not from where it is started."""
     spec = variant()
-    folder = write_files(local_artifacts(spec, "local"), tmp_path / "real")
+    folder = write_files(render_artifacts(spec, "local"), tmp_path / "real")
     link = tmp_path / "link"
     os.symlink(folder, link)
     record = tmp_path / "record.jsonl"

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 import yaml
-from shardctl.orchestrator.clusters.base import JobRef, JobState, recall, remember
+from shardctl.orchestrator.clusters.base import JobRef, JobState
+from shardctl.orchestrator.clusters.records import recall, remember
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from shardctl.orchestrator import render_slurm as rs
+from shardctl.orchestrator.clusters import render_artifacts
 from shardctl.orchestrator.clusters import slurm as backend
 from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.errors import SpecError
-from shardctl.orchestrator.render import render_artifacts
 from shardctl.orchestrator.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,8 @@ def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -
             "name": "big-job",
             "resources": {"nodes": 4, "procs_per_node": 8, "device": "cuda", "memory": "500Gi"},
             "train": {"model": {"llama": {}}, "data": {"builtin": "python-stdlib"}, "steps": 10},
-            "checkpoint": {"every_steps": 5, "dir": "/shared/runs/big/checkpoints"},
+            "run_dir": "/shared/runs/big",
+            "checkpoint": {"every_steps": 5, "dir": "/scratch/big/checkpoints"},
             "slurm": {
                 "partition": "gpu",
                 "account": "proj-1",
@@ -152,7 +153,7 @@ def test_dryrun_is_pure_and_imports_no_submitit(tmp_path: Path) -> None:
         def forbidden(*a, **k):
             raise AssertionError(f"dry-run started a process: {{a}}")
         subprocess.run = subprocess.Popen = subprocess.check_output = forbidden
-        from shardctl.orchestrator.clusters.base import get_cluster
+        from shardctl.orchestrator.clusters import get_cluster
         from shardctl.orchestrator.spec import load_spec
         plan = get_cluster("slurm").dryrun(load_spec({str(ROOT / "examples/slurm-2node.yaml")!r}))
         heavy = [m for m in ("submitit", "torch") if m in sys.modules]
@@ -209,13 +210,18 @@ def test_state_table(native: str, state: JobState) -> None:
     assert backend.map_state(native) is state
 
 
-def test_marker_names_match_the_training_loop() -> None:
-    from shardctl.train import preemption
-    from shardctl.train.loop import DONE_FILE, PREEMPTED_FILE
-
-    assert backend.PREEMPTED_FILE == PREEMPTED_FILE
-    assert backend.DONE_FILE == DONE_FILE
-    assert backend.EXIT_PREEMPTED == preemption.EXIT_PREEMPTED
+def test_standalone_batch_script_has_the_same_resources_and_requeues(tmp_path: Path) -> None:
+    """job.sbatch: sbatch-able by hand: same flags, one srun of launch.sh, requeue on PREEMPTED."""
+    spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
+    files = rs.slurm_artifacts(spec)
+    standalone, submitit_text = files[rs.STANDALONE_FILE], files["sbatch.sh"]
+    for flag in ("--nodes=2", "--ntasks-per-node=1", "--requeue", "--time=", "--cpus-per-task="):
+        line = next(x for x in submitit_text.splitlines() if x.startswith(f"#SBATCH {flag}"))
+        assert line in standalone.splitlines(), flag
+    assert "_submit" not in standalone and "SUBMITIT" not in standalone
+    assert 'shardctl-node "${here}/launch.sh"' in standalone
+    assert f"-lt {spec.slurm.max_requeues} ]]" in standalone
+    assert "scontrol requeue" in standalone
 
 
 def test_sbatch_error_message_is_parsed() -> None:

@@ -13,9 +13,8 @@ from pathlib import Path
 import click
 
 from .. import __version__
+from ..clusters import CLUSTER_NAMES
 from .common import echo_json, handle_errors, output_option
-
-CLUSTERS = ("local", "slurm", "k8s")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,7 +54,7 @@ def validate(spec: Path, output: str) -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cluster", type=click.Choice(CLUSTERS), default="local", show_default=True)
+@click.option("--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True)
 @click.option(
     "--dry-run", is_flag=True, help="Print exactly what would be submitted; contact nothing."
 )
@@ -69,7 +68,8 @@ def validate(spec: Path, output: str) -> None:
     "--follow",
     "wait",
     is_flag=True,
-    help="local: stream the logs until the run ends and exit with its code (42: preempted).",
+    help="Follow the run until it ends and exit with its code (local: streams the logs; "
+    "k8s: reports each state change; 42: preempted, submit again to resume).",
 )
 @output_option
 @handle_errors
@@ -77,21 +77,25 @@ def submit(
     spec: Path, cluster: str, dry_run: bool, output: str, replace: bool = False, wait: bool = False
 ) -> None:
     """Submit SPEC to a cluster (default: torchrun on this machine)."""
-    from ..clusters.base import Cluster, get_cluster, remember
+    from ..clusters import cluster_class
+    from ..clusters.records import remember
     from ..errors import UsageError
     from ..spec import load_spec
 
     job = load_spec(spec)
-    backend = get_cluster(cluster, replace=replace)
+    kind = cluster_class(cluster)
+    if replace and not getattr(kind, "supports_replace", False):
+        raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")
+    if wait and not kind.can_follow:
+        raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
+    backend = kind(replace=True) if replace else kind()
     plan = backend.dryrun(job)
     if dry_run:
         if output == "json":
             echo_json({"cluster": cluster, "request": plan.text, "artifacts": plan.artifacts})
         else:
-            click.echo(plan.text)
+            click.echo(plan.text, nl=not plan.text.endswith("\n"))
         return
-    if wait and type(backend).follow is Cluster.follow:
-        raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
     ref = backend.schedule(plan)
     if ref.extra.get("complete"):
         click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
@@ -113,7 +117,8 @@ def submit(
 @handle_errors
 def status(job: str, output: str) -> None:
     """State of a submitted JOB (name or id)."""
-    from ..clusters.base import get_cluster, recall
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
 
     ref = recall(job)
     st = get_cluster(ref.cluster).status(ref)
@@ -139,7 +144,8 @@ def status(job: str, output: str) -> None:
 @handle_errors
 def logs(job: str, tail: int | None) -> None:
     """Logs of every node/rank of a submitted JOB."""
-    from ..clusters.base import get_cluster, recall
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
 
     ref = recall(job)
     click.echo(get_cluster(ref.cluster).logs(ref, tail=tail), nl=False)
@@ -150,7 +156,8 @@ def logs(job: str, tail: int | None) -> None:
 @handle_errors
 def cancel(job: str) -> None:
     """Cancel a submitted JOB on every node."""
-    from ..clusters.base import get_cluster, recall
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
 
     ref = recall(job)
     get_cluster(ref.cluster).cancel(ref)

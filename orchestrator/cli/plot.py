@@ -24,7 +24,7 @@ def resolve_run_dir(run: str) -> Path:
         from ..spec import load_spec
 
         return Path(load_spec(path).run_dir)
-    from ..clusters.base import recall
+    from ..clusters.records import recall
 
     return Path(recall(run).run_dir)
 

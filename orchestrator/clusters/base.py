@@ -1,25 +1,33 @@
 """What every cluster backend is: `submit = schedule ∘ dryrun`.
 
-`dryrun(spec)` is pure: it renders exactly what will be sent and talks to no
-cluster. `schedule(dryrun)` sends that and nothing else. Backend states map to
-`JobState` through one explicit table per backend, with UNKNOWN as the default.
+A cluster class declares, in one place, everything that differs between
+clusters:
 
-Submitted jobs are remembered in a small JSON record per job name under the
-state directory (`$SHARDCTL_STATE_DIR`, default `~/.local/state/shardctl`), so
-`shardctl status|logs|cancel NAME` find the cluster and id without asking.
+- `runtime_env(spec)`: how a node learns its rank, the node count, the master
+  address and port on that cluster (env lines of the launch script);
+- `node_view(spec)`: the spec as its nodes read it and the path they read it
+  from (Slurm makes the run dir absolute, Kubernetes moves it onto the volume);
+- `own_artifacts(...)`: the files only that cluster needs (the Slurm
+  submission, the PyTorchJob and Helm values);
+- `dryrun(spec)`: pure; renders exactly what will be sent and talks to no
+  cluster. `shardctl render` writes the dry run's artifacts.
+- `schedule(dryrun)`: sends that and nothing else; `status`, `logs`, `cancel`.
+
+Backend states map to `JobState` through one explicit table per backend, with
+UNKNOWN as the default. This module imports no cluster module.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import os
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from ..errors import JobNotFoundError, UsageError
+from ..errors import RenderError, UsageError
+from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
+from ..render import common_artifacts
+from ..rundir import SPEC_FILE
 from ..spec import JobSpec
 
 
@@ -35,6 +43,14 @@ class JobState(enum.StrEnum):
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The spec as a cluster's nodes read it, and the path of their job.yaml."""
+
+    spec: JobSpec
+    spec_path: str = SPEC_FILE
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,43 @@ class JobStatus:
 class Cluster(ABC):
     """One cluster backend."""
 
-    name: str
+    name: ClassVar[str]
+    # What `shardctl render` prints after writing the files ({out}, {name}, {spec}).
+    next_step: ClassVar[str] = ""
+
+    # -- what the nodes get ----------------------------------------------------------
+
+    @abstractmethod
+    def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
+        """Env lines that set SHARDCTL_NNODES, SHARDCTL_NODE_RANK, SHARDCTL_NPROC_PER_NODE,
+        MASTER_ADDR and MASTER_PORT on a node of this cluster (see launch.RUNTIME_VARS)."""
+
+    def node_view(self, spec: JobSpec) -> NodeView:
+        return NodeView(spec)
+
+    def own_artifacts(self, node: NodeView, common: dict[str, str]) -> dict[str, str]:
+        """Files only this cluster needs; `common` holds the shared ones already."""
+        return {}
+
+    def artifacts(self, spec: JobSpec) -> dict[str, str]:
+        """Every file of the job for this cluster, sorted by name. Pure, deterministic."""
+        node = self.node_view(spec)
+        files = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
+        own = self.own_artifacts(node, dict(files))
+        clash = sorted(k for k in own.keys() & files.keys() if own[k] != files[k])
+        if clash:
+            raise RenderError(f"{self.name} renders {', '.join(clash)} twice, differently")
+        return dict(sorted({**files, **own}.items()))
+
+    def env_file(self, spec: JobSpec) -> str:
+        return env_file(spec, self.name, self.runtime_env(spec))
+
+    def launch_script(
+        self, spec: JobSpec, spec_path: str = SPEC_FILE, *, module: str = TRAIN_MODULE
+    ) -> str:
+        return launch_script(spec, self.name, self.runtime_env(spec), spec_path, module=module)
+
+    # -- submit --------------------------------------------------------------------
 
     @abstractmethod
     def dryrun(self, spec: JobSpec) -> DryRun: ...
@@ -86,6 +138,8 @@ class Cluster(ABC):
     def submit(self, spec: JobSpec) -> JobRef:
         return self.schedule(self.dryrun(spec))
 
+    # -- follow-up -------------------------------------------------------------------
+
     @abstractmethod
     def status(self, ref: JobRef) -> JobStatus: ...
 
@@ -95,65 +149,9 @@ class Cluster(ABC):
     @abstractmethod
     def cancel(self, ref: JobRef) -> None: ...
 
+    can_follow: ClassVar[bool] = False  # submit --wait
+    supports_replace: ClassVar[bool] = False  # submit --replace
+
     def follow(self, ref: JobRef) -> int:
         """`submit --wait`: follow the job until it ends and return its exit code."""
         raise UsageError(f"--wait is not supported with --cluster {self.name}")
-
-
-def get_cluster(name: str, *, replace: bool = False) -> Cluster:
-    """The backend for a cluster name; heavy imports happen only here.
-
-    `replace` (k8s only): delete a job of the same name before creating the new one.
-    """
-    if replace and name != "k8s":
-        raise UsageError(f"--replace works with --cluster k8s, not --cluster {name}")
-    if name == "local":
-        from .local import LocalCluster
-
-        return LocalCluster()
-    if name == "slurm":
-        from .slurm import SlurmCluster
-
-        return SlurmCluster()
-    if name == "k8s":
-        from .k8s import K8sCluster
-
-        return K8sCluster(replace=replace or None)
-    raise UsageError(f"--cluster {name!r} is not a cluster; accepted: local, slurm, k8s")
-
-
-# ----------------------------------------------------------------- job records
-
-
-def state_dir() -> Path:
-    base = os.environ.get("SHARDCTL_STATE_DIR")
-    if base:
-        return Path(base)
-    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "shardctl"
-
-
-def remember(ref: JobRef) -> None:
-    """Record a submitted job (written atomically; the newest per name wins)."""
-    folder = state_dir() / "jobs"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{ref.name}.json.tmp"
-    tmp.write_text(json.dumps(ref.to_json(), indent=2, sort_keys=True))
-    tmp.replace(folder / f"{ref.name}.json")
-
-
-def recall(name_or_id: str) -> JobRef:
-    """Find a submitted job by name, or by cluster job id."""
-    folder = state_dir() / "jobs"
-    records = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    refs = [JobRef(**json.loads(p.read_text())) for p in records]
-    for ref in refs:
-        if ref.name == name_or_id:
-            return ref
-    for ref in refs:
-        if ref.job_id == name_or_id:
-            return ref
-    known = ", ".join(r.name for r in refs) or "none"
-    raise JobNotFoundError(
-        f"no submitted job named or with id {name_or_id!r} (known jobs: {known}); "
-        "submit one with `shardctl submit SPEC`"
-    )

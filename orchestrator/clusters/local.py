@@ -30,7 +30,6 @@ a preemption signal and checkpoint; after a grace period what is left gets SIGKI
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -39,24 +38,28 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from ..durable import write_text_atomic
 from ..errors import ClusterError
+from ..launch import EnvLine, export
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
+from ..rundir import (
+    DONE_FILE,
+    EXIT_PREEMPTED,
+    LAUNCH_FILE,
+    LOGS_DIR,
+    MODEL_DIR,
+    PREEMPTED_FILE,
+    RunDir,
+)
 from ..spec import JobSpec
 from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+from .writer import write_rendered
 
 PID_FILE = "local.pid"
 EXIT_FILE = "local.exit"
 CANCELLED_FILE = "CANCELLED"
-LAUNCH_SCRIPT = "launch.sh"
-SPEC_FILE = "job.yaml"
 LOG_FILES = ("launcher.out", "launcher.err")
-# Marker names written by the trainer (shardctl.train.loop); repeated here so this
-# module does not import the training package.
-DONE_FILE = "DONE"
-PREEMPTED_FILE = "PREEMPTED"
-EXIT_PREEMPTED = 42  # shardctl.train.preemption.EXIT_PREEMPTED
 # Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
 CANCEL_GRACE_S = 60.0
 
@@ -96,30 +99,32 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _json(path: Path) -> dict[str, Any] | None:
-    text = _read(path)
-    if text is None:
-        return None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 class LocalCluster(Cluster):
     name = "local"
+    next_step = "start it here: bash {out}/launch.sh"
+    can_follow = True
+
+    def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
+        r = spec.resources
+        return [
+            export("SHARDCTL_NNODES", str(r.nodes), "this host is every node"),
+            EnvLine(
+                'export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"',
+                "preset it to start another node of a multi-node spec on this host",
+            ),
+            export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
+            export("MASTER_ADDR", "127.0.0.1"),
+            export("MASTER_PORT", str(spec.local.master_port)),
+        ]
 
     # -- dryrun / schedule -----------------------------------------------------------
 
     def dryrun(self, spec: JobSpec) -> DryRun:
-        from ..render import render_artifacts
-
         # launch.sh finds job.yaml (and the launcher configs) beside itself.
-        artifacts = dict(render_artifacts(spec, "local"))
+        artifacts = self.artifacts(spec)
         run_dir = Path(spec.run_dir)
-        logs = run_dir / "logs"
-        argv = ["bash", str(run_dir / LAUNCH_SCRIPT)]
+        logs = run_dir / LOGS_DIR
+        argv = ["bash", str(run_dir / LAUNCH_FILE)]
         command = (
             f"{shlex.join(argv)} >>{shlex.quote(str(logs / LOG_FILES[0]))} "
             f"2>>{shlex.quote(str(logs / LOG_FILES[1]))}"
@@ -158,8 +163,7 @@ class LocalCluster(Cluster):
             run_dir=str(run_dir.resolve()),
             extra={"cwd": os.getcwd()},
         )
-        done = _json(run_dir / DONE_FILE)
-        if done is not None and int(done.get("step", -1)) >= spec.train.steps:
+        if RunDir(run_dir).is_complete(spec.train.steps):
             return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
         pid_info = self._pid(run_dir)
         if pid_info is not None and alive(*pid_info):
@@ -168,13 +172,9 @@ class LocalCluster(Cluster):
                 f"{run_dir}); follow it with `shardctl logs {spec.name}` or stop it with "
                 f"`shardctl cancel {spec.name}`"
             )
-        logs = run_dir / "logs"
+        logs = run_dir / LOGS_DIR
+        write_rendered(dryrun.artifacts, run_dir)
         logs.mkdir(parents=True, exist_ok=True)
-        for name, content in dryrun.artifacts.items():
-            path = run_dir / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-        (run_dir / LAUNCH_SCRIPT).chmod(0o755)
         for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         env = dict(os.environ)
@@ -186,7 +186,7 @@ class LocalCluster(Cluster):
                 "-c",
                 SUPERVISOR,
                 "shardctl-local",
-                str(run_dir / LAUNCH_SCRIPT),
+                str(run_dir / LAUNCH_FILE),
                 str(logs / LOG_FILES[0]),
                 str(logs / LOG_FILES[1]),
                 str(run_dir / EXIT_FILE),
@@ -200,9 +200,7 @@ class LocalCluster(Cluster):
             start_new_session=True,
         )
         ticks = start_ticks(proc.pid)
-        tmp = run_dir / f".{PID_FILE}.tmp"
-        tmp.write_text(f"{proc.pid} {ticks or ''}\n")
-        tmp.replace(run_dir / PID_FILE)
+        write_text_atomic(run_dir / PID_FILE, f"{proc.pid} {ticks or ''}\n", durable=False)
         return JobRef(**{**ref.to_json(), "job_id": str(proc.pid)})
 
     # -- status / logs / cancel ----------------------------------------------------------
@@ -232,8 +230,8 @@ class LocalCluster(Cluster):
         if pid_info is not None and alive(*pid_info):
             return JobStatus(JobState.RUNNING, "running", f"pid {pid_info[0]}")
         rc = self._exit_code(run_dir)
-        done = _json(run_dir / DONE_FILE)
-        preempted = _json(run_dir / PREEMPTED_FILE)
+        done = RunDir(run_dir).read_marker(DONE_FILE)
+        preempted = RunDir(run_dir).read_marker(PREEMPTED_FILE)
         if (run_dir / CANCELLED_FILE).exists() and (rc is None or rc != 0 or preempted):
             step = f"; checkpoint at step {preempted['step']}" if preempted else ""
             return JobStatus(JobState.CANCELLED, "cancelled", f"cancelled by the user{step}")
@@ -246,8 +244,8 @@ class LocalCluster(Cluster):
             )
         if rc == 0 or (rc is None and pid_info is None and done is not None):
             detail = f"finished step {done.get('step')}" if done else "exit 0"
-            if (run_dir / "model").is_dir():
-                detail += f"; consolidated model in {run_dir / 'model'}"
+            if (run_dir / MODEL_DIR).is_dir():
+                detail += f"; consolidated model in {run_dir / MODEL_DIR}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
         if rc is not None:
             return JobStatus(JobState.FAILED, f"exit {rc}", f"see `shardctl logs {ref.name}`")
@@ -271,7 +269,7 @@ class LocalCluster(Cluster):
         return 0 if st.state == JobState.SUCCEEDED else 1
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
-        logs = Path(ref.run_dir) / "logs"
+        logs = Path(ref.run_dir) / LOGS_DIR
         parts: list[str] = []
         for name in LOG_FILES:
             text = _read(logs / name)
@@ -328,7 +326,7 @@ class LocalCluster(Cluster):
         until it has stopped; submitting the spec again resumes it.
         """
         out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-        logs = Path(ref.run_dir) / "logs"
+        logs = Path(ref.run_dir) / LOGS_DIR
         offsets = dict.fromkeys(LOG_FILES, 0)
 
         def pump() -> None:

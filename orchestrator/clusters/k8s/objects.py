@@ -28,12 +28,23 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from .spec import K8S_QUANTITY_RE, SLURM_MEM_RE, JobSpec, parse_spec
+from ...launch import (
+    ACCELERATE_CONFIG,
+    DS_CONFIG,
+    HOSTFILE,
+    RENDER_DIR_VAR,
+    EnvLine,
+    export_from,
+    launch_argv,
+)
+from ...render import common_artifacts
+from ...spec import K8S_QUANTITY_RE, SLURM_MEM_RE, JobSpec, parse_spec
+from ..base import NodeView
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -115,41 +126,36 @@ def pod_spec(spec: JobSpec) -> JobSpec:
     return parse_spec(data, source="k8s pod spec")
 
 
-def job_yaml(spec: JobSpec) -> str:
-    """The `job.yaml` that ranks read inside the pods (the contract's format)."""
-    return yaml.safe_dump(pod_spec(spec).to_yaml_dict(), sort_keys=False)
+def runtime_env(spec: JobSpec) -> list[EnvLine]:
+    """A pod learns its place from the variables the Kubeflow operator injects."""
+    where = "set by the Kubeflow training operator in PyTorchJob pods"
+    return [
+        export_from("SHARDCTL_NNODES", "PET_NNODES", where),
+        export_from("SHARDCTL_NODE_RANK", "PET_NODE_RANK", where),
+        export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
+        export_from("MASTER_ADDR", "MASTER_ADDR", where),
+        export_from("MASTER_PORT", "MASTER_PORT", where),
+    ]
 
 
-def launch_sh(spec: JobSpec) -> str:
-    """The launch script each pod runs, reading the operator-injected env at run time."""
-    from .launch import launch_script
-
-    return launch_script(pod_spec(spec), "k8s", f"{SPEC_DIR}/{SPEC_FILE}")
+def node_view(spec: JobSpec) -> NodeView:
+    """The pods read the pod spec from the ConfigMap mount."""
+    return NodeView(pod_spec(spec), f"{SPEC_DIR}/{SPEC_FILE}")
 
 
-def launcher_files(spec: JobSpec) -> dict[str, str]:
+def configmap_launcher_files(node: NodeView, common: dict[str, str]) -> dict[str, str]:
     """Files the launch script reads beside itself (accelerate config, hostfile ...).
 
     They go into the ConfigMap next to launch.sh, so `${SHARDCTL_RENDER_DIR}` (the
     script's folder, /etc/shardctl in the pod) holds them. Which ones is read off
     the launcher's own words; their text is what `shardctl render` writes.
     """
-    from . import launch
-
-    argv = launch.launch_argv(spec, f"{SPEC_DIR}/{SPEC_FILE}")
-    names = [
-        name
-        for name in (launch.HOSTFILE, launch.ACCELERATE_CONFIG, launch.DS_CONFIG)
-        if f"${{{launch.RENDER_DIR_VAR}}}/{name}" in argv
-    ]
-    if not names:
-        return {}
-    from .render import local_artifacts
-
-    # The launcher files do not depend on the cluster; "local" keeps the renderer
-    # from calling back into this module.
-    rendered = local_artifacts(spec, "local")
-    return {name: rendered[name] for name in names}
+    argv = launch_argv(node.spec, node.spec_path)
+    return {
+        name: common[name]
+        for name in (HOSTFILE, ACCELERATE_CONFIG, DS_CONFIG)
+        if f"${{{RENDER_DIR_VAR}}}/{name}" in argv
+    }
 
 
 def memory_quantity(value: str) -> str:
@@ -175,11 +181,12 @@ def pod_resources(spec: JobSpec) -> dict[str, dict[str, str]]:
     return {"limits": dict(amounts), "requests": dict(amounts)}
 
 
-def helm_values(spec: JobSpec) -> dict[str, Any]:
-    """Every value of the chart `helm/shardctl-job`, decided from the spec.
+def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[str, Any]:
+    """Every value of the chart `helm/shardctl-job`, decided from the spec and the
+    node files already rendered for the pods (`common`).
 
     `helm install NAME helm/shardctl-job -f values.yaml` creates exactly the
-    objects of `k8s_objects(spec)`.
+    objects of `objects_from_values(values)`.
     """
     k = spec.k8s
     run_policy: dict[str, Any] = {
@@ -231,9 +238,9 @@ def helm_values(spec: JobSpec) -> dict[str, Any]:
         },
         "storage": {"claimName": k.pvc, "create": False, "size": "50Gi", "storageClassName": None},
         "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
-        "jobSpec": job_yaml(spec),
-        "launchScript": launch_sh(spec),
-        "launcherFiles": launcher_files(spec),
+        "jobSpec": common[SPEC_FILE],
+        "launchScript": common[LAUNCH_FILE],
+        "launcherFiles": configmap_launcher_files(node, common),
     }
 
 
@@ -385,9 +392,51 @@ def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
 # --------------------------------------------------------------------- public
 
 
+@dataclass(frozen=True)
+class K8sRender:
+    """Everything rendered for Kubernetes from one spec, each part computed once."""
+
+    node: NodeView
+    common: dict[str, str]  # job.yaml, env.sh, launch.sh, launcher files (pod view)
+    values: dict[str, Any]  # the Helm chart's values
+    objects: dict[str, dict[str, Any]]  # {"configmap": ..., "pytorchjob": ...}
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The k8s-only files: the objects for kubectl and the values for the chart."""
+        return {
+            "pytorchjob.yaml": dump(self.objects["pytorchjob"]),
+            "configmap.yaml": dump(self.objects["configmap"]),
+            "values.yaml": "# Values for the chart helm/shardctl-job (rendered by shardctl)\n"
+            + dump(self.values),
+        }
+
+    @property
+    def manifests(self) -> str:
+        """ConfigMap and PyTorchJob as one multi-document YAML (`kubectl apply -f -`)."""
+        return (
+            "---\n" + dump(self.objects["configmap"]) + "---\n" + dump(self.objects["pytorchjob"])
+        )
+
+
+def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
+    values = values_from(spec, node, common)
+    return K8sRender(node, common, values, objects_from_values(values))
+
+
+def render(spec: JobSpec) -> K8sRender:
+    node = node_view(spec)
+    common = common_artifacts(node.spec, node.spec_path, "k8s", runtime_env(node.spec))
+    return render_from(spec, node, common)
+
+
+def helm_values(spec: JobSpec) -> dict[str, Any]:
+    return render(spec).values
+
+
 def k8s_objects(spec: JobSpec) -> dict[str, dict[str, Any]]:
     """{"configmap": ..., "pytorchjob": ...} for the spec."""
-    return objects_from_values(helm_values(spec))
+    return render(spec).objects
 
 
 def pytorchjob(spec: JobSpec) -> dict[str, Any]:
@@ -398,6 +447,14 @@ def pytorchjob(spec: JobSpec) -> dict[str, Any]:
 def configmap(spec: JobSpec) -> dict[str, Any]:
     """The ConfigMap that carries job.yaml and launch.sh into the pods."""
     return k8s_objects(spec)["configmap"]
+
+
+def k8s_artifacts(spec: JobSpec) -> dict[str, str]:
+    return render(spec).files
+
+
+def manifests(spec: JobSpec) -> str:
+    return render(spec).manifests
 
 
 class _Dumper(yaml.SafeDumper):
@@ -420,46 +477,5 @@ def dump(obj: Any) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
 
 
-def manifests(spec: JobSpec) -> str:
-    """ConfigMap and PyTorchJob as one multi-document YAML (`kubectl apply -f -`)."""
-    objects = k8s_objects(spec)
-    return "---\n" + dump(objects["configmap"]) + "---\n" + dump(objects["pytorchjob"])
-
-
-def k8s_artifacts(spec: JobSpec) -> dict[str, str]:
-    """Rendered k8s files: the objects for kubectl and the values for the Helm chart."""
-    objects = k8s_objects(spec)
-    return {
-        "pytorchjob.yaml": dump(objects["pytorchjob"]),
-        "configmap.yaml": dump(objects["configmap"]),
-        "values.yaml": "# Values for the chart helm/shardctl-job (rendered by shardctl)\n"
-        + dump(helm_values(spec)),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m shardctl.orchestrator.render_k8s SPEC` prints the manifests of SPEC."""
-    from .errors import ShardctlError
-    from .spec import load_spec
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m shardctl.orchestrator.render_k8s SPEC", file=sys.stderr)
-        return 2
-    try:
-        text = manifests(load_spec(args[0]))
-        sys.stdout.write(
-            f"# ConfigMap + PyTorchJob rendered by shardctl from {args[0]}.\n"
-            f"# Regenerate: python -m shardctl.orchestrator.render_k8s {args[0]}\n" + text
-        )
-    except ShardctlError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    return 0
-
-
 # A k8s label value / object name: what `cut_name` must always produce.
 DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-if __name__ == "__main__":
-    sys.exit(main())

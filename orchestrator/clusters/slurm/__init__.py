@@ -65,20 +65,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ClusterError, MissingDependencyError
-from ..proctree import catches, descendants
-from ..spec import JobSpec, parse_spec
-from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+from ...errors import ClusterError, MissingDependencyError
+from ...launch import EnvLine, export, export_from
+from ...proctree import catches, descendants
+from ...rundir import EXIT_PREEMPTED, PREEMPTED_FILE
+from ...spec import JobSpec, parse_spec
+from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
+from ..writer import LEDGER, write_rendered
+from .sbatch import SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 
 log = logging.getLogger(__name__)
 
-# Marker files the training loop writes in the run directory (shardctl.train.loop;
-# not imported here: it would import the training stack into the task process).
-PREEMPTED_FILE = "PREEMPTED"
-DONE_FILE = "DONE"
-# `shardctl.train.preemption.EXIT_PREEMPTED`, as the deepspeed launcher passes it on
-# (torchrun and accelerate turn any failed worker into exit 1).
-EXIT_PREEMPTED = 42
 # How long a node whose launcher failed waits for rank 0's PREEMPTED marker.
 MARKER_WAIT_S = 10.0
 
@@ -120,18 +117,46 @@ def map_state(native: str) -> JobState:
 
 
 class SlurmCluster(Cluster):
+    """`python`: the interpreter that runs submitit's entry point on the nodes (default
+    `python3` for a portable render; the dry run of a submission uses the one running
+    shardctl, as submitit itself does)."""
+
     name = "slurm"
+    next_step = (
+        "submit it: shardctl submit {spec} --cluster slurm  (submitit runs launch.sh on "
+        "every node)\n       or by hand: sbatch {out}/" + STANDALONE_FILE
+    )
+
+    def __init__(self, python: str | None = None) -> None:
+        self.python = python
+
+    def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
+        where = "run this script inside a Slurm allocation (srun)"
+        return [
+            export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
+            export_from(
+                "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
+            ),
+            export("SHARDCTL_NPROC_PER_NODE", str(spec.resources.procs_per_node)),
+            # The first host of the allocation hosts the rendezvous. No pipe into
+            # `head`: with pipefail, scontrol's SIGPIPE on a long list would fail.
+            EnvLine(
+                f'MASTER_ADDR="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?{where}}}")"',
+                "the first node of the allocation",
+            ),
+            EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
+            EnvLine("export MASTER_ADDR"),
+            export("MASTER_PORT", str(spec.slurm.master_port)),
+        ]
+
+    def own_artifacts(self, node: NodeView, common: dict[str, str]) -> dict[str, str]:
+        return slurm_artifacts(node.spec, python=self.python or "python3")
 
     def dryrun(self, spec: JobSpec) -> DryRun:
-        from ..render import local_artifacts
-        from ..render_slurm import SBATCH_FILE, slurm_artifacts, submission
-
         node_spec = _absolute_run_dir(spec)
-        run_dir = node_spec.run_dir
-        python = shlex.quote(sys.executable)
-        files = local_artifacts(node_spec, "slurm")
-        files.update(slurm_artifacts(node_spec, python=python, run_dir=run_dir))
-        request = submission(node_spec, python=python, run_dir=run_dir)
+        python = self.python or shlex.quote(sys.executable)
+        files = SlurmCluster(python=python).artifacts(node_spec)
+        request = submission(node_spec, python=python, run_dir=node_spec.run_dir)
         text = (
             "# submitit.SlurmExecutor(**executor).update_parameters(**parameters); "
             "one task per node runs `task`\n"
@@ -148,8 +173,6 @@ class SlurmCluster(Cluster):
         )
 
     def schedule(self, dryrun: DryRun) -> JobRef:
-        from ..render_slurm import SBATCH_FILE
-
         spec, request = dryrun.spec, dryrun.request
         _require_slurm()
         # Slurm judges the script before anything is written or submitted.
@@ -301,16 +324,8 @@ def _write_files(run_dir: Path, files: dict[str, str]) -> list[Path]:
     while not missing.exists():
         created.append(missing)
         missing = missing.parent
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        path = run_dir / name
-        if not path.exists():
-            created.append(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(content)
-        if name.endswith(".sh"):
-            tmp.chmod(0o755)
-        tmp.replace(path)
+    created += [run_dir / n for n in [*files, LEDGER] if not (run_dir / n).exists()]
+    write_rendered(files, run_dir)
     return created
 
 

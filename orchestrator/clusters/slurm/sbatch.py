@@ -34,12 +34,13 @@ import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
-from .errors import SpecError
-from .spec import JobSpec, slurm_time_minutes
+from ...errors import SpecError
+from ...rundir import LAUNCH_FILE, PREEMPTED_FILE
+from ...spec import JobSpec, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
 SBATCH_FILE = "sbatch.sh"
-LAUNCH_FILE = "launch.sh"  # rendered by launch.py beside job.yaml; the node task runs it
+STANDALONE_FILE = "job.sbatch"  # for `sbatch` by hand, without shardctl or submitit
 SUBMITIT_DIR = "submitit"
 # The callable that every submitit task runs (pickled by reference).
 NODE_TASK = "shardctl.orchestrator.clusters.slurm:NodeTask"
@@ -192,14 +193,73 @@ def submission(spec: JobSpec, *, python: str = "python3", run_dir: str | None = 
     }
 
 
+def standalone_batch(spec: JobSpec) -> str:
+    """A batch script to `sbatch` by hand, without shardctl or submitit on the nodes.
+
+    The same resources, time, signal and requeue flags as the submitit script; one
+    `srun` starts the node launch script (found beside this script) on every node.
+    The launcher ignores the preemption signal while the ranks catch it and save;
+    afterwards the batch shell requeues the job when the ranks wrote PREEMPTED
+    during this attempt, at most `slurm.max_requeues` times. With no submitit task
+    to translate, the ranks' own signal USR2 is asked for whatever `slurm.signal`
+    says.
+    """
+    params = submitit_parameters(spec)
+    flags = {k: v for k, v in params.items() if k not in _NON_SLURM}
+    flags["signal"] = f"USR2@{spec.slurm.signal_delay_s}"
+    flags["requeue"] = True
+    flags["open-mode"] = "append"
+    lines = [
+        "#!/bin/bash",
+        f"# Batch script of job {spec.name}, rendered by shardctl, for `sbatch` by hand:",
+        f"#   sbatch {STANDALONE_FILE}     (launch.sh and job.yaml must lie beside it)",
+        "# `shardctl submit --cluster slurm` uses sbatch.sh (submitit) instead.",
+        *[_sbatch_flag(k, flags[k]) for k in sorted(flags)],
+        "set -uo pipefail",
+    ]
+    if spec.slurm.setup:
+        lines += ["", "# setup (slurm.setup)", *spec.slurm.setup]
+    srun = ["srun", "--unbuffered", *spec.slurm.srun_args]
+    marker = str(PurePosixPath(spec.run_dir) / PREEMPTED_FILE)
+    lines += [
+        "",
+        "# Slurm keeps a copy of this script; the original's folder holds launch.sh.",
+        'script="$(scontrol show job -o "${SLURM_JOB_ID:?run this with sbatch}" '
+        "| sed -n 's/.* Command=\\([^ ]*\\).*/\\1/p' || true)\"",
+        'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
+        f"marker={shlex.quote(marker)}",
+        'started="$(date +%s)"',
+        "rc=0",
+        "# The launcher must outlive USR2 (its default action kills); the ranks catch it.",
+        "# shellcheck disable=SC2016  # $1 is expanded by the inner bash, on purpose",
+        " ".join(shlex.quote(w) for w in srun)
+        + ' bash -c \'trap "" USR2; exec bash "$1"\' shardctl-node "${here}/'
+        + LAUNCH_FILE
+        + '" || rc=$?',
+        'saved_at="$(stat -c %Y "${marker}" 2>/dev/null || echo 0)"',
+        'if [[ "${rc}" -ne 0 && "${saved_at}" -ge "${started}" ]]; then',
+        f'    if [[ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.slurm.max_requeues} ]]; then',
+        '        echo "shardctl: preempted, checkpoint saved; requeueing job ${SLURM_JOB_ID}" >&2',
+        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0',
+        "    fi",
+        '    echo "shardctl: preempted, checkpoint saved; not requeued (slurm.max_requeues '
+        f'{spec.slurm.max_requeues}); sbatch again to resume" >&2',
+        "fi",
+        'exit "${rc}"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def slurm_artifacts(
     spec: JobSpec, *, python: str = "python3", run_dir: str | None = None
 ) -> dict[str, str]:
-    """`submitit.json` and `sbatch.sh` for `spec` (see the module docstring)."""
+    """`submitit.json`, `sbatch.sh` and `job.sbatch` for `spec` (see the module docstring)."""
     sub = submission(spec, python=python, run_dir=run_dir)
     folder = sub["executor"]["folder"]
     text = sbatch_text(sub["parameters"], folder, submitit_command(python, folder))
     return {
         SUBMITIT_FILE: json.dumps(sub, indent=2, sort_keys=True) + "\n",
         SBATCH_FILE: text,
+        STANDALONE_FILE: standalone_batch(spec),
     }

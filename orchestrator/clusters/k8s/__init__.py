@@ -19,20 +19,20 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import ClusterError, JobNotFoundError, MissingDependencyError
-from ..render_k8s import (
+from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
+from ...launch import EnvLine
+from ...render import common_artifacts
+from ...spec import JobSpec
+from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
+from . import objects as k8s_render
+from .objects import (
     CONTAINER,
     GROUP,
     PLURAL,
     RUNS_MOUNT,
     VERSION,
     configmap_name,
-    k8s_artifacts,
-    k8s_objects,
-    manifests,
 )
-from ..spec import JobSpec
-from .base import Cluster, DryRun, JobRef, JobState, JobStatus
 
 T = TypeVar("T")
 
@@ -89,6 +89,12 @@ def state_of(job: dict[str, Any]) -> JobStatus:
 
 class K8sCluster(Cluster):
     name = "k8s"
+    next_step = (
+        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/pytorchjob.yaml\n"
+        "       or: helm install {name} helm/shardctl-job -f {out}/values.yaml"
+    )
+    can_follow = True
+    supports_replace = True
 
     def __init__(self, replace: bool | None = None, api_client: Any = None) -> None:
         # --replace (or SHARDCTL_K8S_REPLACE=1): delete a job of the same name first.
@@ -99,14 +105,26 @@ class K8sCluster(Cluster):
 
     # ----------------------------------------------------------------- submit
 
+    def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
+        return k8s_render.runtime_env(spec)
+
+    def node_view(self, spec: JobSpec) -> NodeView:
+        return k8s_render.node_view(spec)
+
+    def own_artifacts(self, node: NodeView, common: dict[str, str]) -> dict[str, str]:
+        return k8s_render.render_from(node.spec, node, common).files
+
     def dryrun(self, spec: JobSpec) -> DryRun:
-        objects = k8s_objects(spec)
+        # Computed once: the node files, the chart values, the objects, their texts.
+        node = self.node_view(spec)
+        common = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
+        rendered = k8s_render.render_from(spec, node, common)
         return DryRun(
             cluster=self.name,
             spec=spec,
-            artifacts=k8s_artifacts(spec),
-            request=objects,
-            text=manifests(spec),
+            artifacts=dict(sorted({**common, **rendered.files}.items())),
+            request=rendered.objects,
+            text=rendered.manifests,
         )
 
     def schedule(self, dryrun: DryRun) -> JobRef:

@@ -1,0 +1,96 @@
+"""Job records: which cluster and id a submitted job name refers to.
+
+One small JSON file per job name under the state directory
+(`$SHARDCTL_STATE_DIR`, default `$XDG_STATE_HOME/shardctl` or
+`~/.local/state/shardctl`), written atomically, so `shardctl status|logs|cancel
+NAME` find the cluster and id without asking. A record that cannot be read (cut
+short, edited by hand, from another version) is reported by name and skipped:
+it never breaks the commands for the other jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..durable import write_text_atomic
+from ..errors import JobNotFoundError
+from .base import JobRef
+
+_REQUIRED = {f.name for f in fields(JobRef) if f.name != "extra"}
+
+
+def state_dir() -> Path:
+    base = os.environ.get("SHARDCTL_STATE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "shardctl"
+
+
+def jobs_dir() -> Path:
+    return state_dir() / "jobs"
+
+
+def remember(ref: JobRef) -> None:
+    """Record a submitted job (written atomically; the newest per name wins)."""
+    folder = jobs_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(
+        folder / f"{ref.name}.json", json.dumps(ref.to_json(), indent=2, sort_keys=True)
+    )
+
+
+def parse_record(text: str) -> JobRef:
+    """A record's text as a JobRef; ValueError saying what is wrong with it."""
+    data: Any = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON object was expected, found {type(data).__name__}")
+    missing = sorted(_REQUIRED - data.keys())
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    unknown = sorted(data.keys() - _REQUIRED - {"extra"})
+    if unknown:
+        raise ValueError(f"unknown keys {', '.join(unknown)}")
+    for key in _REQUIRED:
+        if not isinstance(data[key], str):
+            raise ValueError(f"{key} is not a string")
+    if not isinstance(data.get("extra", {}), dict):
+        raise ValueError("extra is not an object")
+    return JobRef(**data)
+
+
+def load_records(warn: bool = True) -> list[JobRef]:
+    """Every readable record; each unreadable one is named on stderr and skipped."""
+    folder = jobs_dir()
+    refs: list[JobRef] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            refs.append(parse_record(path.read_text()))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            if warn:
+                print(
+                    f"warning: skipping the unreadable job record {path} ({exc}); "
+                    "delete it if the job is gone",
+                    file=sys.stderr,
+                )
+    return refs
+
+
+def recall(name_or_id: str) -> JobRef:
+    """Find a submitted job by name, or by cluster job id."""
+    refs = load_records()
+    for ref in refs:
+        if ref.name == name_or_id:
+            return ref
+    for ref in refs:
+        if ref.job_id == name_or_id:
+            return ref
+    known = ", ".join(r.name for r in refs) or "none"
+    raise JobNotFoundError(
+        f"no submitted job named or with id {name_or_id!r} (known jobs: {known}); "
+        "submit one with `shardctl submit SPEC`"
+    )
