@@ -446,6 +446,23 @@ def test_cancel_stops_every_node_and_never_requeues(slurm_cluster: None, tmp_pat
     status = SlurmCluster().status(ref)
     assert status.state is JobState.CANCELLED and "requeued" not in status.detail
     assert not (run_dir / "DONE").exists()
+    # Cancelling it again says what happened instead of "cancelled".
+    again = subprocess.run(
+        [*SHARDCTL, "cancel", "cancel-me"], capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 1
+    assert "is not running: CANCELLED" in again.stderr and "nothing to cancel" in again.stderr
+
+
+def test_cancel_of_a_job_slurm_does_not_know(slurm_cluster: None, tmp_path: Path) -> None:
+    remember(JobRef(cluster="slurm", job_id="987654321", name="forgotten", run_dir=str(tmp_path)))
+    proc = subprocess.run(
+        [*SHARDCTL, "cancel", "forgotten"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1, proc.stdout
+    assert "cancelled" not in proc.stdout
+    assert "Slurm job 987654321) is not running: UNKNOWN" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 # ------------------------------------------------------------------ bad input

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..durable import write_text_atomic
-from ..errors import JobNotFoundError
+from ..errors import JobNotFoundError, SpecError
 from .base import JobRef
 
 _REQUIRED = {f.name for f in fields(JobRef) if f.name != "extra"}
@@ -89,8 +89,10 @@ def recall(name_or_id: str) -> JobRef:
     for ref in refs:
         if ref.job_id == name_or_id:
             return ref
-    known = ", ".join(r.name for r in refs) or "none"
+    names = [r.name for r in refs]
+    known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     raise JobNotFoundError(
-        f"no submitted job named or with id {name_or_id!r} (known jobs: {known}); "
+        f"no submitted job named or with id {SpecError.show_value(name_or_id)} (known jobs: "
+        f"{known or 'none'}); "
         "submit one with `shardctl submit SPEC`"
     )

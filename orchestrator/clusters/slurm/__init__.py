@@ -242,6 +242,15 @@ class SlurmCluster(Cluster):
 
     def cancel(self, ref: JobRef) -> None:
         _require_slurm()
+        # scancel of a job that ended, or one Slurm forgot, says nothing and exits 0:
+        # ask first, so the user hears what really happened.
+        st = self.status(ref)
+        if st.state.is_terminal or st.state is JobState.UNKNOWN:
+            detail = f" ({st.detail})" if st.detail else ""
+            raise ClusterError(
+                f"job {ref.name!r} (Slurm job {ref.job_id}) is not running: "
+                f"{st.state.value} [{st.native_state or 'unknown'}]{detail}; nothing to cancel"
+            )
         # scancel signals every step on every node (SIGTERM, then SIGKILL after KillWait).
         _run(["scancel", ref.job_id], what=f"cancel job {ref.job_id}")
 
