@@ -32,7 +32,7 @@ class SpecError(ShardctlError):
     def __init__(self, problems: list[str], source: str | None = None) -> None:
         self.problems = problems
         self.source = source
-        where = f"{self.show_text(source)}: " if source else ""
+        where = f"{self.show_text(source, self.MAX_LINE_CHARS)}: " if source else ""
         shown = [self.show_text(p, self.MAX_LINE_CHARS) for p in problems[: self.MAX_PROBLEMS]]
         if len(problems) > self.MAX_PROBLEMS:
             shown.append(f"... and {len(problems) - self.MAX_PROBLEMS} more")
