@@ -56,8 +56,6 @@ FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
 SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 # Kept for the renderers that still read memory as text (orchestrator/clusters/).
-K8S_QUANTITY_RE = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-SLURM_MEM_RE = re.compile(r"^[0-9]+[KMGT]?$")
 # A pod's CPU: cores (`8`, `0.5`) or whole millicores (`1500m`).
 K8S_CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?|[0-9]+(?=m$))(m)?$")
 # Control characters in a path end up in #SBATCH lines, log names and YAML; none is

@@ -237,7 +237,8 @@ def test_resources_gpus_and_memory() -> None:
     [("64G", "64Gi"), ("512M", "512Mi"), ("4096", "4096Mi"), ("2T", "2Ti"), ("8Gi", "8Gi")],
 )
 def test_memory_quantity(given: str, quantity: str) -> None:
-    assert render_k8s.memory_quantity(given) == quantity
+    res = container(render_k8s.pytorchjob(make(resources__memory=given)))["resources"]
+    assert res["limits"]["memory"] == quantity
 
 
 def test_scheduling_and_env_refs_never_inline_secrets() -> None:

@@ -43,7 +43,7 @@ from ...launch import (
     launch_argv,
 )
 from ...render import common_artifacts
-from ...spec import K8S_QUANTITY_RE, SLURM_MEM_RE, JobSpec, parse_spec
+from ...spec import JobSpec, parse_spec
 from ..base import NodeView
 
 API_VERSION = "kubeflow.org/v1"
@@ -158,24 +158,12 @@ def configmap_launcher_files(node: NodeView, common: dict[str, str]) -> dict[str
     }
 
 
-def memory_quantity(value: str) -> str:
-    """A spec memory size as a Kubernetes quantity: Slurm's `64G` is `64Gi`, bare MB → `Mi`."""
-    if SLURM_MEM_RE.match(value):
-        if value[-1].isdigit():
-            return f"{value}Mi"  # Slurm's default unit is megabytes
-        return f"{value}i"
-    if K8S_QUANTITY_RE.match(value):
-        return value
-    # The spec validated it already; reaching here is a bug, not bad input.
-    raise ValueError(f"memory {value!r} is neither a Slurm size nor a Kubernetes quantity")
-
-
 def pod_resources(spec: JobSpec) -> dict[str, dict[str, str]]:
     """Requests equal limits (Guaranteed QoS): a training pod is never the one to be squeezed."""
     r, k = spec.resources, spec.k8s
     amounts: dict[str, str] = {"cpu": k.cpu or str(r.procs_per_node * r.cpus_per_proc)}
     if r.memory:
-        amounts["memory"] = memory_quantity(r.memory)
+        amounts["memory"] = r.memory.k8s()
     if r.device == "cuda":
         amounts[GPU_RESOURCE] = str(r.procs_per_node)
     return {"limits": dict(amounts), "requests": dict(amounts)}
@@ -231,7 +219,7 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
             "secrets": list(k.env_from_secrets),
         },
         "env": dict(CACHE_ENV),
-        "shmSize": k.shm_size,
+        "shmSize": k.shm_size.k8s(),
         "securityContext": {
             "runAsUser": k.run_as_user,
             "readOnlyRootFilesystem": k.read_only_root_filesystem,

@@ -29,12 +29,10 @@ makes its folder absolute).
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import PurePosixPath
 from typing import Any
 
-from ...errors import SpecError
 from ...rundir import LAUNCH_FILE, PREEMPTED_FILE
 from ...spec import JobSpec, slurm_time_minutes
 
@@ -60,23 +58,6 @@ _NON_SLURM = frozenset(
         "array_parallelism", "stderr_to_stdout", "use_srun", "map_count",
     }
 )  # fmt: skip
-
-_K8S_MEM = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)$")
-
-
-def slurm_memory(value: str) -> str:
-    """resources.memory in Slurm's units (`64G`); k8s binary suffixes map (Gi → G)."""
-    if re.fullmatch(r"[0-9]+[KMGT]?", value):
-        return value
-    m = _K8S_MEM.match(value)
-    if m:
-        return m.group(1) + m.group(2)[0]
-    raise SpecError(
-        [
-            f"resources.memory {value!r} has no Slurm equivalent; accepted for Slurm: "
-            "a number of megabytes or a size with K, M, G, T (e.g. '64G'), or Ki, Mi, Gi, Ti"
-        ]
-    )
 
 
 def submitit_folder(run_dir: str) -> str:
@@ -116,7 +97,7 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     elif r.device == "cuda":
         params["gpus_per_node"] = r.procs_per_node
     if r.memory is not None:
-        params["mem"] = slurm_memory(r.memory)
+        params["mem"] = r.memory.slurm()
     if s.exclusive:
         params["exclusive"] = True
     if s.setup:
