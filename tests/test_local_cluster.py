@@ -120,6 +120,28 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
 
 
 @pytest.mark.slow
+def test_a_preempted_run_says_so_instead_of_looking_like_a_crash(tmp_path: Path) -> None:
+    """torchrun's traceback for exit 42 stays in the launcher log, out of the terminal."""
+    spec_path = tiny_spec(tmp_path, "pre", train={"steps": 4})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SHARDCTL_STOP_AFTER_STEP": "2"}
+    res = subprocess.run(
+        [SHARDCTL, "submit", str(spec_path), "--wait"],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+        start_new_session=True,
+    )  # fmt: skip
+    shown = res.stdout + res.stderr
+    assert res.returncode == 42, shown[-3000:]
+    assert "Traceback" not in shown and "ChildFailedError" not in shown
+    assert "pre: PREEMPTED: preempted at step 2" in res.stderr
+    assert "submit the spec again to resume" in res.stderr
+    assert "ChildFailedError" in (tmp_path / "pre" / "logs" / "launcher.err").read_text()
+    logs = subprocess.run(
+        [SHARDCTL, "logs", "pre"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "Traceback" not in logs.stdout and "stopped for a preemption" in logs.stdout
+
+
+@pytest.mark.slow
 def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> None:
     spec_path = tiny_spec(tmp_path, "bad", train={"data": {"builtin": None, "text": "missing"}})
     local = LocalCluster()

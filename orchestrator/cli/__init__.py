@@ -108,7 +108,12 @@ def submit(
         if not wait:
             click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
     if wait:
-        sys.exit(backend.follow(ref))
+        code = backend.follow(ref)
+        # The last word is what happened, not the last line a launcher printed.
+        st = backend.status(ref)
+        detail = f": {st.detail}" if st.detail else ""
+        click.echo(f"{ref.name}: {st.state.value}{detail}", err=True)
+        sys.exit(code)
 
 
 @cli.command()

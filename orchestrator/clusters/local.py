@@ -29,6 +29,7 @@ a preemption signal and checkpoint; after a grace period what is left gets SIGKI
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import os
 import shlex
@@ -42,6 +43,7 @@ from pathlib import Path
 from ..durable import write_text_atomic
 from ..errors import ClusterError
 from ..launch import EnvLine, export
+from ..launcher_output import PreemptionReport, readable
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
 from ..rundir import (
     DONE_FILE,
@@ -175,6 +177,7 @@ class LocalCluster(Cluster):
         logs = run_dir / LOGS_DIR
         write_rendered(dryrun.artifacts, run_dir)
         logs.mkdir(parents=True, exist_ok=True)
+        offsets = {n: (logs / n).stat().st_size if (logs / n).is_file() else 0 for n in LOG_FILES}
         for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         env = dict(os.environ)
@@ -201,7 +204,8 @@ class LocalCluster(Cluster):
         )
         ticks = start_ticks(proc.pid)
         write_text_atomic(run_dir / PID_FILE, f"{proc.pid} {ticks or ''}\n", durable=False)
-        return JobRef(**{**ref.to_json(), "job_id": str(proc.pid)})
+        extra = {**ref.extra, "log_offsets": offsets}
+        return JobRef(**{**ref.to_json(), "job_id": str(proc.pid), "extra": extra})
 
     # -- status / logs / cancel ----------------------------------------------------------
 
@@ -239,8 +243,8 @@ class LocalCluster(Cluster):
             return JobStatus(
                 JobState.PREEMPTED,
                 f"exit {rc}" if rc is not None else "preempted",
-                f"saved step {preempted.get('step')} ({preempted.get('reason')}); "
-                "submit the spec again to resume",
+                f"preempted at step {preempted.get('step')} ({preempted.get('reason')}), "
+                "checkpoint saved; submit the spec again to resume",
             )
         if rc == 0 or (rc is None and pid_info is None and done is not None):
             detail = f"finished step {done.get('step')}" if done else "exit 0"
@@ -275,7 +279,7 @@ class LocalCluster(Cluster):
             text = _read(logs / name)
             if text is None:
                 continue
-            lines = text.splitlines(keepends=True)
+            lines = readable(text).splitlines(keepends=True)
             if tail is not None:
                 lines = lines[-tail:]
             parts.append(f"==> {logs / name} <==\n" + "".join(lines))
@@ -327,9 +331,13 @@ class LocalCluster(Cluster):
         """
         out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
         logs = Path(ref.run_dir) / LOGS_DIR
-        offsets = dict.fromkeys(LOG_FILES, 0)
+        # Only this attempt's output: earlier attempts appended to the same files.
+        offsets = {name: int(ref.extra.get("log_offsets", {}).get(name, 0)) for name in LOG_FILES}
+        decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in LOG_FILES}
+        # torchrun's crash report for ranks that stopped for a preemption becomes one line.
+        reports = {name: PreemptionReport() for name in LOG_FILES}
 
-        def pump() -> None:
+        def pump(final: bool = False) -> None:
             for name in LOG_FILES:
                 path = logs / name
                 try:
@@ -337,10 +345,13 @@ class LocalCluster(Cluster):
                         f.seek(offsets[name])
                         chunk = f.read()
                 except OSError:
-                    continue
-                if chunk:
-                    offsets[name] += len(chunk)
-                    out(chunk.decode("utf-8", errors="replace"))
+                    chunk = b""
+                offsets[name] += len(chunk)
+                text = reports[name].feed(decoders[name].decode(chunk, final=final))
+                if final:
+                    text += reports[name].close()
+                if text:
+                    out(text)
 
         pid_info = self._pid(Path(ref.run_dir))
         while pid_info is not None and alive(*pid_info):
@@ -351,5 +362,5 @@ class LocalCluster(Cluster):
                 out("\nshardctl: stopping the run (ranks checkpoint first) ...\n")
                 with contextlib.suppress(ClusterError):  # it may have ended meanwhile
                     self.cancel(ref)
-        pump()
+        pump(final=True)
         return self.exit_code(ref)

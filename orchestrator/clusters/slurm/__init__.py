@@ -67,6 +67,7 @@ from typing import Any
 
 from ...errors import ClusterError, MissingDependencyError
 from ...launch import EnvLine, export, export_from
+from ...launcher_output import readable
 from ...proctree import catches, descendants
 from ...rundir import EXIT_PREEMPTED, PREEMPTED_FILE
 from ...spec import JobSpec, parse_spec
@@ -234,7 +235,7 @@ class SlurmCluster(Cluster):
                 if not path.is_file():
                     parts.append("(no output yet)\n")
                     continue
-                text = path.read_text(errors="replace")
+                text = readable(path.read_text(errors="replace"))
                 if tail is not None:
                     text = "".join(text.splitlines(keepends=True)[-tail:])
                 parts.append(text if text.endswith("\n") or not text else text + "\n")
