@@ -355,3 +355,25 @@ def test_fsync_by_default_only_when_replacing_a_model(run_dir, tmp_path, monkeyp
     synced.clear()
     consolidate(run_dir, tmp_path / "other", durable=True)
     assert synced
+
+
+def test_cli_finds_checkpoints_elsewhere_through_the_spec(run_dir, tmp_path):
+    """checkpoint.dir on a scratch file system: the model still goes to <run_dir>/model."""
+    import shutil
+
+    scratch = tmp_path / "scratch" / "ckpts"
+    shutil.copytree(run_dir / "checkpoints", scratch)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: elsewhere\n"
+        f"run_dir: {tmp_path / 'runs' / 'elsewhere'}\n"
+        "train: {model: {llama: {vocab_size: 256}}, data: {builtin: python-stdlib}, steps: 2}\n"
+        f"checkpoint: {{every_steps: 1, dir: {scratch}}}\n"
+    )
+    res = CliRunner().invoke(cli, ["consolidate", str(spec), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "runs" / "elsewhere" / "model" / "model.safetensors").is_file()
+    assert not (tmp_path / "scratch" / "model").exists()
+    # A bare step folder outside any run dir: where the model goes must be said.
+    res = CliRunner().invoke(cli, ["consolidate", str(scratch / "step-00000002")])
+    assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output

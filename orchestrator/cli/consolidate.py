@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
+from ..rundir import CHECKPOINTS_DIR, SPEC_FILE, RunDir
 from .common import handle_errors, human_size, output_option
 
 _UNITS = {
@@ -34,13 +35,41 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
+    """Where to look for the checkpoint, and the run dir whose model/ is the default out.
+
+    A job spec or a run dir (holding the rendered job.yaml) knows both, also when
+    `checkpoint.dir` points elsewhere; a checkpoints/ or step folder lies in a run dir
+    only in the default layout (`<run dir>/checkpoints/step-N`).
+    """
+    from ..spec import load_spec
+
+    if given.is_file() and given.suffix in (".yaml", ".yml"):
+        spec = load_spec(given)
+        return Path(spec.checkpoint_dir), Path(spec.run_dir)
+    if (given / SPEC_FILE).is_file():
+        spec = load_spec(given / SPEC_FILE)
+        # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).
+        ckpt = Path(spec.checkpoint_dir)
+        if not ckpt.is_absolute() or not ckpt.exists():
+            ckpt = given / Path(spec.checkpoint_dir).name
+        return ckpt, given
+    # The default layout, <run dir>/checkpoints/step-N: the run dir is above.
+    if (given / CHECKPOINTS_DIR).is_dir():
+        return given, given
+    for folder in (given, given.parent):
+        if folder.name == CHECKPOINTS_DIR:
+            return given, folder.parent
+    return given, None
+
+
 @click.command("consolidate")
 @click.argument("checkpoint", type=click.Path(path_type=Path))
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Output folder. Default: model/ in the run directory (next to checkpoints/).",
+    help="Output folder. Default: model/ in the run directory.",
 )
 @click.option(
     "--dtype",
@@ -81,8 +110,8 @@ def consolidate_cmd(
 ) -> None:
     """Write the model weights of CHECKPOINT as safetensors with its HF config.
 
-    CHECKPOINT is a step-NNNNNNNN folder, or a checkpoints/ or run folder (its newest
-    complete checkpoint is used). FSDP (DCP) and DeepSpeed ZeRO 1/2/3 checkpoints;
+    CHECKPOINT is a step-NNNNNNNN folder, a checkpoints/ or run folder, or the job
+    spec (the newest complete checkpoint is used). FSDP (DCP) and DeepSpeed ZeRO 1/2/3 checkpoints;
     DeepSpeed's fp32 master weights are what is written. Memory stays bounded by the
     largest tensor, whatever the model size.
 
@@ -93,9 +122,16 @@ def consolidate_cmd(
     from ...train.consolidate import consolidate, resolve_checkpoint
 
     max_bytes = parse_size(max_shard_size)
-    step_dir = resolve_checkpoint(checkpoint)
+    where, run_dir = _checkpoints_and_run_dir(checkpoint)
+    step_dir = resolve_checkpoint(where)
     if out is None:
-        out = step_dir.parent.parent / "model"
+        if run_dir is None:
+            raise UsageError(
+                f"{checkpoint} is not inside a run directory (checkpoint.dir points "
+                "elsewhere?): say where the model goes with --out, or give the job spec "
+                "or the run directory instead"
+            )
+        out = RunDir.of(run_dir).model
     result = consolidate(
         step_dir,
         out,
