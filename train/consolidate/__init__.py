@@ -1,5 +1,10 @@
 """Consolidate a sharded checkpoint (FSDP/DCP or DeepSpeed ZeRO) into safetensors.
 
+Torch-light offline tooling: no process group, no model, no GPU. It runs on a login
+node or a laptop; torch is imported only where a checkpoint format needs it (DCP's
+metadata, unpickling DeepSpeed's files without their data, dtype casts), inside the
+functions that need it, so `shardctl consolidate --help` stays cheap.
+
     from shardctl.train.consolidate import consolidate
     result = consolidate(Path("runs/x/checkpoints/step-00000200"), Path("runs/x/model"))
 
