@@ -71,7 +71,7 @@ import torch.distributed as dist
 
 from ..orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ..orchestrator.errors import CheckpointError
-from .backends.base import Stateful, StateIO, package_version
+from .backends.base import Stateful, StateIO
 from .manifest import (
     FORMAT_VERSION,
     STEP_RE,
@@ -82,6 +82,7 @@ from .manifest import (
     latest_complete,
     list_checkpoints,
     list_files,
+    package_version,
     read_manifest,
     share_of,
     step_dirname,

@@ -47,6 +47,16 @@ def step_dirname(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def package_version(name: str) -> str | None:
+    """An installed distribution's version for the manifest's "versions" (None: absent)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     """One `step-*` folder as `shardctl checkpoints` shows it."""

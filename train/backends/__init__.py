@@ -18,7 +18,16 @@ if TYPE_CHECKING:
 
     from ..distributed import DistEnv
 
-__all__ = ["StateIO", "TrainingBackend", "build_backend"]
+__all__ = ["StateIO", "TrainingBackend", "build_backend", "strategy_fields"]
+
+
+def strategy_fields(strategy: Any) -> dict[str, Any]:
+    """The manifest entries both backends record, from a spec's (resolved) strategy."""
+    return {
+        "sharding": strategy.sharding,
+        "zero_stage": strategy.zero_stage,
+        "precision": strategy.precision,
+    }
 
 
 def build_backend(model: Any, spec: JobSpec, env: DistEnv) -> TrainingBackend:

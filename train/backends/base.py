@@ -100,21 +100,3 @@ class TrainingBackend(Protocol):
     def step(self) -> float:
         """Finish the optimizer step; returns the global gradient norm (nan if unknown)."""
         ...
-
-
-def strategy_fields(strategy: Any) -> dict[str, Any]:
-    """The manifest entries both backends record, from a spec's (resolved) strategy."""
-    return {
-        "sharding": strategy.sharding,
-        "zero_stage": strategy.zero_stage,
-        "precision": strategy.precision,
-    }
-
-
-def package_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None

@@ -34,9 +34,11 @@ from shardctl.orchestrator.errors import CheckpointError
 from shardctl.orchestrator.spec import JobSpec
 
 from ..distributed import DistEnv
+from ..manifest import package_version
 from ..model import logits_of
 from ..optim import build_optimizer, set_lr
-from .base import SaveFuture, package_version, strategy_fields
+from . import strategy_fields
+from .base import SaveFuture
 
 TAG = "deepspeed"
 """The sub-folder of a step folder DeepSpeed writes (its checkpoint `tag`)."""

@@ -48,7 +48,8 @@ from shardctl.orchestrator.spec import JobSpec
 from ..distributed import DistEnv
 from ..model import logits_of
 from ..optim import build_optimizer, set_lr
-from .base import SaveFuture, Stateful, strategy_fields
+from . import strategy_fields
+from .base import SaveFuture, Stateful
 
 DCP_DIR = "dcp"
 
