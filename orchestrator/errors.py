@@ -29,19 +29,22 @@ class SpecError(ShardctlError):
     # an OS error naming a path): no single line of the report grows past this.
     MAX_LINE_CHARS = 1000
 
-    def __init__(self, problems: list[str], source: str | None = None) -> None:
+    def __init__(
+        self, problems: list[str], source: str | None = None, kind: str = "job spec"
+    ) -> None:
         self.problems = problems
         self.source = source
+        self.kind = kind
         where = f"{self.show_text(source, self.MAX_LINE_CHARS)}: " if source else ""
         shown = [self.show_text(p, self.MAX_LINE_CHARS) for p in problems[: self.MAX_PROBLEMS]]
         if len(problems) > self.MAX_PROBLEMS:
             shown.append(f"... and {len(problems) - self.MAX_PROBLEMS} more")
         if len(problems) == 1:
-            text = f"{where}invalid job spec: {shown[0]}"
+            text = f"{where}invalid {kind}: {shown[0]}"
         else:
             lines = "\n".join(f"  - {p}" for p in shown)
-            text = f"{where}invalid job spec ({len(problems)} problems):\n{lines}"
-        super().__init__(text)
+            text = f"{where}invalid {kind} ({len(problems)} problems):\n{lines}"
+        ShardctlError.__init__(self, text)
 
     @classmethod
     def show_value(cls, value: object) -> str:
@@ -92,25 +95,15 @@ class MissingDependencyError(ShardctlError):
         )
 
 
-class ConfigError(ShardctlError):
+class ConfigError(SpecError):
     """A launcher config given to shardctl (an accelerate config, a DeepSpeed JSON) is invalid.
 
-    The twin of `SpecError` for files that are not job specs: the message says what
-    the input is ("invalid accelerate config"), so a user does not hunt for a job spec.
+    The twin of `SpecError` for files that are not job specs, with the same layout
+    and cuts: the message says what the input is ("invalid accelerate config"), so a
+    user does not hunt for a job spec.
     """
-
-    exit_code = 2
 
     def __init__(
         self, problems: list[str], source: str | None = None, kind: str = "config"
     ) -> None:
-        self.problems = problems
-        self.source = source
-        self.kind = kind
-        where = f"{source}: " if source else ""
-        if len(problems) == 1:
-            text = f"{where}invalid {kind}: {problems[0]}"
-        else:
-            lines = "\n".join(f"  - {p}" for p in problems)
-            text = f"{where}invalid {kind} ({len(problems)} problems):\n{lines}"
-        super().__init__(text)
+        super().__init__(problems, source, kind)

@@ -360,6 +360,7 @@ def test_gradient_accumulation_and_clipping_carried_from_a_job_spec(tmp_path: Pa
     data = yaml.safe_load(TINY.read_text())
     data["train"]["grad_accum"] = 4
     data["train"]["clip"] = 0.5
+    data["strategy"]["precision"] = "bf16-mixed"  # the example says auto (fp32 on cpu)
     result = convert_data(data, "deepspeed")
     ds = result.accelerate_config["deepspeed_config"]
     assert ds["gradient_accumulation_steps"] == 4
