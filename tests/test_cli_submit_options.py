@@ -1,0 +1,24 @@
+"""`submit` options: what --help says matches what each cluster supports."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+from helpers.render_util import EXAMPLES
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.clusters import CLUSTER_NAMES, cluster_class
+
+
+def test_help_says_where_wait_and_replace_work() -> None:
+    text = " ".join(CliRunner().invoke(cli, ["submit", "--help"]).output.split())
+    waits = [n for n in CLUSTER_NAMES if cluster_class(n).can_follow]
+    assert waits == ["local", "k8s"]
+    assert "local: streams the logs" in text and "k8s: reports each state change" in text
+    assert "k8s: delete a job of the same name" in text
+
+
+def test_wait_and_replace_are_refused_where_they_cannot_work(tmp_path) -> None:
+    spec = str(EXAMPLES / "slurm-2node.yaml")
+    res = CliRunner().invoke(cli, ["submit", spec, "--cluster", "slurm", "--wait"])
+    assert res.exit_code == 2 and "--wait works with --cluster local or k8s" in res.output
+    res = CliRunner().invoke(cli, ["submit", spec, "--replace"])
+    assert res.exit_code == 2 and "--replace works with --cluster k8s" in res.output
