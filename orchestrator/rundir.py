@@ -35,8 +35,24 @@ EXIT_FAILED = 1
 EXIT_SPEC = 2
 EXIT_PREEMPTED = 42
 
+# The run contract: what every rank finds in its environment, beside the launcher's
+# RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (README: "Your own
+# training script"). Set by the rendered launch script on every cluster.
+ENV_RUN_DIR = "SHARDCTL_RUN_DIR"  # the run directory
+ENV_CHECKPOINT_DIR = "SHARDCTL_CHECKPOINT_DIR"  # where step-N folders go
+ENV_JOB_NAME = "SHARDCTL_JOB_NAME"
+ENV_ATTEMPT = "SHARDCTL_ATTEMPT"  # 0 on the first start, +1 on each requeue or restart
+ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
+ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
+ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
+CONTRACT_ENV = (
+    ENV_RUN_DIR, ENV_CHECKPOINT_DIR, ENV_JOB_NAME, ENV_ATTEMPT, ENV_SPEC,
+    ENV_ACCELERATE_CONFIG, ENV_DEEPSPEED_CONFIG,
+)  # fmt: skip
+
 DONE_FILE = "DONE"
 PREEMPTED_FILE = "PREEMPTED"
+FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"
