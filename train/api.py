@@ -1,0 +1,438 @@
+"""Checkpoints and preemption for your own training script (torch is the only need).
+
+The same atomic checkpoints as `python -m shardctl.train` (`step-N.tmp/` → every
+rank done → manifest with sizes and sha256 → one rename; retention; verified
+resume) and the same preemption contract (SIGUSR2/SIGTERM → every rank saves the
+same step → rank 0 writes `<run dir>/PREEMPTED` → every rank exits 42), for any loop:
+
+    import torch.distributed as dist
+    from shardctl.train import api
+
+    ckpt = api.Checkpointer.from_env()      # under shardctl: dir, every_steps, keep, resume
+    dist.init_process_group("gloo")         # (or api.init_distributed())
+    model = build_model()                   # fully_shard(...) it, wrap it in DDP, or not
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    start = ckpt.resume(api.model_state(model, optimizer))   # 0 when nothing to resume
+    for step in range(start + 1, args.steps + 1):
+        loss = model(batch_for(step)).mean()                 # data: a function of step
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ckpt.step_done(step)    # saves every `every_steps`; on a preemption signal
+                                # (any rank): saves, PREEMPTED, exit 42 on every rank
+    ckpt.finish(args.steps)     # final checkpoint (if not just saved), DONE marker
+
+Steps count finished optimizer steps: checkpoint `step-N` holds the state after N
+steps and `resume` returns N, so the loop runs step N+1 next.
+
+Configuration (first found wins): the arguments of `from_env` / `Checkpointer`; the
+run contract's environment (`SHARDCTL_CHECKPOINT_DIR`, `SHARDCTL_RUN_DIR`, and the
+`checkpoint` section of the job spec at `SHARDCTL_SPEC`); the defaults of
+`CheckpointConfig`. Outside shardctl (plain torchrun) give `directory=`.
+
+What is saved: `resume(states, per_rank=...)` binds the state once (DCP and
+DeepSpeed load in place, so the same objects are saved later). `states` is
+sharded or replicated state, written once by all ranks together:
+`model_state(model, optimizer)` (FSDP2 / DDP / plain module, through DCP, resumable on
+any world size; other `Stateful`s may join it, e.g. an lr scheduler) or
+`deepspeed_state(engine)` (DeepSpeed's own format). `per_rank` is what differs per
+rank (a data position); each rank's RNG streams and the step are saved with it.
+
+Every method but `from_env`, `run_env` and `close` is a collective: all ranks call it,
+in the same order.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shardctl.orchestrator.errors import CheckpointError, UsageError
+from shardctl.orchestrator.rundir import (
+    DONE_FILE,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_JOB_NAME,
+    ENV_RUN_DIR,
+    ENV_SPEC,
+    EXIT_PREEMPTED,
+    PREEMPTED_FILE,
+    RunDir,
+)
+
+from .api_states import DeepSpeedEngineState, RankState, Strategy, deepspeed_state, model_state
+from .backends.base import Stateful
+from .preemption import PreemptionFlag
+
+__all__ = [
+    "EXIT_PREEMPTED",
+    "CheckpointConfig",
+    "Checkpointer",
+    "DeepSpeedEngineState",
+    "Preempted",
+    "RunEnv",
+    "Strategy",
+    "deepspeed_state",
+    "init_distributed",
+    "model_state",
+    "run_env",
+]
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    """The run contract as this process sees it; every field None outside shardctl."""
+
+    run_dir: str | None = None
+    checkpoint_dir: str | None = None
+    job_name: str | None = None
+    attempt: int = 0
+    """0 on the first start, +1 on each requeue or restart."""
+    spec_path: str | None = None
+
+
+def run_env(environ: Mapping[str, str] | None = None) -> RunEnv:
+    """Read the SHARDCTL_* variables the launch script sets on every rank."""
+    env = os.environ if environ is None else environ
+
+    def get(name: str) -> str | None:
+        return env.get(name) or None  # an empty variable is an unset one
+
+    raw_attempt = get(ENV_ATTEMPT) or "0"
+    try:
+        attempt = int(raw_attempt)
+    except ValueError:
+        raise UsageError(f"{ENV_ATTEMPT}={raw_attempt!r} is not an integer") from None
+    return RunEnv(
+        run_dir=get(ENV_RUN_DIR),
+        checkpoint_dir=get(ENV_CHECKPOINT_DIR),
+        job_name=get(ENV_JOB_NAME),
+        attempt=attempt,
+        spec_path=get(ENV_SPEC),
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """What `CheckpointManager` needs (the attribute names of the spec's `checkpoint`
+    section), plus `every_steps` for `step_done`."""
+
+    dir: str
+    every_steps: int = 100
+    """Steps between periodic checkpoints (`step_done` saves when step % every_steps == 0)."""
+    keep: int = 3
+    """Complete checkpoints kept; at least 2: the newest may still be being written."""
+    async_save: bool = False
+    """Stage the state and write it in the background (DCP only)."""
+    resume: str = "auto"
+    """`auto` (newest complete checkpoint), `never`, or the path of one step folder."""
+
+    def __post_init__(self) -> None:
+        if not str(self.dir).strip():
+            raise UsageError("checkpoint directory is empty; give a folder for step-N checkpoints")
+        if not (isinstance(self.every_steps, int) and self.every_steps >= 1):
+            raise UsageError(f"every_steps={self.every_steps!r}; accepted: an integer >= 1")
+        if not (isinstance(self.keep, int) and self.keep >= 2):
+            raise UsageError(
+                f"keep={self.keep!r}; accepted: an integer >= 2 (the newest checkpoint may "
+                "still be being written when an older one is needed)"
+            )
+        if not str(self.resume).strip():
+            raise UsageError(
+                "resume is empty; accepted: 'auto', 'never' or the path of a step folder"
+            )
+
+
+def _load_spec(path: str) -> Any:
+    from shardctl.orchestrator.spec import load_spec
+
+    return load_spec(path)
+
+
+def _spec_strategy(spec: Any) -> Strategy:
+    s = spec.strategy
+    # `auto` is resolved by the built-in loop only; a script's real precision is unknown.
+    precision = None if s.precision == "auto" else s.precision
+    return Strategy(s.sharding, s.zero_stage, precision)
+
+
+# ------------------------------------------------------------------ the library
+
+
+class Preempted(SystemExit):
+    """Raised on every rank after a preemption save; exits the process with code 42
+    unless caught (catch it to clean up, then re-raise)."""
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(EXIT_PREEMPTED)
+        self.step, self.reason = step, reason
+
+
+class Checkpointer:
+    """Periodic, final and preemption checkpoints of a user training loop.
+
+    Construct it early on every rank: it installs the SIGUSR2/SIGTERM handlers, so a
+    signal that arrives while the model is still being built stops the run at its
+    first step instead of killing it unsaved. `close()` (or `finish`) puts the previous
+    handlers back.
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        run_dir: str | Path | None = None,
+        strategy: Strategy | None = None,
+        model_meta: dict[str, Any] | None = None,
+        seed: int = 0,
+        rng: bool = True,
+        install_signals: bool = True,
+        env: RunEnv | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = RunDir.of(run_dir) if run_dir is not None else None
+        self.strategy = strategy or Strategy()
+        self.model_meta = model_meta
+        self.seed, self.rng = seed, rng
+        self.env = env or RunEnv()
+        self.flag = PreemptionFlag()
+        if install_signals:
+            self.flag.install()
+        self._manager: Any = None
+        self._rank_state: RankState | None = None
+        self._agree: Any = None
+        self._saved_step: int | None = None
+        self.rank, self.world_size = 0, 1
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        directory: str | Path | None = None,
+        default_directory: str | Path | None = None,
+        every_steps: int | None = None,
+        keep: int | None = None,
+        async_save: bool | None = None,
+        resume: str | None = None,
+        run_dir: str | Path | None = None,
+        **kwargs: Any,
+    ) -> Checkpointer:
+        """Configure from the arguments, then the run contract, then the defaults.
+
+        The directory: `directory`, else `$SHARDCTL_CHECKPOINT_DIR`, else the spec's
+        checkpoint dir, else `default_directory` (a script's own default for runs
+        outside shardctl). The rest (every_steps, keep, async, resume): the argument,
+        else the spec's `checkpoint` section, else `CheckpointConfig`'s default.
+        The run dir (where PREEMPTED/DONE go; none: no markers): `run_dir`, else
+        `$SHARDCTL_RUN_DIR`, else the spec's. Other keywords go to `Checkpointer`.
+        """
+        env = run_env()
+        spec = _load_spec(env.spec_path) if env.spec_path else None
+        section = spec.checkpoint if spec is not None else None
+        where = (
+            directory
+            or env.checkpoint_dir
+            or (spec.checkpoint_dir if spec is not None else None)
+            or default_directory
+        )
+        if where is None:
+            raise UsageError(
+                "no checkpoint directory: outside shardctl give Checkpointer.from_env("
+                f"directory=...); under shardctl the launch script sets ${ENV_CHECKPOINT_DIR}"
+            )
+
+        def pick(arg: Any, name: str) -> Any:
+            if arg is not None:
+                return arg
+            if section is not None:
+                return getattr(section, name)
+            return CheckpointConfig.__dataclass_fields__[name].default
+
+        config = CheckpointConfig(
+            dir=str(where),
+            every_steps=pick(every_steps, "every_steps"),
+            keep=pick(keep, "keep"),
+            async_save=pick(async_save, "async_save"),
+            resume=pick(resume, "resume"),
+        )
+        where_run = run_dir or env.run_dir or (spec.run_dir if spec is not None else None)
+        if spec is not None:
+            kwargs.setdefault("strategy", _spec_strategy(spec))
+        return cls(config, run_dir=where_run, env=env, **kwargs)
+
+    # -- the session ---------------------------------------------------------------
+
+    def resume(
+        self, states: Mapping[str, Any], *, per_rank: Mapping[str, Stateful] | None = None
+    ) -> int:
+        """Bind `states` (and `per_rank`), load the checkpoint `config.resume` picks
+        into them, and return its step; 0 when training starts from scratch.
+
+        Call it once, after the process group exists (when WORLD_SIZE > 1) and the
+        model and optimizer are built (and sharded): DCP loads into them in place.
+        A damaged newest checkpoint (a `.tmp` leftover, a file that fails its hash) is
+        skipped for the previous complete one.
+        """
+        if self._manager is not None:
+            raise UsageError("resume() was already called; it binds the state once per run")
+        import torch
+
+        from .checkpoint import CheckpointManager
+
+        self.rank, self.world_size = _rank_and_world()
+        io = _state_io(states, self.strategy)
+        self._rank_state = RankState(per_rank or {}, rng=self.rng, seed=self.seed, rank=self.rank)
+        self._manager = CheckpointManager(
+            self.config,
+            io,
+            rank=self.rank,
+            world_size=self.world_size,
+            model_meta=self.model_meta,
+        )
+        # [ranks wanting to stop, ranks that received a signal, sum of their signal
+        # numbers]: one small all-reduce per step on the manager's gloo group.
+        self._agree = torch.zeros(3, dtype=torch.float64)
+        step = self._manager.restore(self._rank_state) or 0
+        self._rank_state.step = step
+        self._saved_step = step or None  # finish(step) right away need not save again
+        if self.rank == 0:
+            if self.run_dir is not None:  # this start supersedes the last preemption
+                self.run_dir.preempted_file.unlink(missing_ok=True)
+            where = f"resumed at step {step}" if step else "starting at step 0"
+            _say(f"{where} (checkpoints in {self.config.dir})")
+        return step
+
+    def step_done(self, step: int) -> bool:
+        """After optimizer step `step`: agree with every rank on a preemption signal;
+        save when `step % every_steps == 0`; when any rank was signalled, save and stop
+        (`stop`: PREEMPTED, exit 42 everywhere). Returns whether it saved."""
+        manager = self._need_manager("step_done")
+        self._rank_state.step = step  # type: ignore[union-attr]
+        stop, signum = self._agree_to_stop(step)
+        if stop:
+            self.stop(step, reason=self.flag.reason(signum))
+        if step % self.config.every_steps == 0:
+            manager.save(step, self._rank_state)
+            self._saved_step = step
+            return True
+        return False
+
+    def stop(self, step: int, reason: str = "stopped by the script") -> None:
+        """Save `step` (blocking), rank 0 writes PREEMPTED {"step", "reason"}, and every
+        rank raises `Preempted` (exit code 42: "saved, resume me")."""
+        manager = self._need_manager("stop")
+        self._rank_state.step = step  # type: ignore[union-attr]
+        if self._saved_step != step:
+            manager.save(step, self._rank_state, final=True)
+        manager.wait()
+        self._saved_step = step
+        if self.rank == 0:
+            if self.run_dir is not None:
+                self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
+            _say(f"preempted ({reason}): saved step {step}; exiting with code {EXIT_PREEMPTED}")
+        self.close()
+        raise Preempted(step, reason)
+
+    def finish(self, step: int) -> None:
+        """Save the final `step` (unless `step_done` just did), wait for it, rank 0
+        writes DONE {"step"}; then `close`."""
+        manager = self._need_manager("finish")
+        self._rank_state.step = step  # type: ignore[union-attr]
+        if self._saved_step != step:
+            manager.save(step, self._rank_state, final=True)
+            self._saved_step = step
+        manager.wait()
+        if self.rank == 0:
+            if self.run_dir is not None:
+                self.run_dir.write_marker(DONE_FILE, {"step": step, "time": time.time()})
+            _say(f"finished at step {step}; checkpoints in {self.config.dir}")
+        self.close()
+
+    def close(self) -> None:
+        """Wait for a background save, release staging memory, restore the signal
+        handlers. Idempotent; not a collective."""
+        self.flag.uninstall()
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------
+
+    def _need_manager(self, what: str) -> Any:
+        if self._manager is None:
+            raise UsageError(
+                f"{what}() before resume(states): resume binds the state to checkpoint "
+                "(it returns 0 when there is nothing to resume); or after finish/close"
+            )
+        return self._manager
+
+    def _agree_to_stop(self, step: int) -> tuple[bool, int | None]:
+        """Whether any rank wants to stop after `step`, and the signal (if any) that
+        made it; every rank gets the same answer."""
+        import torch.distributed as dist
+
+        signum = self.flag.signum
+        agree = self._agree
+        agree[0] = 1.0 if self.flag.local(step) else 0.0
+        agree[1] = 1.0 if signum is not None else 0.0
+        agree[2] = float(signum or 0)
+        if self._manager.group is not None:
+            dist.all_reduce(agree, group=self._manager.group)
+        n_signalled = int(agree[1])
+        agreed = round(float(agree[2]) / n_signalled) if n_signalled else None
+        return bool(agree[0] > 0), agreed
+
+
+def _state_io(states: Mapping[str, Any], strategy: Strategy) -> Any:
+    from .api_states import state_io
+
+    return state_io(states, strategy)
+
+
+def _rank_and_world() -> tuple[int, int]:
+    """From the process group when there is one, else the launcher's variables; a
+    multi-rank launch without a process group cannot agree on anything."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    from .distributed import read_env
+
+    rank, world, _, _ = read_env()
+    if world > 1:
+        raise CheckpointError(
+            f"WORLD_SIZE={world} but no process group exists; call "
+            "torch.distributed.init_process_group() (or api.init_distributed()) before resume()"
+        )
+    return rank, world
+
+
+def _say(text: str) -> None:
+    # Scripts rarely configure logging; these few lines must reach the job log.
+    print(f"[shardctl] {text}", file=sys.stderr, flush=True)
+
+
+def init_distributed(device: str | None = None) -> Any:
+    """Join the process group from the launcher's variables (gloo on CPU, NCCL on
+    CUDA; `device` defaults to cuda when available) and return a `DistEnv` (rank,
+    world_size, local_rank, device). A world of one also gets a group."""
+    import torch
+
+    from .distributed import init
+
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return init(kind)
