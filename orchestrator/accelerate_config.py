@@ -113,7 +113,7 @@ def accelerate_config(spec: JobSpec) -> dict[str, Any]:
 
 def _fsdp_section(spec: JobSpec) -> dict[str, Any]:
     s = spec.strategy
-    pretrained = spec.train.model.pretrained is not None
+    pretrained = _loads_pretrained(spec)
     fsdp: dict[str, Any] = {
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": RESHARD_AFTER_FORWARD[s.sharding],
@@ -136,9 +136,16 @@ def _wrap_classes(spec: JobSpec) -> list[str]:
     wrap = spec.strategy.wrap
     if isinstance(wrap, list):
         return list(wrap)
-    if spec.train.model.llama is not None:
+    if spec.train is not None and spec.train.model.llama is not None:
         return [LLAMA_BLOCK]
+    # Otherwise accelerate takes the model's own `_no_split_modules` (transformers
+    # models name their blocks there).
     return []
+
+
+def _loads_pretrained(spec: JobSpec) -> bool:
+    # A user's own script loads what it loads; the built-in loop says so in the spec.
+    return spec.train is not None and spec.train.model.pretrained is not None
 
 
 def _parallelism_section(spec: JobSpec) -> dict[str, int]:
@@ -170,8 +177,7 @@ def _deepspeed_section(spec: JobSpec) -> dict[str, Any]:
         "deepspeed_config_file": DS_CONFIG,
         # zero.Init while loading pretrained weights: DeepSpeed's twin of FSDP's
         # cpu_ram_efficient_loading.
-        "zero3_init_flag": spec.strategy.zero_stage == 3
-        and spec.train.model.pretrained is not None,
+        "zero3_init_flag": spec.strategy.zero_stage == 3 and _loads_pretrained(spec),
     }
     if spec.resources.nodes > 1:
         # Every node runs its own `accelerate launch` (torchrun underneath); no pdsh/ssh.

@@ -37,16 +37,35 @@ FP16_DYNAMIC_LOSS_SCALE: dict[str, Any] = {
 def deepspeed_config(spec: JobSpec) -> dict[str, Any]:
     """The DeepSpeed config dict for `spec` (valid for any backend, used for deepspeed)."""
     s, t = spec.strategy, spec.train
-    config: dict[str, Any] = {
-        "train_batch_size": t.micro_batch_size * t.grad_accum * spec.world_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": t.grad_accum,
-        # 0.0 disables clipping in DeepSpeed, exactly as train.clip 0 does.
-        "gradient_clipping": float(t.clip),
-        "zero_optimization": _zero_section(spec),
-        "steps_per_print": STEPS_PER_PRINT,
-        "wall_clock_breakdown": False,
-    }
+    config: dict[str, Any] = {}
+    if t is not None:
+        config.update(
+            {
+                "train_batch_size": t.micro_batch_size * t.grad_accum * spec.world_size,
+                "train_micro_batch_size_per_gpu": t.micro_batch_size,
+                "gradient_accumulation_steps": t.grad_accum,
+                # 0.0 disables clipping in DeepSpeed, exactly as train.clip 0 does.
+                "gradient_clipping": float(t.clip),
+            }
+        )
+    else:
+        # Your own script decides batch size, accumulation and clipping: "auto" is
+        # what accelerate and the HF Trainer fill in from their own arguments. A plain
+        # deepspeed.initialize script replaces them (or passes its own values).
+        config.update(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "gradient_clipping": "auto",
+            }
+        )
+    config.update(
+        {
+            "zero_optimization": _zero_section(spec),
+            "steps_per_print": STEPS_PER_PRINT,
+            "wall_clock_breakdown": False,
+        }
+    )
     if s.offload != "none":
         # With offload DeepSpeed insists on its own CPU Adam (a compiled op) unless
         # told that the client optimizer is intended.

@@ -25,6 +25,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from .rundir import (
+    ENV_ACCELERATE_CONFIG,
+    ENV_CHECKPOINT_DIR,
+    ENV_DEEPSPEED_CONFIG,
+    ENV_JOB_NAME,
+    ENV_RUN_DIR,
+    ENV_SPEC,
+    SPEC_FILE,
+)
 from .spec import JobSpec
 from .templating import render_template
 
@@ -37,6 +46,7 @@ RUNTIME_VARS: tuple[str, ...] = (
 )
 RENDER_DIR_VAR = "SHARDCTL_RENDER_DIR"
 TRAIN_MODULE = "shardctl.train"
+ENTRY_MODULE = "shardctl.train.entry"  # runs an entrypoint: the user's script
 
 # File names of the artifacts the launchers read, beside launch.sh.
 HOSTFILE = "hostfile"
@@ -123,24 +133,61 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-def env_lines(spec: JobSpec, runtime: Sequence[EnvLine]) -> list[EnvLine]:
+def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
+    """The run contract every rank reads (README: "Your own training script"): the
+    run and checkpoint directories, the job's name, the rendered spec and launcher
+    configs. The attempt number is the cluster's (see each cluster's runtime_env)."""
+
+    def beside(name: str) -> EnvLine:
+        # The rendered files lie beside launch.sh; env.sh sourced on its own has no
+        # SHARDCTL_RENDER_DIR and takes the current folder.
+        return EnvLine(f'"${{{RENDER_DIR_VAR}:-.}}"/{shlex.quote(name)}')
+
+    def export_beside(var: str, name: str, comment: str | None = None) -> EnvLine:
+        if PurePosixPath(name).is_absolute():
+            return export(var, name, comment)
+        return EnvLine(f"export {var}={beside(name).text}", comment)
+
+    lines = [
+        export(ENV_JOB_NAME, spec.name, "the run contract (README: Your own training script)"),
+        export(ENV_RUN_DIR, spec.run_dir or ""),
+        export(ENV_CHECKPOINT_DIR, spec.checkpoint_dir),
+        export_beside(ENV_SPEC, spec_path),
+    ]
+    if spec.launcher == "accelerate":
+        lines.append(export_beside(ENV_ACCELERATE_CONFIG, ACCELERATE_CONFIG))
+    if spec.strategy.backend == "deepspeed":
+        lines.append(export_beside(ENV_DEEPSPEED_CONFIG, DS_CONFIG))
+    return lines
+
+
+def env_lines(
+    spec: JobSpec, runtime: Sequence[EnvLine], spec_path: str = SPEC_FILE
+) -> list[EnvLine]:
     """The statements of one node's environment, in the order they must run.
 
     Library defaults first, then the user's `env` (so it can override them, e.g.
-    NCCL_DEBUG), then the runtime variables last so nothing can shadow them.
-    User values are literal: `$HOME` in a value stays the five characters.
+    NCCL_DEBUG), then the run contract and the runtime variables last so nothing
+    can shadow them. User values are literal: `$HOME` in a value stays the five
+    characters.
     """
     lines = [export(k, v) for k, v in backend_env(spec).items()]
     lines += [export(k, v, "from the spec's env" if i == 0 else None)
               for i, (k, v) in enumerate(sorted(spec.env.items()))]  # fmt: skip
+    lines += contract_lines(spec, spec_path)
     lines += runtime
     return lines
 
 
-def env_file(spec: JobSpec, cluster: str, runtime: Sequence[EnvLine]) -> str:
+def env_file(
+    spec: JobSpec, cluster: str, runtime: Sequence[EnvLine], spec_path: str = SPEC_FILE
+) -> str:
     """Bash text that sets one node's environment (`source` it, or inline it)."""
     return render_template(
-        "env.sh.j2", job_name=spec.name, cluster=cluster, lines=env_lines(spec, runtime)
+        "env.sh.j2",
+        job_name=spec.name,
+        cluster=cluster,
+        lines=env_lines(spec, runtime, spec_path),
     )
 
 
@@ -153,7 +200,8 @@ def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word, module: str) -
     def file(name: str) -> Word:
         return (*files_dir, "/" + name)
 
-    train = [[_w("-m"), _w(module), spec_word]]
+    workload_module, workload = _workload(spec, spec_word, module)
+    train = [[_w("-m"), _w(workload_module), *workload[0]], *workload[1:]]
     elastic = spec.k8s.elastic
     if spec.launcher == "torchrun":
         head: list[list[Word]] = [[_w("torchrun")]]
@@ -200,9 +248,24 @@ def _argv_groups(spec: JobSpec, spec_word: Word, files_dir: Word, module: str) -
         [_w("--master_port"), _w(MASTER_PORT)],
         # Ranks read LOCAL_RANK from the environment; no `--local_rank=N` argument.
         [_w("--no_local_rank")],
-        [_w("--module"), _w(module), spec_word],
+        [_w("--module"), _w(workload_module), *workload[0]],
+        *workload[1:],
     ]
     return head + flags
+
+
+def _workload(spec: JobSpec, spec_word: Word, module: str) -> tuple[str, list[list[Word]]]:
+    """What every rank runs, after the launcher's own flags: the module given to `-m`
+    and its words (first group on the `-m` line, then one argument per line).
+
+    The built-in loop: `-m shardctl.train <job.yaml>`. An entrypoint: the runner
+    `-m shardctl.train.entry script PATH ARGS...` (or `module NAME ARGS...`), which
+    runs the user's code and records how it ended (see shardctl.train.entry)."""
+    ep = spec.entrypoint
+    if ep is None:
+        return module, [[spec_word]]
+    target = [_w("script"), _w(ep.script)] if ep.script else [_w("module"), _w(ep.module or "")]
+    return ENTRY_MODULE, [target, *([_w(arg)] for arg in ep.args)]
 
 
 def launch_argv(spec: JobSpec, spec_path: str, *, module: str = TRAIN_MODULE) -> list[str]:
@@ -245,7 +308,7 @@ def launch_script(
         cluster=cluster,
         launcher=spec.launcher,
         render_dir_var=RENDER_DIR_VAR,
-        env=env_lines(spec, runtime),
+        env=env_lines(spec, runtime, spec_path),
         command=command,
     )
 

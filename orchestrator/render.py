@@ -77,7 +77,7 @@ def common_artifacts(
     """
     return {
         SPEC_FILE: job_yaml(node_spec),
-        ENV_FILE: env_file(node_spec, cluster, runtime),
+        ENV_FILE: env_file(node_spec, cluster, runtime, spec_path),
         LAUNCH_FILE: launch_script(node_spec, cluster, runtime, spec_path),
         **launcher_files(node_spec),
     }

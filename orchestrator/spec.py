@@ -32,6 +32,7 @@ from pydantic import (
 from .errors import SpecError
 from .rundir import (
     CHECKPOINTS_DIR,
+    CONTRACT_ENV,
     LOGS_DIR,
     MODEL_DIR,
     RENDERED_DIR,
@@ -95,6 +96,8 @@ RESERVED_ENV = frozenset(
         # shardctl's own run-time variables (see orchestrator/launch.py)
         "SHARDCTL_NNODES", "SHARDCTL_NODE_RANK", "SHARDCTL_NPROC_PER_NODE",
         "SHARDCTL_RENDER_DIR",
+        # the run contract every rank reads (see orchestrator/rundir.py)
+        *CONTRACT_ENV,
     }
 )  # fmt: skip
 
@@ -684,6 +687,11 @@ class K8sCluster(_Section):
     """Settings for `--cluster k8s` (a Kubeflow PyTorchJob)."""
 
     namespace: str = "default"
+    code: Literal["configmap", "image"] | None = None
+    """How an entrypoint's code reaches the pods: `configmap` (the script, or
+    `entrypoint.code_dir`, travels with the job's ConfigMap, up to 1 MiB in all) or
+    `image` (it is in the image already; give its path there). Default: configmap for
+    a script, image for a module."""
     image: str = "python:3.11-slim"
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     image_pull_secrets: list[str] = Field(default_factory=list)
@@ -772,6 +780,63 @@ class K8sCluster(_Section):
 # ------------------------------------------------------------------------ the spec
 
 
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_ARGS = 4096
+
+
+class Entrypoint(_Section):
+    """Your own training script instead of the built-in loop: exactly one of `script`
+    and `module`, plus `args`.
+
+    Every rank runs it under the spec's launcher (torchrun, accelerate launch,
+    deepspeed) with the run contract in its environment (README: "Your own training
+    script")."""
+
+    script: PathText | None = None
+    """A Python file; a relative path is taken from the spec file's folder."""
+    module: str | None = None
+    """A module run as `python -m`, e.g. `mypkg.train` (importable on every node)."""
+    args: list[Annotated[str, Field(strict=True, max_length=131072)]] = Field(
+        default_factory=list, max_length=MAX_ARGS
+    )
+    """At most 4096 arguments, passed byte for byte: quotes, `$(...)`, newlines stay
+    inert. Quote numbers (`'0.001'`): a YAML float would not keep the bytes you wrote."""
+    code_dir: PathText | None = None
+    """Kubernetes: a small folder that travels with the job's ConfigMap (the script lies
+    in it); without it the script file alone travels. See `k8s.code`."""
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 255 or not MODULE_RE.match(v)):
+            raise ValueError(
+                f"{_show(v)} is not a module name; accepted: dotted Python identifiers, "
+                "e.g. 'mypkg.train'"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Entrypoint:
+        given = [k for k in ("script", "module") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "entrypoint: give exactly one of script, module "
+                f"(got {' and '.join(given) or 'none'})"
+            )
+        if self.code_dir is not None and self.script is None:
+            raise ValueError("entrypoint.code_dir goes with entrypoint.script, not module")
+        return self
+
+    def resolved(self, base: Path) -> Entrypoint:
+        """Relative `script` and `code_dir` taken from `base` (the spec file's folder)."""
+        update: dict[str, str] = {}
+        for key in ("script", "code_dir"):
+            value = getattr(self, key)
+            if value is not None and not Path(value).is_absolute():
+                update[key] = str((base / value).resolve())
+        return self.model_copy(update=update) if update else self
+
+
 class JobSpec(_Section):
     """One training job: what to train, how to shard it, where to run it."""
 
@@ -783,7 +848,10 @@ class JobSpec(_Section):
     resources: Resources = Field(default_factory=Resources)
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
     strategy: Strategy = Field(default_factory=Strategy)
-    train: Train
+    train: Train | None = None
+    """The built-in loop; a spec has `train` or `entrypoint`, never both."""
+    entrypoint: Entrypoint | None = None
+    """Your own training script (see `Entrypoint`)."""
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every rank; values of at most 131072 characters (Linux's
@@ -885,7 +953,17 @@ class JobSpec(_Section):
                 "launcher 'deepspeed' on resources.device 'cpu' with more than one node: "
                 "DeepSpeed's multi-node launch needs accelerators; use torchrun"
             )
-        if c.every_steps > t.steps:
+        if (t is None) == (self.entrypoint is None):
+            problems.append(
+                "give exactly one of train (the built-in loop) and entrypoint (your own "
+                f"script); got {'both' if t is not None else 'neither'}"
+            )
+        if self.k8s.code == "configmap" and (self.entrypoint is None or not self.entrypoint.script):
+            problems.append(
+                "k8s.code 'configmap' ships entrypoint.script (or entrypoint.code_dir) to the "
+                "pods; accepted without a script: image (a module must be in the image)"
+            )
+        if t is not None and c.every_steps > t.steps:
             problems.append(
                 f"checkpoint.every_steps ({c.every_steps}) is larger than train.steps "
                 f"({t.steps}), so no periodic checkpoint would ever be written; "
@@ -921,7 +999,12 @@ class JobSpec(_Section):
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The validated spec (derived fields filled in) as plain data, by alias."""
-        return self.model_dump(mode="json", by_alias=True)
+        data = self.model_dump(mode="json", by_alias=True)
+        # Only the workload the spec has: a built-in spec's job.yaml stays as it was.
+        for key in ("train", "entrypoint"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 def _checkpoint_dir_problems(ckpt_dir: str, run_dir: str) -> list[str]:
@@ -1012,8 +1095,16 @@ def parse_spec(data: Any, source: str | None = None) -> JobSpec:
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    """Read and validate a YAML job spec file."""
-    return parse_spec(read_yaml_file(path), str(path))
+    """Read and validate a YAML job spec file.
+
+    An entrypoint's relative script path is taken from the spec file's folder, as a
+    user reads it, whatever the current directory."""
+    spec = parse_spec(read_yaml_file(path), str(path))
+    if spec.entrypoint is not None:
+        resolved = spec.entrypoint.resolved(Path(path).resolve().parent)
+        if resolved is not spec.entrypoint:
+            spec = spec.model_copy(update={"entrypoint": resolved})
+    return spec
 
 
 def _explain(exc: ValidationError, data: Any) -> list[str]:

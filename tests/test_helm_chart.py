@@ -53,6 +53,18 @@ def template(helm: str, values: Path, *extra: str) -> dict[str, dict[str, Any]]:
 def spec_cases() -> dict[str, JobSpec]:
     cases = {name: make(**overrides) for name, overrides in VARIANTS.items()}
     cases["examples/k8s.yaml"] = load_spec(ROOT / "examples" / "k8s.yaml")
+    code = ROOT / "tests" / "data" / "usercode"
+    cases["entrypoint-code-dir-accelerate"] = make(
+        train=None,
+        launcher="accelerate",
+        entrypoint={
+            "script": str(code / "train.py"),
+            "code_dir": str(code),
+            "args": ["--x", "$(y)"],
+        },
+    )
+    cases["entrypoint-script"] = make(train=None, entrypoint={"script": str(code / "train.py")})
+    cases["entrypoint-module-in-image"] = make(train=None, entrypoint={"module": "mypkg.train"})
     return cases
 
 

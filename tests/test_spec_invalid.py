@@ -327,7 +327,42 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     # whole sections of the wrong shape
     ("strategy-a-list", spec(strategy=["fsdp"]), ["strategy", "valid dictionary"]),
-    ("train-missing", spec(train=DELETE), ["train: required but missing"]),
+    (
+        "train-missing",
+        spec(train=DELETE),
+        ["give exactly one of train (the built-in loop) and entrypoint", "got neither"],
+    ),
+    ("train-and-entrypoint", spec(entrypoint={"script": "t.py"}), ["got both"]),
+    (
+        "entrypoint-neither",
+        spec(train=DELETE, entrypoint={"args": ["x"]}),
+        ["entrypoint: give exactly one of script, module (got none)"],
+    ),
+    (
+        "entrypoint-both",
+        spec(train=DELETE, entrypoint={"script": "t.py", "module": "m"}),
+        ["got script and module"],
+    ),
+    (
+        "entrypoint-module",
+        spec(train=DELETE, entrypoint={"module": "my-pkg.train"}),
+        ["entrypoint.module", "'my-pkg.train' is not a module name"],
+    ),
+    (
+        "entrypoint-arg-number",
+        spec(train=DELETE, entrypoint={"script": "t.py", "args": [0.001]}),
+        ["entrypoint.args[0]", "0.001"],
+    ),
+    (
+        "entrypoint-typo",
+        spec(train=DELETE, entrypoint={"scirpt": "t.py"}),
+        ["unknown key 'entrypoint.scirpt'", "did you mean 'script'?"],
+    ),
+    (
+        "entrypoint-code-dir-module",
+        spec(train=DELETE, entrypoint={"module": "m", "code_dir": "."}),
+        ["code_dir goes with entrypoint.script"],
+    ),
 ]
 
 assert len(CASES) >= 40

@@ -51,6 +51,9 @@ class NodeView:
 
     spec: JobSpec
     spec_path: str = SPEC_FILE
+    # The spec as the user gave it, where the node view changed paths (k8s: the
+    # entrypoint's script is read here and travels to the pods).
+    origin: JobSpec | None = None
 
 
 @dataclass(frozen=True)

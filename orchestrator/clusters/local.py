@@ -47,7 +47,9 @@ from ..launcher_output import PreemptionReport, readable
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
 from ..rundir import (
     DONE_FILE,
+    ENV_ATTEMPT,
     EXIT_PREEMPTED,
+    FAILED_FILE,
     LAUNCH_FILE,
     LOGS_DIR,
     MODEL_DIR,
@@ -60,6 +62,7 @@ from .writer import write_rendered
 
 PID_FILE = "local.pid"
 EXIT_FILE = "local.exit"
+ATTEMPT_FILE = "local.attempt"
 CANCELLED_FILE = "CANCELLED"
 LOG_FILES = ("launcher.out", "launcher.err")
 # Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
@@ -117,6 +120,10 @@ class LocalCluster(Cluster):
             export("SHARDCTL_NPROC_PER_NODE", str(r.procs_per_node)),
             export("MASTER_ADDR", "127.0.0.1"),
             export("MASTER_PORT", str(spec.local.master_port)),
+            EnvLine(
+                f'export {ENV_ATTEMPT}="${{{ENV_ATTEMPT}:-0}}"',
+                "starts of this run so far, counted by `shardctl submit`",
+            ),
         ]
 
     # -- dryrun / schedule -----------------------------------------------------------
@@ -165,7 +172,9 @@ class LocalCluster(Cluster):
             run_dir=str(run_dir.resolve()),
             extra={"cwd": os.getcwd()},
         )
-        if RunDir(run_dir).is_complete(spec.train.steps):
+        # The built-in loop (or the checkpoint library's finish) wrote DONE for every step.
+        steps = spec.train.steps if spec.train is not None else 0
+        if RunDir(run_dir).is_complete(steps):
             return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
         pid_info = self._pid(run_dir)
         if pid_info is not None and alive(*pid_info):
@@ -178,9 +187,11 @@ class LocalCluster(Cluster):
         write_rendered(dryrun.artifacts, run_dir)
         logs.mkdir(parents=True, exist_ok=True)
         offsets = {n: (logs / n).stat().st_size if (logs / n).is_file() else 0 for n in LOG_FILES}
-        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE):
+        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE, PREEMPTED_FILE, FAILED_FILE):
             (run_dir / stale).unlink(missing_ok=True)
+        attempt = self._next_attempt(run_dir)
         env = dict(os.environ)
+        env[ENV_ATTEMPT] = str(attempt)
         # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         proc = subprocess.Popen(
@@ -204,7 +215,7 @@ class LocalCluster(Cluster):
         )
         ticks = start_ticks(proc.pid)
         write_text_atomic(run_dir / PID_FILE, f"{proc.pid} {ticks or ''}\n", durable=False)
-        extra = {**ref.extra, "log_offsets": offsets}
+        extra = {**ref.extra, "log_offsets": offsets, "attempt": attempt}
         return JobRef(**{**ref.to_json(), "job_id": str(proc.pid), "extra": extra})
 
     # -- status / logs / cancel ----------------------------------------------------------
@@ -219,6 +230,18 @@ class LocalCluster(Cluster):
             return int(words[0]), (words[1] if len(words) > 1 else None)
         except ValueError:
             return None
+
+    @staticmethod
+    def _next_attempt(run_dir: Path) -> int:
+        """0 for a run's first start here, then +1 per start (the run contract's
+        SHARDCTL_ATTEMPT); counted in the run dir, so it survives shardctl."""
+        path = run_dir / ATTEMPT_FILE
+        try:
+            attempt = int(path.read_text().split()[0]) + 1
+        except (OSError, ValueError, IndexError):
+            attempt = 0
+        write_text_atomic(path, f"{attempt}\n", durable=False)
+        return attempt
 
     @staticmethod
     def _exit_code(run_dir: Path) -> int | None:
@@ -240,11 +263,13 @@ class LocalCluster(Cluster):
             step = f"; checkpoint at step {preempted['step']}" if preempted else ""
             return JobStatus(JobState.CANCELLED, "cancelled", f"cancelled by the user{step}")
         if preempted is not None and rc != 0:
+            step = preempted.get("step")
+            at = f" at step {step}" if step is not None else ""
             return JobStatus(
                 JobState.PREEMPTED,
                 f"exit {rc}" if rc is not None else "preempted",
-                f"preempted at step {preempted.get('step')} ({preempted.get('reason')}), "
-                "checkpoint saved; submit the spec again to resume",
+                f"preempted{at} ({preempted.get('reason')}), checkpoint saved; submit the "
+                "spec again to resume",
             )
         if rc == 0 or (rc is None and pid_info is None and done is not None):
             detail = f"finished step {done.get('step')}" if done else "exit 0"
@@ -252,6 +277,12 @@ class LocalCluster(Cluster):
                 detail += f"; consolidated model in {run_dir / MODEL_DIR}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
         if rc is not None:
+            code = self._failed_code(run_dir)
+            if code is not None:  # the script's own code, not the launcher's 1
+                return JobStatus(
+                    JobState.FAILED, f"exit {code}", f"a rank exited with code {code}; see "
+                    f"`shardctl logs {ref.name}`"
+                )  # fmt: skip
             return JobStatus(JobState.FAILED, f"exit {rc}", f"see `shardctl logs {ref.name}`")
         if pid_info is not None:
             return JobStatus(
@@ -268,9 +299,20 @@ class LocalCluster(Cluster):
         if st.state in (JobState.PREEMPTED, JobState.CANCELLED):
             return EXIT_PREEMPTED
         rc = self._exit_code(Path(ref.run_dir))
+        if st.state == JobState.FAILED:
+            code = self._failed_code(Path(ref.run_dir))
+            if code is not None:
+                return code
         if rc is not None:
             return rc
         return 0 if st.state == JobState.SUCCEEDED else 1
+
+    @staticmethod
+    def _failed_code(run_dir: Path) -> int | None:
+        """The exit code a user script's rank recorded in FAILED (shardctl.train.entry)."""
+        data = RunDir(run_dir).read_marker(FAILED_FILE)
+        code = data.get("code") if data else None
+        return code if isinstance(code, int) and not isinstance(code, bool) and code else None
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         logs = Path(ref.run_dir) / LOGS_DIR

@@ -29,10 +29,12 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ...errors import SpecError
 from ...launch import (
     ACCELERATE_CONFIG,
     DS_CONFIG,
@@ -43,6 +45,7 @@ from ...launch import (
     launch_argv,
 )
 from ...render import common_artifacts
+from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
 from ...spec import JobSpec, parse_spec
 from ..base import NodeView
 
@@ -51,6 +54,9 @@ KIND = "PyTorchJob"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 
 SPEC_DIR = "/etc/shardctl"
+CODE_DIR = f"{SPEC_DIR}/code"  # an entrypoint's code, when it travels in the ConfigMap
+# Kubernetes refuses a ConfigMap whose data exceeds 1 MiB.
+CONFIGMAP_LIMIT = 1024 * 1024
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 RUNS_MOUNT = "/shardctl/runs"
@@ -113,6 +119,95 @@ def labels(job_name: str) -> dict[str, str]:
 # ----------------------------------------------------------------- decisions
 
 
+def code_mode(spec: JobSpec) -> str | None:
+    """How the entrypoint's code reaches the pods (`k8s.code`, or its default)."""
+    ep = spec.entrypoint
+    if ep is None:
+        return None
+    return spec.k8s.code or ("configmap" if ep.script else "image")
+
+
+@dataclass(frozen=True)
+class CodeFile:
+    """One file of the user's code that travels in the ConfigMap."""
+
+    key: str  # its ConfigMap key
+    path: str  # below CODE_DIR in the pod
+    source: str  # where it was read on this machine
+    content: str
+
+
+def _code_sources(spec: JobSpec) -> list[tuple[str, Path]]:
+    """(path below CODE_DIR, local file) of the code that travels, script included."""
+    ep = spec.entrypoint
+    assert ep is not None and ep.script is not None  # code_mode "configmap" says so
+    script = Path(ep.script)
+    if ep.code_dir is None:
+        return [(script.name, script)]
+    root = Path(ep.code_dir)
+    if not root.is_dir():
+        raise SpecError([f"entrypoint.code_dir {str(root)!r} is not a folder"])
+    try:
+        script.resolve().relative_to(root.resolve())
+    except ValueError:
+        raise SpecError(
+            [f"entrypoint.script {str(script)!r} is not inside entrypoint.code_dir {str(root)!r}"]
+        ) from None
+    files = []
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        # Caches and version-control folders never need to travel.
+        if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
+            continue
+        if path.is_file():
+            files.append((rel.as_posix(), path))
+    return files
+
+
+def shipped_code(spec: JobSpec) -> list[CodeFile]:
+    """The files that travel with the ConfigMap (none unless `code_mode` is configmap)."""
+    if code_mode(spec) != "configmap":
+        return []
+    shipped: list[CodeFile] = []
+    for i, (rel, path) in enumerate(_code_sources(spec)):
+        ep = spec.entrypoint
+        field = "entrypoint.code_dir" if ep is not None and ep.code_dir else "entrypoint.script"
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise SpecError(
+                [
+                    f"{field}: cannot read {str(path)!r} ({exc.strerror}); it travels to the "
+                    "pods in the job's ConfigMap"
+                ]
+            ) from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SpecError(
+                [
+                    f"{field}: {str(path)!r} is not UTF-8 text, which a ConfigMap cannot "
+                    "carry as a file here; put the code in the image (k8s.code: image) or "
+                    "on the PVC"
+                ]
+            ) from None
+        shipped.append(CodeFile(f"code-{i:03d}", rel, str(path), text))
+    return shipped
+
+
+def pod_script(spec: JobSpec) -> str | None:
+    """Where the entrypoint's script is inside the pods."""
+    ep = spec.entrypoint
+    if ep is None or ep.script is None:
+        return None
+    if code_mode(spec) != "configmap":
+        return ep.script  # in the image, at the path the spec gives
+    if ep.code_dir is None:
+        return f"{CODE_DIR}/{Path(ep.script).name}"
+    rel = Path(ep.script).resolve().relative_to(Path(ep.code_dir).resolve())
+    return f"{CODE_DIR}/{rel.as_posix()}"
+
+
 def pod_spec(spec: JobSpec) -> JobSpec:
     """The spec as the pods see it: checkpoints (and so the run dir) on the PVC mount.
 
@@ -123,6 +218,9 @@ def pod_spec(spec: JobSpec) -> JobSpec:
     data = spec.to_yaml_dict()
     data["run_dir"] = f"{RUNS_MOUNT}/{spec.name}"
     data["checkpoint"]["dir"] = f"{RUNS_MOUNT}/{spec.name}/checkpoints"
+    if spec.entrypoint is not None and spec.entrypoint.script is not None:
+        data["entrypoint"]["script"] = pod_script(spec)
+        data["entrypoint"]["code_dir"] = None  # it has travelled: CODE_DIR in the pod
     return parse_spec(data, source="k8s pod spec")
 
 
@@ -135,12 +233,23 @@ def runtime_env(spec: JobSpec) -> list[EnvLine]:
         export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
         export_from("MASTER_ADDR", "MASTER_ADDR", where),
         export_from("MASTER_PORT", "MASTER_PORT", where),
+        # The operator says nothing about restarts: each pod counts its own starts in
+        # the run dir (on the PVC, so they survive the pod).
+        EnvLine(
+            f'attempts="${{{ENV_RUN_DIR}}}/.attempts/node-${{SHARDCTL_NODE_RANK}}"',
+            "starts of this node so far (the run contract's attempt number)",
+        ),
+        EnvLine(f'mkdir -p "${{{ENV_RUN_DIR}}}/.attempts"'),
+        EnvLine('previous="$(cat "${attempts}" 2>/dev/null || echo -1)"'),
+        EnvLine(f'{ENV_ATTEMPT}="$((previous + 1))"'),
+        EnvLine(f'printf \'%s\\n\' "${{{ENV_ATTEMPT}}}" >"${{attempts}}"'),
+        EnvLine(f"export {ENV_ATTEMPT}"),
     ]
 
 
 def node_view(spec: JobSpec) -> NodeView:
     """The pods read the pod spec from the ConfigMap mount."""
-    return NodeView(pod_spec(spec), f"{SPEC_DIR}/{SPEC_FILE}")
+    return NodeView(pod_spec(spec), f"{SPEC_DIR}/{SPEC_FILE}", origin=spec)
 
 
 def configmap_launcher_files(node: NodeView, common: dict[str, str]) -> dict[str, str]:
@@ -229,6 +338,10 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
         "jobSpec": common[SPEC_FILE],
         "launchScript": common[LAUNCH_FILE],
         "launcherFiles": configmap_launcher_files(node, common),
+        "codeFiles": [
+            {"key": f.key, "path": f"code/{f.path}", "content": f.content}
+            for f in shipped_code(node.origin or spec)
+        ],
     }
 
 
@@ -259,6 +372,7 @@ def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
             **values["launcherFiles"],
             SPEC_FILE: values["jobSpec"],
             LAUNCH_FILE: values["launchScript"],
+            **{f["key"]: f["content"] for f in values["codeFiles"]},
         },
     }
 
@@ -306,11 +420,18 @@ def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
         if claim
         else {"name": "runs", "emptyDir": {}}
     )
+    spec_volume: dict[str, Any] = {"name": configmap_name(name), "defaultMode": 0o444}
+    if values["codeFiles"]:
+        # ConfigMap keys cannot hold '/': code files are put at their paths by `items`,
+        # which then must list every file the pod needs.
+        spec_volume["items"] = [
+            *({"key": k, "path": k} for k in sorted(values["launcherFiles"])),
+            {"key": SPEC_FILE, "path": SPEC_FILE},
+            {"key": LAUNCH_FILE, "path": LAUNCH_FILE},
+            *({"key": f["key"], "path": f["path"]} for f in values["codeFiles"]),
+        ]
     volumes = [
-        {
-            "name": "spec",
-            "configMap": {"name": configmap_name(name), "defaultMode": 0o444},
-        },
+        {"name": "spec", "configMap": spec_volume},
         runs_volume,
         {"name": "cache", "emptyDir": {}},
         {"name": "tmp", "emptyDir": {}},
@@ -401,15 +522,38 @@ class K8sRender:
 
     @property
     def manifests(self) -> str:
-        """ConfigMap and PyTorchJob as one multi-document YAML (`kubectl apply -f -`)."""
+        """ConfigMap and PyTorchJob as one multi-document YAML (`kubectl apply -f -`),
+        after a comment naming the code that travels in the ConfigMap, if any."""
+        travels = "".join(
+            f"# travels with the ConfigMap: {f['path'].removeprefix('code/')} → "
+            f"{CODE_DIR}/{f['path'].removeprefix('code/')} ({len(f['content'].encode()):,} B)\n"
+            for f in self.values["codeFiles"]
+        )
         return (
-            "---\n" + dump(self.objects["configmap"]) + "---\n" + dump(self.objects["pytorchjob"])
+            travels
+            + "---\n"
+            + dump(self.objects["configmap"])
+            + "---\n"
+            + dump(self.objects["pytorchjob"])
         )
 
 
 def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
     values = values_from(spec, node, common)
-    return K8sRender(node, common, values, objects_from_values(values))
+    rendered = K8sRender(node, common, values, objects_from_values(values))
+    data = rendered.objects["configmap"]["data"]
+    size = sum(len(text.encode("utf-8")) for text in data.values())
+    if size > CONFIGMAP_LIMIT:
+        code = sum(len(f["content"].encode("utf-8")) for f in values["codeFiles"])
+        raise SpecError(
+            [
+                f"the job's ConfigMap would hold {size:,} bytes ({code:,} of them "
+                f"entrypoint code), more than Kubernetes' {CONFIGMAP_LIMIT:,}; put the code "
+                "in the image (k8s.code: image, entrypoint.script: its path there) or on "
+                "the PVC, or ship a smaller entrypoint.code_dir"
+            ]
+        )
+    return rendered
 
 
 def render(spec: JobSpec) -> K8sRender:

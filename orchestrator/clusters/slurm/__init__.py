@@ -69,7 +69,7 @@ from ...errors import ClusterError, MissingDependencyError
 from ...launch import EnvLine, export, export_from
 from ...launcher_output import readable
 from ...proctree import catches, descendants
-from ...rundir import EXIT_PREEMPTED, PREEMPTED_FILE
+from ...rundir import ENV_ATTEMPT, EXIT_PREEMPTED, FAILED_FILE, PREEMPTED_FILE
 from ...spec import JobSpec, parse_spec
 from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
 from ..writer import LEDGER, write_rendered
@@ -148,6 +148,10 @@ class SlurmCluster(Cluster):
             EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
             EnvLine("export MASTER_ADDR"),
             export("MASTER_PORT", str(spec.slurm.master_port)),
+            EnvLine(
+                f'export {ENV_ATTEMPT}="${{SLURM_RESTART_COUNT:-0}}"',
+                "requeues of this job so far",
+            ),
         ]
 
     def own_artifacts(self, node: NodeView, common: dict[str, str]) -> dict[str, str]:
@@ -483,7 +487,7 @@ class NodeTask:
         if rc == 0:
             _say(f"node {node}: launcher finished")
             return "finished"
-        saved = _preempted_marker(marker, started)
+        saved = _fresh_marker(marker, started)
         # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
         by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
         preempted = preempt_sig in received or (saved is not None and not by_term_only)
@@ -498,9 +502,11 @@ class NodeTask:
             if signal.SIGTERM in received or by_term_only:
                 _say(f"node {node}: stopped by SIGTERM (cancel); launcher exit {rc}")
                 return "terminated"
+            failed = _fresh_marker(Path(self.run_dir) / FAILED_FILE, started)
+            code = f"; a rank exited with code {failed.get('code')}" if failed else ""
             raise RuntimeError(
-                f"node {node} of job {job_id}: the launcher exited with code {rc}; the job "
-                "failed. Resubmitting resumes from the newest complete checkpoint."
+                f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "
+                "job failed. Resubmitting resumes from the newest complete checkpoint."
             )
         what = f"saved step {saved['step']}" if saved else "no new checkpoint"
         if node != 0:
@@ -527,8 +533,8 @@ def _say(message: str) -> None:
     print(f"[shardctl] {message}", flush=True)
 
 
-def _preempted_marker(marker: Path, started: float) -> dict[str, Any] | None:
-    """The PREEMPTED marker if the ranks wrote it during this attempt."""
+def _fresh_marker(marker: Path, started: float) -> dict[str, Any] | None:
+    """A marker (PREEMPTED, FAILED) if the ranks wrote it during this attempt."""
     try:
         if marker.stat().st_mtime < started - 1.0:
             return None
@@ -540,7 +546,7 @@ def _preempted_marker(marker: Path, started: float) -> dict[str, Any] | None:
 def _wait_for_marker(marker: Path, started: float, seconds: float) -> dict[str, Any] | None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        found = _preempted_marker(marker, started)
+        found = _fresh_marker(marker, started)
         if found is not None:
             return found
         time.sleep(0.5)

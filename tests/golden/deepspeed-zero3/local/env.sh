@@ -4,6 +4,12 @@
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 export DS_ACCELERATOR=cpu
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=deepspeed-zero3
+export SHARDCTL_RUN_DIR=runs/deepspeed-zero3
+export SHARDCTL_CHECKPOINT_DIR=runs/deepspeed-zero3/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+export SHARDCTL_DEEPSPEED_CONFIG="${SHARDCTL_RENDER_DIR:-.}"/ds_config.json
 # this host is every node
 export SHARDCTL_NNODES=1
 # preset it to start another node of a multi-node spec on this host
@@ -11,3 +17,5 @@ export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
 export SHARDCTL_NPROC_PER_NODE=2
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=29500
+# starts of this run so far, counted by `shardctl submit`
+export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"

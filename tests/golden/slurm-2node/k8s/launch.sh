@@ -9,11 +9,23 @@ export SHARDCTL_RENDER_DIR
 
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=slurm-2node
+export SHARDCTL_RUN_DIR=/shardctl/runs/slurm-2node
+export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/slurm-2node/checkpoints
+export SHARDCTL_SPEC=/etc/shardctl/job.yaml
 export SHARDCTL_NNODES="${PET_NNODES:?set by the Kubeflow training operator in PyTorchJob pods}"
 export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the Kubeflow training operator in PyTorchJob pods}"
 export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the Kubeflow training operator in PyTorchJob pods}"
 export MASTER_ADDR="${MASTER_ADDR:?set by the Kubeflow training operator in PyTorchJob pods}"
 export MASTER_PORT="${MASTER_PORT:?set by the Kubeflow training operator in PyTorchJob pods}"
+# starts of this node so far (the run contract's attempt number)
+attempts="${SHARDCTL_RUN_DIR}/.attempts/node-${SHARDCTL_NODE_RANK}"
+mkdir -p "${SHARDCTL_RUN_DIR}/.attempts"
+previous="$(cat "${attempts}" 2>/dev/null || echo -1)"
+SHARDCTL_ATTEMPT="$((previous + 1))"
+printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
+export SHARDCTL_ATTEMPT
 
 exec torchrun \
     --nnodes "${SHARDCTL_NNODES}" \

@@ -9,6 +9,11 @@ export SHARDCTL_RENDER_DIR
 
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=tiny-llama
+export SHARDCTL_RUN_DIR=runs/tiny-llama
+export SHARDCTL_CHECKPOINT_DIR=runs/tiny-llama/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 # this host is every node
 export SHARDCTL_NNODES=1
 # preset it to start another node of a multi-node spec on this host
@@ -16,6 +21,8 @@ export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
 export SHARDCTL_NPROC_PER_NODE=2
 export MASTER_ADDR=127.0.0.1
 export MASTER_PORT=29500
+# starts of this run so far, counted by `shardctl submit`
+export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"
 
 exec torchrun \
     --standalone \

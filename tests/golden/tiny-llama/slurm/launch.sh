@@ -9,6 +9,11 @@ export SHARDCTL_RENDER_DIR
 
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=tiny-llama
+export SHARDCTL_RUN_DIR=runs/tiny-llama
+export SHARDCTL_CHECKPOINT_DIR=runs/tiny-llama/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
 # this node's index, set by Slurm
 export SHARDCTL_NODE_RANK="${SLURM_NODEID:?run this script inside a Slurm allocation (srun)}"
@@ -18,6 +23,8 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run this script in
 MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"
 export MASTER_ADDR
 export MASTER_PORT=29500
+# requeues of this job so far
+export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 
 exec torchrun \
     --standalone \

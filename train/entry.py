@@ -1,0 +1,111 @@
+"""`python -m shardctl.train.entry script PATH [ARGS...]` or `... module NAME [ARGS...]`:
+how every rank of an `entrypoint:` job runs the user's own code.
+
+The launcher (torchrun, accelerate launch, deepspeed) starts this on every rank; it
+runs the script or module as `__main__` with exactly the arguments the spec gave
+(`sys.argv[0]` is the script, as if Python had started it), then turns its end into
+the run contract's markers, because a launcher reports every failure as its own
+exit 1:
+
+- exit 0: nothing to record;
+- exit 42 (`EXIT_PREEMPTED`): the code saved and stopped for a preemption. Rank 0
+  writes `<run dir>/PREEMPTED` unless the code (or shardctl's checkpoint library)
+  already wrote one during this attempt;
+- anything else: the first rank to fail writes `<run dir>/FAILED` with its code, so
+  `status` says "FAILED, exit 3" rather than the launcher's 1.
+
+Torch-free and import-light: it must not cost the user's script start-up time.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from shardctl.orchestrator.rundir import (
+    ENV_RUN_DIR,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    FAILED_FILE,
+    PREEMPTED_FILE,
+    RunDir,
+)
+
+USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
+
+
+def _exit_code(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return EXIT_OK
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message") prints and exits 1
+    return 1
+
+
+def run(kind: str, target: str, args: list[str]) -> int:
+    """Run the target as `__main__`; return its exit code (an exception is exit 1)."""
+    try:
+        if kind == "script":
+            sys.argv = [target, *args]
+            # As `python script.py` does: the script's folder comes first on sys.path.
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+        else:
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return _exit_code(exc)
+    except BaseException:  # the user's code raised: show it as Python would
+        traceback.print_exc()
+        return 1
+    return EXIT_OK
+
+
+def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
+    """The markers for a rank that ended with `code` (see the module docstring)."""
+    if code == EXIT_OK or not run_dir:
+        return
+    folder = RunDir.of(run_dir)
+    if code == EXIT_PREEMPTED:
+        marker = folder.root / PREEMPTED_FILE
+        fresh = marker.exists() and marker.stat().st_mtime >= started - 1.0
+        if rank == 0 and not fresh:
+            folder.write_marker(
+                PREEMPTED_FILE, {"step": None, "reason": "exit 42", "time": time.time()}
+            )
+        return
+    path = folder.root / FAILED_FILE
+    try:
+        if path.exists() and path.stat().st_mtime < started - 1.0:
+            path.unlink()  # an earlier attempt's
+        folder.root.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: the first rank to fail names the code; the others keep it.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:  # another rank was first, or the run dir is unwritable
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(f'{{"code": {code}, "rank": {rank}, "time": {time.time()}}}\n')
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if len(words) < 2 or words[0] not in ("script", "module"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    started = time.time()
+    code = run(words[0], words[1], words[2:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    rank = int(os.environ.get("RANK", "0") or 0)
+    record(code, started, os.environ.get(ENV_RUN_DIR), rank)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
