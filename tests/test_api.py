@@ -303,3 +303,25 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert (manifest["step"], manifest["world_size"]) == (step, 2)
     assert {"train_state/rank-00000.pt", "train_state/rank-00001.pt"} <= set(manifest["files"])
+
+
+@pytest.mark.slow
+def test_deepspeed_engine_stop_and_resume_is_bit_exact(tmp_path: Path) -> None:
+    pytest.importorskip("deepspeed")
+    script = ROOT / "tests" / "helpers" / "api_deepspeed.py"
+
+    def ds(name: str, **env: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, str(script), "--dir", str(tmp_path / name)]
+        argv += ["--out", str(tmp_path / f"{name}.pt")]
+        one_rank = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}  # DeepSpeed wants them
+        return run(argv, timeout=240, env=_sub_env(**one_rank, **env))
+
+    assert ds("whole").returncode == 0
+    stopped = ds("stopped", SHARDCTL_STOP_AFTER_STEP="3")
+    assert stopped.returncode == EXIT_PREEMPTED, stopped.stdout[-4000:]
+    manifest = json.loads((tmp_path / "stopped" / "step-00000003" / "manifest.json").read_text())
+    assert (manifest["backend"], manifest["zero_stage"]) == ("deepspeed", 1)
+    resumed = ds("stopped")
+    assert resumed.returncode == 0 and "resumed at step 3" in resumed.stdout, resumed.stdout[-4000:]
+    a, b = (torch.load(tmp_path / f"{n}.pt") for n in ("whole", "stopped"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
