@@ -6,9 +6,10 @@ non-zero exit as a crash: it logs `failed (exitcode: 42)`, raises
 ChildFailedError with a Python traceback and prints a "FAILED / Root Cause"
 report of every rank. A normal preemption then looks like a crash in the user's
 terminal. `PreemptionReport` recognises that block in a stream of lines and, when
-every rank it reports exited 42, replaces it with one line saying what happened;
-any other exit code in the block lets it through untouched (a real failure keeps
-its whole report). The launcher's own log file is never changed.
+its root cause (the first rank to stop) exited 42 and every other rank did the same
+or was stopped by torchrun itself (SIGTERM/SIGKILL), replaces it with one line
+saying what happened; any other exit code lets it through untouched (a real
+failure keeps its whole report). The launcher's own log file is never changed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from .rundir import EXIT_PREEMPTED
 _START = re.compile(r"torch/distributed/elastic/.*\] failed \(exitcode: (-?\d+)\)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _RULE = re.compile(r"^={20,}\s*$")
+# Exit codes torchrun gives ranks it stops itself once another rank has ended.
+_TEARDOWN = frozenset({-15, -9})
 # A block that never closes (torchrun killed mid-report) is let through after this.
 _MAX_BLOCK_LINES = 400
 
@@ -71,11 +74,22 @@ class PreemptionReport:
 
     def _finish(self) -> str:
         block, self._block = self._block or [], None
-        codes = {int(m.group(1)) for line in block if (m := _EXITCODE.match(line))}
-        first = _START.search(block[0]) if block else None
-        if first is not None:
-            codes.add(int(first.group(1)))
-        if codes == {EXIT_PREEMPTED}:
+        root: int | None = None
+        others: set[int] = set()
+        in_root = False
+        for line in block:
+            if "Root Cause" in line:
+                in_root = True
+            m = _EXITCODE.match(line)
+            if m is None:
+                continue
+            if in_root and root is None:
+                root = int(m.group(1))
+            else:
+                others.add(int(m.group(1)))
+        # The first rank to stop saved for a preemption; the rest either did the same
+        # or were torn down by torchrun itself (SIGTERM, then SIGKILL after its grace).
+        if root == EXIT_PREEMPTED and others <= {EXIT_PREEMPTED, *_TEARDOWN}:
             self.replaced += 1
             return self.summary
         return "".join(block)

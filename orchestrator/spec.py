@@ -1107,6 +1107,31 @@ def load_spec(path: str | Path) -> JobSpec:
     return spec
 
 
+def with_command(spec: JobSpec, words: list[str] | tuple[str, ...]) -> JobSpec:
+    """The spec with its workload replaced by a command line, as `shardctl submit SPEC --
+    SCRIPT [ARGS...]` (or `-- -m MODULE [ARGS...]`) reads, the way torchrun does.
+
+    The built-in loop's `train` section gives way to the entrypoint; everything else
+    (resources, strategy, checkpoint, clusters) stays. A relative script is taken
+    from the current directory, as on any command line."""
+    words = list(words)
+    if not words:
+        return spec
+    if words[0] == "-m":
+        if len(words) < 2:
+            raise SpecError(["after --: -m needs a module name, e.g. -- -m mypkg.train"])
+        entrypoint: dict[str, Any] = {"module": words[1], "args": words[2:]}
+    else:
+        entrypoint = {"script": str(Path(words[0]).resolve()), "args": words[1:]}
+    data = spec.to_yaml_dict()
+    data.pop("train", None)
+    old = data.get("entrypoint") or {}
+    if old.get("code_dir") and "script" in entrypoint:
+        entrypoint["code_dir"] = old["code_dir"]
+    data["entrypoint"] = entrypoint
+    return parse_spec(data, source="the command after --")
+
+
 def _explain(exc: ValidationError, data: Any) -> list[str]:
     """Turn pydantic's errors into one line each: field, value (shown once), what is
     accepted."""

@@ -14,7 +14,7 @@ import click
 
 from .. import __version__
 from ..clusters import CLUSTER_NAMES
-from .common import echo_json, handle_errors, output_option
+from .common import command_argument, echo_json, handle_errors, output_option
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,6 +54,7 @@ def validate(spec: Path, output: str) -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@command_argument
 @click.option("--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True)
 @click.option(
     "--dry-run", is_flag=True, help="Print exactly what would be submitted; contact nothing."
@@ -74,15 +75,26 @@ def validate(spec: Path, output: str) -> None:
 @output_option
 @handle_errors
 def submit(
-    spec: Path, cluster: str, dry_run: bool, output: str, replace: bool = False, wait: bool = False
+    spec: Path,
+    command: tuple[str, ...],
+    cluster: str,
+    dry_run: bool,
+    output: str,
+    replace: bool = False,
+    wait: bool = False,
 ) -> None:
-    """Submit SPEC to a cluster (default: torchrun on this machine)."""
+    """Submit SPEC to a cluster (default: torchrun on this machine).
+
+    \b
+    shardctl submit job.yaml                          the spec's workload
+    shardctl submit job.yaml -- train.py --lr 1e-3    your script instead (or -m MODULE)
+    """
     from ..clusters import cluster_class
     from ..clusters.records import remember
     from ..errors import UsageError
-    from ..spec import load_spec
+    from ..spec import load_spec, with_command
 
-    job = load_spec(spec)
+    job = with_command(load_spec(spec), command)
     kind = cluster_class(cluster)
     if replace and not getattr(kind, "supports_replace", False):
         raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")

@@ -48,6 +48,12 @@ def echo_error(message: str) -> None:
     click.secho(message, fg="red", err=True, color=colour_wanted())
 
 
+def command_argument(fn: F) -> F:
+    """`-- SCRIPT [ARGS...]` or `-- -m MODULE [ARGS...]` after the spec: the workload
+    to run instead of the spec's own (see spec.with_command)."""
+    return click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND]")(fn)
+
+
 def output_option(fn: F) -> F:
     return click.option(
         "--output",

@@ -15,11 +15,12 @@ from pathlib import Path
 import click
 
 from ..clusters import CLUSTER_NAMES
-from .common import handle_errors
+from .common import command_argument, handle_errors
 
 
 @click.command("render")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@command_argument
 @click.option(
     "--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True,
     help="Which cluster's artifacts (local always included: job.yaml, env.sh, launch.sh ...).",
@@ -35,7 +36,9 @@ from .common import handle_errors
     help="Human-readable summary or one JSON document on stdout.",
 )  # fmt: skip
 @handle_errors
-def render_cmd(spec: Path, cluster: str, out: Path | None, output: str) -> None:
+def render_cmd(
+    spec: Path, command: tuple[str, ...], cluster: str, out: Path | None, output: str
+) -> None:
     """Render every launch artifact of SPEC for a cluster and write them to a folder.
 
     \b
@@ -48,9 +51,9 @@ def render_cmd(spec: Path, cluster: str, out: Path | None, output: str) -> None:
     from ..clusters import get_cluster
     from ..clusters.writer import write_rendered
     from ..rundir import RunDir
-    from ..spec import load_spec
+    from ..spec import load_spec, with_command
 
-    job = load_spec(spec)
+    job = with_command(load_spec(spec), command)
     backend = get_cluster(cluster)
     files = backend.dryrun(job).artifacts
     target = out if out is not None else RunDir.of(job.run_dir).rendered(cluster)

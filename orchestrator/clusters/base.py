@@ -22,9 +22,10 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import RenderError, UsageError
+from ..errors import RenderError, SpecError, UsageError
 from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
 from ..render import common_artifacts
 from ..rundir import SPEC_FILE
@@ -89,6 +90,22 @@ class JobStatus:
     state: JobState
     native_state: str  # the backend's own word, for humans
     detail: str = ""
+
+
+def require_script(spec: JobSpec, where: str) -> None:
+    """An entrypoint's script (and code_dir) must exist where the nodes will read it: on
+    this machine's file system, which `where` says the nodes share."""
+    ep = spec.entrypoint
+    if ep is None:
+        return
+    for name, path, ok in (
+        ("entrypoint.script", ep.script, Path.is_file),
+        ("entrypoint.code_dir", ep.code_dir, Path.is_dir),
+    ):
+        if path is not None and not ok(Path(path)):
+            what = "a Python file" if name.endswith("script") else "a folder"
+            shown = SpecError.show_value(path)
+            raise SpecError([f"{name} {shown} is not {what}; accepted: {what} that {where}"])
 
 
 class Cluster(ABC):

@@ -57,7 +57,7 @@ from ..rundir import (
     RunDir,
 )
 from ..spec import JobSpec
-from .base import Cluster, DryRun, JobRef, JobState, JobStatus
+from .base import Cluster, DryRun, JobRef, JobState, JobStatus, require_script
 from .writer import write_rendered
 
 PID_FILE = "local.pid"
@@ -129,6 +129,7 @@ class LocalCluster(Cluster):
     # -- dryrun / schedule -----------------------------------------------------------
 
     def dryrun(self, spec: JobSpec) -> DryRun:
+        require_script(spec, "exists here")
         # launch.sh finds job.yaml (and the launcher configs) beside itself.
         artifacts = self.artifacts(spec)
         run_dir = Path(spec.run_dir)

@@ -71,7 +71,15 @@ from ...launcher_output import readable
 from ...proctree import catches, descendants
 from ...rundir import ENV_ATTEMPT, EXIT_PREEMPTED, FAILED_FILE, PREEMPTED_FILE
 from ...spec import JobSpec, parse_spec
-from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
+from ..base import (
+    Cluster,
+    DryRun,
+    JobRef,
+    JobState,
+    JobStatus,
+    NodeView,
+    require_script,
+)
 from ..writer import LEDGER, write_rendered
 from .sbatch import SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 
@@ -158,6 +166,7 @@ class SlurmCluster(Cluster):
         return slurm_artifacts(node.spec, python=self.python or "python3")
 
     def dryrun(self, spec: JobSpec) -> DryRun:
+        require_script(spec, "every node sees at this path (a shared file system)")
         node_spec = _absolute_run_dir(spec)
         python = self.python or shlex.quote(sys.executable)
         files = SlurmCluster(python=python).artifacts(node_spec)

@@ -1,0 +1,118 @@
+"""Your own training script through `shardctl submit`: arguments, the run contract,
+and how its exit becomes the job's state (real torchrun, 2 ranks, this machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.train_run import free_port
+from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.spec import load_spec, parse_spec, with_command
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = ROOT / "tests" / "data" / "usercode"
+SHARDCTL = str(Path(sys.executable).parent / "shardctl")
+HOSTILE_ARGS = [
+    "--lr", "1e-3", "it's \"quoted\"", "$(touch PWNED)", "`id`", "a\nb", "tab\there",
+    "ünïcødé ✓", "", "--", "*", "~", "$HOME",
+]  # fmt: skip
+
+
+def _spec(tmp_path: Path, name: str, entrypoint: dict, **extra: object) -> Path:
+    data = {
+        "name": name,
+        "run_dir": str(tmp_path / name),
+        "resources": {"procs_per_node": 2},
+        "entrypoint": entrypoint,
+        "local": {"master_port": free_port()},
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    return path
+
+
+def _submit(tmp_path: Path, spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [SHARDCTL, "submit", str(spec), "--wait", *extra],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+
+
+def _status(name: str) -> str:
+    out = subprocess.run(
+        [SHARDCTL, "status", name], capture_output=True, text=True, timeout=60, check=True
+    )
+    return out.stdout
+
+
+def test_a_relative_script_is_taken_from_the_spec_files_folder(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "sub" / "job.yaml"
+    spec.write_text("name: rel\nentrypoint: {script: train.py}\n")
+    assert load_spec(spec).entrypoint.script == str(tmp_path / "sub" / "train.py")
+
+
+def test_the_command_after_double_dash_replaces_the_workload(tmp_path: Path) -> None:
+    spec = load_spec(ROOT / "examples" / "tiny-llama.yaml")
+    mod = with_command(spec, ["-m", "mypkg.train", "--x", "1"])
+    assert mod.train is None and mod.entrypoint.module == "mypkg.train"
+    assert mod.entrypoint.args == ["--x", "1"] and mod.resources == spec.resources
+    with pytest.raises(SpecError, match="-m needs a module name"):
+        with_command(spec, ["-m"])
+    script = with_command(spec, ["train.py"])
+    assert Path(script.entrypoint.script).is_absolute()
+    assert with_command(spec, []) is spec
+    with pytest.raises(SpecError):
+        parse_spec({"name": "x", "entrypoint": {"module": "1bad"}})
+
+
+@pytest.mark.slow
+def test_hostile_args_and_the_run_contract_reach_every_rank(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "args", {"script": str(CODE / "train.py"), "args": HOSTILE_ARGS})
+    res = _submit(tmp_path, spec)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    seen = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(seen) == 2, res.stdout
+    for rank in seen:
+        assert rank["argv"] == HOSTILE_ARGS  # byte for byte, on every rank
+        c = rank["contract"]
+        assert c["SHARDCTL_JOB_NAME"] == "args" and c["SHARDCTL_ATTEMPT"] == "0"
+        assert c["SHARDCTL_RUN_DIR"] == str(tmp_path / "args")
+        assert c["SHARDCTL_CHECKPOINT_DIR"] == str(tmp_path / "args" / "checkpoints")
+        assert Path(c["SHARDCTL_SPEC"]).resolve() == tmp_path / "args" / "job.yaml"
+    assert not list(tmp_path.glob("PWNED*")) and not list((tmp_path / "args").glob("PWNED*"))
+    assert "SUCCEEDED" in _status("args")
+
+
+@pytest.mark.slow
+def test_exit_3_is_failed_with_code_3_and_exit_42_is_preempted(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "codes", {"script": str(CODE / "exit_with.py"), "args": ["3"]})
+    res = _submit(tmp_path, spec)
+    assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "FAILED [exit 3]" in _status("codes")
+    assert "a rank exited with code 3" in res.stderr
+    # The same run, now preempted: PREEMPTED, exit 42, and the next start is attempt 2.
+    res = _submit(tmp_path, spec, "--", str(CODE / "exit_with.py"), "42")
+    assert res.returncode == 42, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "attempt 1 rank 0" in res.stdout
+    assert "PREEMPTED" in _status("codes") and "submit the spec again" in _status("codes")
+    assert "Traceback" not in res.stdout + res.stderr
+    res = _submit(tmp_path, spec, "--", str(CODE / "exit_with.py"), "0")
+    assert res.returncode == 0 and "attempt 2 rank 0" in res.stdout
+    assert "SUCCEEDED" in _status("codes")
+
+
+def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "missing", {"script": str(tmp_path / "nope.py")})
+    res = _submit(tmp_path, spec)
+    assert res.returncode == 2 and "entrypoint.script" in res.stderr
+    assert "is not a Python file" in res.stderr and not (tmp_path / "missing").exists()
+    assert os.environ.get("SHARDCTL_ATTEMPT") is None
