@@ -209,6 +209,7 @@ class Checkpointer:
         self._manager: Any = None
         self._rank_state: RankState | None = None
         self._agree: Any = None
+        self._agree_group: Any = None
         self._saved_step: int | None = None
         self.rank, self.world_size = 0, 1
 
@@ -298,8 +299,12 @@ class Checkpointer:
             model_meta=self.model_meta,
         )
         # [ranks wanting to stop, ranks that received a signal, sum of their signal
-        # numbers]: one small all-reduce per step on the manager's gloo group.
+        # numbers]: one small all-reduce per step, on a gloo group of its own: the
+        # manager's group carries an async save's collectives from a background
+        # thread, and two threads on one group could order them differently per rank;
+        # the default group may be NCCL, which wants a CUDA tensor.
         self._agree = torch.zeros(3, dtype=torch.float64)
+        self._agree_group = _own_gloo_group()
         step = self._manager.restore(self._rank_state) or 0
         self._rank_state.step = step
         self._saved_step = step or None  # finish(step) right away need not save again
@@ -390,8 +395,8 @@ class Checkpointer:
         agree[0] = 1.0 if self.flag.local(step) else 0.0
         agree[1] = 1.0 if signum is not None else 0.0
         agree[2] = float(signum or 0)
-        if self._manager.group is not None:
-            dist.all_reduce(agree, group=self._manager.group)
+        if self._agree_group is not None:
+            dist.all_reduce(agree, group=self._agree_group)
         n_signalled = int(agree[1])
         agreed = round(float(agree[2]) / n_signalled) if n_signalled else None
         return bool(agree[0] > 0), agreed
@@ -401,6 +406,15 @@ def _state_io(states: Mapping[str, Any], strategy: Strategy) -> Any:
     from .api_states import state_io
 
     return state_io(states, strategy)
+
+
+def _own_gloo_group() -> Any:
+    """A new gloo group of every rank (a collective), or None without a process group."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def _rank_and_world() -> tuple[int, int]:
