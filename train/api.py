@@ -343,6 +343,12 @@ class Checkpointer:
             if self.run_dir is not None:
                 self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
             _say(f"preempted ({reason}): saved step {step}; exiting with code {EXIT_PREEMPTED}")
+        # Leave together, once the marker exists: a launcher tears down the other ranks
+        # as soon as one exits, and a rank killed then reports a signal, not 42.
+        if self._agree_group is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._agree_group)
         self.close()
         raise Preempted(step, reason)
 
