@@ -116,3 +116,65 @@ def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> N
     assert res.returncode == 2 and "entrypoint.script" in res.stderr
     assert "is not a Python file" in res.stderr and not (tmp_path / "missing").exists()
     assert os.environ.get("SHARDCTL_ATTEMPT") is None
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "args", "progress", "resumed"),
+    [
+        # A plain FSDP2 loop on shardctl.train.api: checkpoints every 5 steps.
+        ("fsdp2_script.py", ["--steps", "400", "--log-every", "1"], r"^step (\d+) loss",
+         r"resumed at step (\d+)"),
+        # A Hugging Face Trainer script with the two lines (callback + resume helper).
+        ("hf_trainer_script.py", ["--max-steps", "400", "--save-steps", "1000"],
+         r"'epoch'", r"resuming from .*checkpoint-(\d+)"),
+    ],
+)  # fmt: skip
+def test_your_script_is_cancelled_saves_and_resumes_from_that_step(
+    tmp_path: Path, script: str, args: list[str], progress: str, resumed: str
+) -> None:
+    """cancel mid-run → every rank saves → the next submit resumes from that step."""
+    import re
+    import time
+
+    from shardctl.orchestrator.clusters.base import JobState
+    from shardctl.orchestrator.clusters.local import LocalCluster
+
+    spec_path = _spec(
+        tmp_path, "own", {"script": str(ROOT / "examples" / script), "args": args},
+        checkpoint={"every_steps": 5, "keep": 2},
+    )  # fmt: skip
+    local = LocalCluster()
+    old_cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        ref = local.submit(load_spec(spec_path))
+        out = tmp_path / "own" / "logs" / "launcher.out"
+        err = tmp_path / "own" / "logs" / "launcher.err"
+        deadline = time.monotonic() + 240
+        while len(re.findall(progress, _read(out) + _read(err), re.M)) < 3:
+            assert local.status(ref).state == JobState.RUNNING, _read(err)[-3000:]
+            assert time.monotonic() < deadline, "no progress in 240 s"
+            time.sleep(0.5)
+        local.cancel(ref, grace_s=120)
+    finally:
+        os.chdir(old_cwd)
+        if local.status(ref).state == JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+    marker = json.loads((tmp_path / "own" / "PREEMPTED").read_text())
+    saved = int(marker["step"])
+    assert saved >= 1 and "SIGTERM" in marker["reason"]
+    st = local.status(ref)
+    assert st.state == JobState.CANCELLED and f"checkpoint at step {saved}" in st.detail
+    # Submit again, shortened to end a few steps after the saved one.
+    end = saved + 3
+    flag = "--steps" if script.startswith("fsdp2") else "--max-steps"
+    res = _submit(tmp_path, spec_path, "--", str(ROOT / "examples" / script), *args, flag, str(end))
+    shown = res.stdout + res.stderr
+    assert res.returncode == 0, shown[-4000:]
+    assert int(re.search(resumed, shown).group(1)) == saved
+    assert "SUCCEEDED" in _status("own")
