@@ -45,11 +45,17 @@ class Pods:
         for folder in (self.etc, self.runs, self.cache):
             folder.mkdir(parents=True)
         objects = render_k8s.k8s_objects(spec)
-        for name, text in objects["configmap"]["data"].items():
-            (self.etc / name).write_text(self._local(text))
-        self.container = objects["pytorchjob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+        pod_spec = objects["pytorchjob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
             "spec"
-        ]["containers"][0]
+        ]
+        # The ConfigMap volume's items put keys at paths (an entrypoint's code folder).
+        volume = next(v for v in pod_spec["volumes"] if v["name"] == "spec")["configMap"]
+        paths = {i["key"]: i["path"] for i in volume.get("items", [])}
+        for name, text in objects["configmap"]["data"].items():
+            target = self.etc / paths.get(name, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(self._local(text))
+        self.container = pod_spec["containers"][0]
         self.port = _free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
@@ -167,3 +173,35 @@ def test_deleted_pods_restart_and_resume_from_the_volume(tmp_path: Path) -> None
     # The job.yaml the ranks read put the run dir on the volume.
     pod_spec = yaml.safe_load((pods.etc / "job.yaml").read_text())
     assert pod_spec["checkpoint"]["dir"] == str(checkpoints)
+
+
+@pytest.mark.slow
+def test_your_script_travels_in_the_configmap_and_counts_its_restarts(tmp_path: Path) -> None:
+    """An entrypoint with a code folder: the pods run the shipped script (which imports
+    its neighbour module), get the run contract, and a restarted pod is attempt 1."""
+    code = ROOT / "tests" / "data" / "usercode"
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    del data["train"]
+    args = ["--x", "it's $(id)", "a\nb"]
+    data["entrypoint"] = {"script": str(code / "train.py"), "code_dir": str(code), "args": args}
+    spec = parse_spec(data)
+    pods = Pods(spec, tmp_path)
+    assert (pods.etc / "code" / "lib" / "util.py").is_file()
+    try:
+        for attempt in (0, 1):
+            pods.start(attempt=attempt)
+            assert pods.wait(timeout=240) == [0, 0], pods.tail()
+            seen = [
+                yaml.safe_load(line)
+                for log in pods.logs
+                for line in log.read_text().splitlines()
+                if line.startswith("{")
+            ]
+            assert len(seen) == 4, pods.tail()  # 2 pods x 2 ranks
+            for rank in seen:
+                assert rank["argv"] == args
+                c = rank["contract"]
+                assert c["SHARDCTL_ATTEMPT"] == str(attempt)
+                assert c["SHARDCTL_RUN_DIR"] == str(pods.runs / spec.name)
+    finally:
+        pods.kill()

@@ -487,3 +487,41 @@ def test_bad_partition_or_time_is_refused_before_anything_is_written(
     assert not (tmp_path / "runs").exists()
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     assert after == before
+
+
+# --------------------------------------------------------- your own training script
+
+
+def _own_spec(name: str, script: str, args: list[str]) -> dict[str, Any]:
+    spec = _spec(name, checkpoint={"every_steps": 5, "keep": 2, "consolidate_on_finish": False})
+    del spec["train"]
+    spec["entrypoint"] = {"script": str(ROOT / script), "args": args}
+    return spec
+
+
+def test_your_script_is_usr2_preempted_requeued_and_resumes(slurm_cluster: None, tmp_path: Path):
+    """examples/fsdp2_script.py on 2 nodes: scancel --signal=USR2 → every rank saves →
+    node 0 requeues → the next run resumes from that step → COMPLETED."""
+    args = ["--steps", "60", "--log-every", "1"]
+    ref = _submitted(tmp_path, _own_spec("own-usr2", "examples/fsdp2_script.py", args))
+    run_dir = Path(ref.run_dir)
+    cluster = SlurmCluster()
+    _wait(ref, lambda: cluster.logs(ref).count("loss") >= 3, 240, "three logged steps")
+    subprocess.run(["scancel", "--signal=USR2", ref.job_id], check=True, timeout=30)
+    saved_at = _wait(ref, lambda: _marker_step(run_dir), 120, "the preemption save")
+    assert saved_at < 60
+    assert _finished(ref, timeout=300) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
+    logs = cluster.logs(ref)
+    assert f"requeueing job {ref.job_id}" in logs and f"resumed at step {saved_at}" in logs
+    assert "requeued 1 time(s)" in cluster.status(ref).detail
+    assert (run_dir / "DONE").is_file()
+
+
+def test_your_script_exiting_3_fails_and_is_never_requeued(slurm_cluster: None, tmp_path: Path):
+    ref = _submitted(tmp_path, _own_spec("own-exit3", "tests/data/usercode/exit_with.py", ["3"]))
+    assert _finished(ref) is JobState.FAILED
+    status = SlurmCluster().status(ref)
+    assert "requeued" not in status.detail
+    logs = SlurmCluster().logs(ref)
+    assert "a rank exited with code 3" in logs, logs
+    assert json.loads((Path(ref.run_dir) / "FAILED").read_text())["code"] == 3
