@@ -205,3 +205,39 @@ def test_your_script_travels_in_the_configmap_and_counts_its_restarts(tmp_path: 
                 assert c["SHARDCTL_RUN_DIR"] == str(pods.runs / spec.name)
     finally:
         pods.kill()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(tmp_path: Path) -> None:
+    """examples/fsdp2_script.py as a PyTorchJob: pod deletion (SIGTERM) → every rank
+    saves → the restarted pods resume from that step (checkpoints on the volume)."""
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    del data["train"]
+    data["entrypoint"] = {
+        "script": str(ROOT / "examples" / "fsdp2_script.py"),
+        "args": ["--steps", "400", "--log-every", "1"],
+    }
+    data["checkpoint"]["every_steps"] = 5
+    spec = parse_spec(data)
+    pods = Pods(spec, tmp_path)
+    try:
+        pods.start(attempt=1)
+        deadline = time.monotonic() + 300
+        while sum(log.read_text().count(" loss ") for log in pods.logs) < 3:
+            assert time.monotonic() < deadline, "no step in time:\n" + pods.tail()
+            assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
+            time.sleep(0.5)
+        pods.delete()
+        marker = yaml.safe_load((pods.runs / spec.name / "PREEMPTED").read_text())
+        saved = int(marker["step"])
+        pods.start(attempt=2)
+        time.sleep(1)
+        deadline = time.monotonic() + 300
+        text = ""
+        while f"resumed at step {saved}" not in text:
+            text = "\n".join(log.read_text() for log in pods.logs)
+            assert time.monotonic() < deadline, "no resume in time:\n" + pods.tail()
+            time.sleep(0.5)
+    finally:
+        pods.kill()
