@@ -130,6 +130,10 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
         # DeepSpeed guesses its accelerator from what it finds; a cpu job on a GPU
         # host (or the reverse) must not be guessed.
         env["DS_ACCELERATOR"] = spec.resources.device
+    if spec.launcher == "accelerate" and spec.resources.device == "cpu":
+        # `accelerate launch` exports its config's use_cpu only for one process; with
+        # several, an `Accelerator()` without it trains each CPU rank alone.
+        env["ACCELERATE_USE_CPU"] = "true"
     return env
 
 

@@ -820,8 +820,7 @@ class Entrypoint(_Section):
         given = [k for k in ("script", "module") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                "entrypoint: give exactly one of script, module "
-                f"(got {' and '.join(given) or 'none'})"
+                f"give exactly one of script, module (got {' and '.join(given) or 'none'})"
             )
         if self.code_dir is not None and self.script is None:
             raise ValueError("entrypoint.code_dir goes with entrypoint.script, not module")

@@ -92,6 +92,40 @@ def test_hostile_args_and_the_run_contract_reach_every_rank(tmp_path: Path) -> N
     assert "SUCCEEDED" in _status("args")
 
 
+LAUNCHERS = {
+    "accelerate": {"launcher": "accelerate", "strategy": {"backend": "fsdp"}},
+    "deepspeed": {"launcher": "deepspeed", "strategy": {"backend": "deepspeed"}},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_accelerate_and_deepspeed_launch_your_script_with_the_rendered_config(
+    tmp_path: Path, launcher: str
+) -> None:
+    """`accelerate launch` hands an `Accelerator()` the rendered FSDP config and a
+    2-rank group; `deepspeed` hands the script ds_config.json. Hostile args intact."""
+    entrypoint = {"script": str(CODE / "launcher_probe.py"), "args": HOSTILE_ARGS}
+    spec = _spec(tmp_path, f"via-{launcher}", entrypoint, **LAUNCHERS[launcher])
+    res = _submit(tmp_path, spec)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    seen = [json.loads(line[6:]) for line in res.stdout.splitlines() if line.startswith("PROBE ")]
+    assert sorted(r["rank"] for r in seen) == [0, 1], res.stdout[-3000:]
+    for rank in seen:
+        assert rank["world"] == 2 and rank["argv"] == HOSTILE_ARGS
+        if launcher == "deepspeed":
+            assert rank["zero_stage"] == 3  # strategy.sharding full_shard
+            continue
+        # On CPU accelerate runs the ranks as one gloo group (its FSDP plugin is for
+        # GPUs); the FSDP settings it would apply come from the rendered config.
+        assert (rank["distributed_type"], rank["num_processes"]) == ("MULTI_CPU", 2)
+        assert "distributed_type: FSDP" in rank["config"]
+        env = rank["env"]
+        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
+    assert "SUCCEEDED" in _status(f"via-{launcher}")
+
+
 @pytest.mark.slow
 def test_exit_3_is_failed_with_code_3_and_exit_42_is_preempted(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "codes", {"script": str(CODE / "exit_with.py"), "args": ["3"]})
@@ -107,7 +141,9 @@ def test_exit_3_is_failed_with_code_3_and_exit_42_is_preempted(tmp_path: Path) -
     assert "Traceback" not in res.stdout + res.stderr
     res = _submit(tmp_path, spec, "--", str(CODE / "exit_with.py"), "0")
     assert res.returncode == 0 and "attempt 2 rank 0" in res.stdout
-    assert "SUCCEEDED" in _status("codes")
+    assert "SUCCEEDED" in _status("codes") and "step None" not in _status("codes")
+    # Exit 0 leaves DONE (no step: the script kept none) like the built-in loop's.
+    assert json.loads((tmp_path / "codes" / "DONE").read_text())["step"] is None
 
 
 def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> None:

@@ -207,35 +207,51 @@ def test_your_script_travels_in_the_configmap_and_counts_its_restarts(tmp_path: 
         pods.kill()
 
 
+YOUR_SCRIPTS = {
+    # script, its args, what a logged step prints, how it says it resumed from step N
+    "fsdp2": (
+        "fsdp2_script.py", ["--steps", "400", "--log-every", "1"], " loss ",
+        "resumed at step {step}",
+    ),
+    "hf-trainer": (
+        "hf_trainer_script.py", ["--max-steps", "400", "--save-steps", "1000"], "'loss'",
+        "resuming from {checkpoints}/checkpoint-{step}",
+    ),
+}  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(tmp_path: Path) -> None:
-    """examples/fsdp2_script.py as a PyTorchJob: pod deletion (SIGTERM) → every rank
-    saves → the restarted pods resume from that step (checkpoints on the volume)."""
+@pytest.mark.parametrize("script", sorted(YOUR_SCRIPTS))
+def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(
+    tmp_path: Path, script: str
+) -> None:
+    """examples/fsdp2_script.py and examples/hf_trainer_script.py as a PyTorchJob: pod
+    deletion (SIGTERM) → every rank saves → the restarted pods resume from that step
+    (checkpoints on the volume)."""
+    file, args, progress, resumed = YOUR_SCRIPTS[script]
     data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
     del data["train"]
-    data["entrypoint"] = {
-        "script": str(ROOT / "examples" / "fsdp2_script.py"),
-        "args": ["--steps", "400", "--log-every", "1"],
-    }
+    data["entrypoint"] = {"script": str(ROOT / "examples" / file), "args": args}
     data["checkpoint"]["every_steps"] = 5
     spec = parse_spec(data)
     pods = Pods(spec, tmp_path)
     try:
         pods.start(attempt=1)
         deadline = time.monotonic() + 300
-        while sum(log.read_text().count(" loss ") for log in pods.logs) < 3:
+        while sum(log.read_text().count(progress) for log in pods.logs) < 3:
             assert time.monotonic() < deadline, "no step in time:\n" + pods.tail()
             assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
             time.sleep(0.5)
-        pods.delete()
+        pods.delete()  # torchrun ends 1 after SIGTERM; the operator recreates deleted pods
         marker = yaml.safe_load((pods.runs / spec.name / "PREEMPTED").read_text())
         saved = int(marker["step"])
         pods.start(attempt=2)
         time.sleep(1)
         deadline = time.monotonic() + 300
         text = ""
-        while f"resumed at step {saved}" not in text:
+        expected = resumed.format(step=saved, checkpoints=pods.runs / spec.name / "checkpoints")
+        while expected not in text:
             text = "\n".join(log.read_text() for log in pods.logs)
             assert time.monotonic() < deadline, "no resume in time:\n" + pods.tail()
             time.sleep(0.5)

@@ -525,3 +525,58 @@ def test_your_script_exiting_3_fails_and_is_never_requeued(slurm_cluster: None, 
     logs = SlurmCluster().logs(ref)
     assert "a rank exited with code 3" in logs, logs
     assert json.loads((Path(ref.run_dir) / "FAILED").read_text())["code"] == 3
+
+
+def test_your_hf_trainer_script_gets_the_time_limit_signal_and_resumes(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    """examples/hf_trainer_script.py (a Trainer, two added lines) on 2 nodes: the
+    time-limit warning signal → every rank saves checkpoint-N → requeued → resumes
+    from checkpoint-N → COMPLETED. The limit/warning timing is the built-in loop's
+    time-limit test's (USR2 between ~20 and ~50 s after the start)."""
+    steps = 400
+    args = ["--max-steps", str(steps), "--save-steps", "1000"]
+    spec = _own_spec("own-hf-time", "examples/hf_trainer_script.py", args)
+    spec["slurm"].update({"time": "10", "signal_delay_s": 580})
+    ref = _submitted(tmp_path, spec)
+    run_dir = Path(ref.run_dir)
+    cluster = SlurmCluster()
+    saved_at = _wait(ref, lambda: _marker_step(run_dir), 180, "the time-limit save")
+    assert 0 < saved_at < steps
+    assert (run_dir / "checkpoints" / f"checkpoint-{saved_at}" / "trainer_state.json").is_file()
+    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 60, "the requeue")
+    subprocess.run(
+        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
+    )
+    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
+    logs = cluster.logs(ref)
+    assert logs.count("got SIGUSR2") == 2, logs  # the time-limit signal, on each node
+    assert f"resuming from {run_dir / 'checkpoints' / f'checkpoint-{saved_at}'}" in logs, logs
+    assert f"finished at step {steps}" in logs
+    assert (run_dir / "DONE").is_file()
+
+
+def test_your_script_on_a_killed_node_fails_and_resubmit_resumes(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    """examples/fsdp2_script.py: SIGKILL of every process on node 1 (no chance to
+    save) → the job FAILED, no DONE; submitting again resumes from the newest
+    complete checkpoint and finishes."""
+    args = ["--steps", "200", "--log-every", "1"]
+    spec = _own_spec("own-node-dies", "examples/fsdp2_script.py", args)
+    ref = _submitted(tmp_path, spec)
+    run_dir = Path(ref.run_dir)
+    _wait(ref, lambda: (_last_checkpoint(run_dir) or 0) >= 5, 240, "a checkpoint")
+    pids = _node_processes(ref.job_id, 1)
+    assert len(pids) >= 3, pids  # the node's task, its launcher and its 2 ranks
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert _finished(ref, timeout=180) is JobState.FAILED
+    last = _last_checkpoint(run_dir)
+    assert last is not None and last >= 5 and not (run_dir / "DONE").exists()
+    again = _submitted(tmp_path, spec)
+    assert again.job_id != ref.job_id
+    assert _finished(again) is JobState.SUCCEEDED, SlurmCluster().logs(again, tail=40)
+    assert f"resumed at step {last}" in SlurmCluster().logs(again)
+    assert (run_dir / "DONE").is_file()

@@ -7,7 +7,8 @@ runs the script or module as `__main__` with exactly the arguments the spec gave
 the run contract's markers, because a launcher reports every failure as its own
 exit 1:
 
-- exit 0: nothing to record;
+- exit 0: rank 0 writes `<run dir>/DONE` unless the code (or shardctl's checkpoint
+  library, which records the step) already wrote one during this attempt;
 - exit 42 (`EXIT_PREEMPTED`): the code saved and stopped for a preemption. Rank 0
   writes `<run dir>/PREEMPTED` unless the code (or shardctl's checkpoint library)
   already wrote one during this attempt;
@@ -27,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from shardctl.orchestrator.rundir import (
+    DONE_FILE,
     ENV_RUN_DIR,
     EXIT_OK,
     EXIT_PREEMPTED,
@@ -69,16 +71,16 @@ def run(kind: str, target: str, args: list[str]) -> int:
 
 def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
     """The markers for a rank that ended with `code` (see the module docstring)."""
-    if code == EXIT_OK or not run_dir:
+    if not run_dir:
         return
     folder = RunDir.of(run_dir)
-    if code == EXIT_PREEMPTED:
-        marker = folder.root / PREEMPTED_FILE
+    if code in (EXIT_OK, EXIT_PREEMPTED):
+        name = DONE_FILE if code == EXIT_OK else PREEMPTED_FILE
+        marker = folder.root / name
         fresh = marker.exists() and marker.stat().st_mtime >= started - 1.0
         if rank == 0 and not fresh:
-            folder.write_marker(
-                PREEMPTED_FILE, {"step": None, "reason": "exit 42", "time": time.time()}
-            )
+            reason = {"reason": "exit 42"} if code == EXIT_PREEMPTED else {}
+            folder.write_marker(name, {"step": None, **reason, "time": time.time()})
         return
     path = folder.root / FAILED_FILE
     try:

@@ -273,7 +273,9 @@ class LocalCluster(Cluster):
                 "spec again to resume",
             )
         if rc == 0 or (rc is None and pid_info is None and done is not None):
-            detail = f"finished step {done.get('step')}" if done else "exit 0"
+            detail = "exit 0"
+            if done is not None and done.get("step") is not None:
+                detail = f"finished step {done['step']}"
             if (run_dir / MODEL_DIR).is_dir():
                 detail += f"; consolidated model in {run_dir / MODEL_DIR}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
