@@ -503,12 +503,16 @@ class CheckpointManager:
             raise CheckpointError(
                 f"{path} was written by backend {saved_backend!r} but this run uses "
                 f"strategy.backend {backend!r}; a checkpoint resumes only with the "
-                "backend that wrote it (to switch, consolidate it with `shardctl consolidate` "
-                "and start from the model with train.model.pretrained)"
+                f"backend that wrote it. To switch with the optimizer state: `shardctl "
+                f"convert {path} --to {backend} --out NEW_FOLDER"
+                + (f" --world-size {self.world_size}" if backend == "deepspeed" else "")
+                + "`, then set checkpoint.resume: NEW_FOLDER"
             )
         self.state_io.check_resumable(path, manifest, self.world_size)
         self.state_io.load(path, manifest, self.group)
-        self._load_trainer_state(path, trainer, int(manifest["world_size"]))
+        # A converted checkpoint keeps its source's trainer files (one per source rank).
+        trainer_ws = int(manifest.get("train_state_world_size") or manifest["world_size"])
+        self._load_trainer_state(path, trainer, trainer_ws)
 
     def _load_trainer_state(self, path: Path, trainer: Stateful | None, old_ws: int) -> None:
         if trainer is None:

@@ -1,7 +1,9 @@
-"""`shardctl convert`: an accelerate config (or job spec) for the other backend."""
+"""`shardctl convert`: an accelerate config (or job spec) for the other backend — or,
+given a checkpoint folder, the checkpoint itself (train/portable)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +16,7 @@ STDIN = "-"
 
 
 @click.command("convert")
-@click.argument("config", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.argument("config", type=click.Path(allow_dash=True, path_type=Path))
 @click.option(
     "--to",
     "to",
@@ -24,9 +26,10 @@ STDIN = "-"
 )
 @click.option(
     "--out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
-    help="Write the accelerate config here (default: stdout).",
+    help="Write the accelerate config here (default: stdout). For a checkpoint: the new "
+    "checkpoint folder (must not exist).",
 )
 @click.option(
     "--ds-json",
@@ -43,6 +46,35 @@ STDIN = "-"
     "can express the sharding).",
 )
 @click.option(
+    "--world-size",
+    type=int,
+    default=None,
+    help="Checkpoint --to deepspeed: the number of ranks that will resume it (required).",
+)
+@click.option(
+    "--zero-stage",
+    type=int,
+    default=None,
+    help="Checkpoint --to deepspeed: ZeRO stage 1, 2 or 3 (default: the source's).",
+)
+@click.option(
+    "--precision",
+    default=None,
+    help="Checkpoint --to fsdp: fp32, bf16-mixed (fp32 masters) or bf16-pure (bf16 "
+    "masters; from fp32 masters only with --allow-downcast). Default: the source's.",
+)
+@click.option(
+    "--allow-downcast",
+    is_flag=True,
+    help="Checkpoint: allow rounding fp32 masters and moments to bf16 (loses bits).",
+)
+@click.option(
+    "--verify",
+    is_flag=True,
+    help="Checkpoint: check every source file's sha256 against its manifest first "
+    "(sizes are always checked).",
+)
+@click.option(
     "--output",
     "-o",
     type=click.Choice(["text", "json"]),
@@ -57,12 +89,26 @@ def convert_cmd(
     out: Path | None,
     ds_json: Path | None,
     fsdp_version: str | None,
+    world_size: int | None,
+    zero_stage: int | None,
+    precision: str | None,
+    allow_downcast: bool,
+    verify: bool,
     output: str,
 ) -> None:
-    """Convert CONFIG (an accelerate config or a shardctl job spec) to the other backend.
+    """Convert CONFIG (an accelerate config, a shardctl job spec, or a checkpoint folder)
+    to the other backend.
 
     CONFIG - reads it from stdin (its kind is told from the content), e.g.
     `cat accelerate.yaml | shardctl convert - --to deepspeed`.
+
+    \b
+    A checkpoint (a step-NNNNNNNN folder, or a checkpoints/run folder: its newest
+    complete one) becomes a complete checkpoint of the other backend at --out, with
+    weights, Adam moments and step counts, the trainer state and a manifest:
+    shardctl convert runs/x/checkpoints/step-00000200 --to fsdp --out ck/fsdp-200
+    shardctl convert runs/x/checkpoints/step-00000200 --to deepspeed --world-size 8 --out ck/ds8
+    Resume it with the other backend and checkpoint.resume: its path.
 
     \b
     Follows Accelerate's "FSDP vs DeepSpeed" mapping: FULL_SHARD↔ZeRO-3,
@@ -71,6 +117,27 @@ def convert_cmd(
     mixed precision, gradient accumulation and clipping. Settings without a
     twin and the precision difference are reported, never dropped silently.
     """
+    checkpoint_options = {
+        "--world-size": world_size,
+        "--zero-stage": zero_stage,
+        "--precision": precision,
+        "--allow-downcast": allow_downcast or None,
+        "--verify": verify or None,
+    }
+    if str(config) != STDIN and config.is_dir():
+        if ds_json is not None or fsdp_version is not None:
+            raise UsageError(
+                f"{config} is a folder (a checkpoint); --ds-json and --fsdp-version are for "
+                "accelerate configs"
+            )
+        _convert_checkpoint(config, to, out, world_size, zero_stage, precision, allow_downcast,
+                            verify, output)  # fmt: skip
+        return
+    given = [name for name, value in checkpoint_options.items() if value is not None]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} convert a checkpoint folder; {config} is not a folder"
+        )
     from ..convert import convert_file, convert_text
     from ..convert.output import json_document, render_ds_json, render_yaml, report_lines
 
@@ -137,3 +204,37 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def _convert_checkpoint(
+    source: Path,
+    to: str,
+    out: Path | None,
+    world_size: int | None,
+    zero_stage: int | None,
+    precision: str | None,
+    allow_downcast: bool,
+    verify: bool,
+    output: str,
+) -> None:
+    from ...train.portable import convert_checkpoint, describe
+
+    if out is None:
+        raise UsageError(
+            f"{source} is a checkpoint: give --out NEW_FOLDER for the converted checkpoint"
+        )
+    report = convert_checkpoint(
+        source,
+        to,
+        out,
+        world_size=world_size,
+        zero_stage=zero_stage,
+        precision=precision,
+        allow_downcast=allow_downcast,
+        verify=verify,
+    )
+    if output == "json":
+        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        return
+    for line in describe(report):
+        click.echo(line)

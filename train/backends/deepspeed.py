@@ -20,8 +20,10 @@ it is built once per machine, not once per run.
 State I/O (`DeepSpeedStateIO`): `engine.save_checkpoint(save_dir=<step dir>,
 tag="deepspeed")` writes `deepspeed/` (model, optimizer, and the lr scheduler if one
 was given to `deepspeed.initialize`), synchronously — DeepSpeed has no staged save
-here, so `checkpoint.async` falls back to synchronous saves. ZeRO 1-3 checkpoints
-load only at the world size that wrote them, ZeRO-0 at any (see `_reshard_refusal`).
+here, so `checkpoint.async` falls back to synchronous saves. A ZeRO 1-3 checkpoint of
+another world size, which `engine.load_checkpoint` refuses, is loaded through
+`train/portable` instead: every rank reads the full per-parameter weights and Adam
+state and keeps its own partition (logged as "resharding ...").
 """
 
 from __future__ import annotations
@@ -153,10 +155,17 @@ class DeepSpeedStateIO:
         raise CheckpointError(f"strategy.backend deepspeed: {self.sync_only_reason}")
 
     def check_resumable(self, step_dir: Path, manifest: dict[str, Any], world_size: int) -> None:
-        if int(manifest["world_size"]) != world_size and manifest.get("zero_stage") != 0:
-            raise CheckpointError(_reshard_refusal(step_dir, manifest, world_size))
+        # Any world size: another one is loaded through the portable path (`load`).
+        return None
 
     def load(self, step_dir: Path, manifest: dict[str, Any], group: Any) -> None:
+        import torch.distributed as dist
+
+        saved_ws = int(manifest["world_size"])
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if saved_ws != world and manifest.get("zero_stage") != 0:
+            self._load_resharded(step_dir, manifest, saved_ws, world)
+            return
         load_path, _client = self._engine().load_checkpoint(
             str(step_dir),
             tag=TAG,
@@ -166,25 +175,47 @@ class DeepSpeedStateIO:
         if load_path is None:
             raise CheckpointError(f"{step_dir}: DeepSpeed found no checkpoint under {TAG}/")
 
+    def _load_resharded(
+        self, step_dir: Path, manifest: dict[str, Any], saved_ws: int, world: int
+    ) -> None:
+        """DeepSpeed's loader refuses partitions of another world size: every rank reads
+        the full per-parameter state and keeps its own partition (train/portable)."""
+        import logging
+
+        from ..portable.engine_in import load_into_engine
+        from ..portable.state import read_state
+
+        log = logging.getLogger(__name__)
+        if int(os.environ.get("RANK", "0") or 0) == 0:
+            log.warning(
+                "resharding DeepSpeed ZeRO-%s checkpoint %s from %d to %d ranks: every rank "
+                "reads the full weights and Adam state and keeps its partition",
+                manifest.get("zero_stage"),
+                step_dir,
+                saved_ws,
+                world,
+            )
+        engine = self._engine()
+        load_into_engine(engine, read_state(step_dir, manifest))
+        _restore_engine_counters(engine, step_dir / TAG)
+
     def close(self) -> None:
         return None
 
 
-def _reshard_refusal(path: Path, manifest: dict[str, Any], world_size: int) -> str:
-    # DeepSpeed's engine.load_checkpoint raises for a ZeRO (stage >= 1) checkpoint
-    # written at another data-parallel size (zero_optimization.elastic_checkpoint
-    # does not lift that check, as of DeepSpeed 0.19); only its offline "universal checkpoint"
-    # conversion (deepspeed.checkpoint.ds_to_universal + `checkpoint.load_universal`
-    # in the DeepSpeed config) can reshard the partitioned optimizer state, and
-    # shardctl does not drive that conversion. Stage 0 keeps the whole optimizer
-    # state in one file, so it resumes on any world size.
-    return (
-        f"{path} is a DeepSpeed ZeRO-{manifest.get('zero_stage')} checkpoint written by "
-        f"{manifest['world_size']} ranks; this run has {world_size}. DeepSpeed partitions "
-        "the optimizer state (and with ZeRO-3 the parameters) per rank and cannot load it on "
-        "another number of ranks without an offline universal-checkpoint conversion, which "
-        "shardctl does not do. Resume with resources giving world size "
-        f"{manifest['world_size']}, or consolidate the weights (`shardctl consolidate`) and "
-        "start a new run from them (train.model.pretrained; the optimizer state restarts), "
-        "or use strategy.backend fsdp, whose checkpoints reshard"
-    )
+def _restore_engine_counters(engine: Any, ds_dir: Path) -> None:
+    """What DeepSpeed's loader restores beside the partitions: the engine's step and
+    sample counters and the state of an lr scheduler given to `deepspeed.initialize`
+    (read from the model-states file without loading its tensors)."""
+    from ..consolidate.torchzip import load_refs
+
+    files = sorted(ds_dir.glob("*model_states.pt"))
+    if not files:
+        raise CheckpointError(f"{ds_dir}: no *model_states.pt file")
+    saved = load_refs(files[0], trusted=True)
+    engine.global_steps = int(saved.get("global_steps") or 0)
+    engine.global_samples = int(saved.get("global_samples") or 0)
+    engine.skipped_steps = int(saved.get("skipped_steps") or 0)
+    scheduler_state = saved.get("lr_scheduler")
+    if engine.lr_scheduler is not None and scheduler_state is not None:
+        engine.lr_scheduler.load_state_dict(scheduler_state)

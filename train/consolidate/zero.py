@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -182,14 +183,16 @@ def _frozen(model: dict, model_files: list[Path], stage: int, world: int) -> lis
 
 
 def _stage12(
-    param_shapes: list[dict], optim: list[tuple[Path, dict]], world: int
+    param_shapes: list[dict], optim: list[tuple[Path, dict]], world: int, state: str = "fp32"
 ) -> list[SourceTensor]:
     key = "single_partition_of_fp32_groups"
     per_rank = []
     for f, sd in optim:
         if key not in sd:
             raise CheckpointError(f"{f}: no {key} (not a ZeRO-1/2 optimizer state)")
-        per_rank.append(sd[key])
+        per_rank.append(
+            sd[key] if state == "fp32" else _moments(f, sd, "base_optimizer_state", state)
+        )
     paddings = optim[0][1].get("param_alignment_paddings")
     tensors = []
     for g, shapes in enumerate(param_shapes):
@@ -214,13 +217,16 @@ def _stage12(
     return tensors
 
 
-def _stage3(param_shapes: list[dict], optim: list[tuple[Path, dict]]) -> list[SourceTensor]:
+def _stage3(
+    param_shapes: list[dict], optim: list[tuple[Path, dict]], state: str = "fp32"
+) -> list[SourceTensor]:
     key = "fp32_flat_groups"
     ranks = []
     for f, sd in optim:
         if key not in sd:
             raise CheckpointError(f"{f}: no {key} (not a ZeRO-3 optimizer state)")
-        ranks.append(_FlatVector(list(sd[key])))
+        parts = sd[key] if state == "fp32" else _moments(f, sd, "optimizer_state_dict", state)
+        ranks.append(_FlatVector(list(parts)))
     world = len(ranks)
     offset = 0
     tensors = []
@@ -243,3 +249,103 @@ def _stage3(param_shapes: list[dict], optim: list[tuple[Path, dict]]) -> list[So
             f"the parameters need {offset} — the checkpoint does not match its param_shapes"
         )
     return tensors
+
+
+def _moments(f: Path, sd: dict, where: str, state: str) -> list[TensorRef]:
+    """One optimizer state (exp_avg, exp_avg_sq) of every flat group of a rank's file:
+    the base optimizer holds it per flat partition, laid out exactly like the masters."""
+    inner = sd.get(where)
+    per_group = inner.get("state") if isinstance(inner, dict) else None
+    if not isinstance(per_group, dict) or not per_group:
+        raise CheckpointError(
+            f"{f}: no optimizer state ({where}.state is empty: saved before the first step?)"
+        )
+    out = []
+    for g in sorted(per_group):
+        ref = per_group[g].get(state) if isinstance(per_group[g], dict) else None
+        if not isinstance(ref, TensorRef):
+            known = sorted(per_group[g]) if isinstance(per_group[g], dict) else []
+            raise CheckpointError(
+                f"{f}: flat group {g} has no {state!r} (its optimizer state holds {known}); "
+                "only Adam/AdamW state (exp_avg, exp_avg_sq, step) can be converted"
+            )
+        out.append(ref)
+    return out
+
+
+@dataclass
+class ZeroOptimizerState:
+    """A ZeRO 1/2/3 checkpoint's full per-parameter training state, as SourceTensors."""
+
+    stage: int
+    world_size: int
+    groups: list[list[str]]  # parameter names of every optimizer param group, in order
+    hyper: list[dict[str, Any]]  # every group's hyperparameters (lr, betas, weight_decay ...)
+    steps: list[float]  # Adam's step count of every group
+    master: dict[str, SourceTensor]  # fp32 masters
+    exp_avg: dict[str, SourceTensor]
+    exp_avg_sq: dict[str, SourceTensor]
+    buffers: list[SourceTensor]
+
+
+def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
+    """fp32 masters, Adam moments and step counts of every trainable parameter."""
+    optim_files = sorted(ds_dir.glob("*_optim_states.pt"), key=_natural)
+    model_files = sorted(ds_dir.glob("*_model_states.pt"), key=_natural)
+    if not model_files or not optim_files:
+        raise CheckpointError(
+            f"{ds_dir} holds no ZeRO optimizer partitions (*_optim_states.pt): only DeepSpeed "
+            "ZeRO stage 1, 2 or 3 checkpoints can be converted"
+        )
+    optim = [(f, _load(f).get("optimizer_state_dict")) for f in optim_files]
+    stage = int(optim[0][1].get("zero_stage", 0)) if isinstance(optim[0][1], dict) else 0
+    if stage not in (1, 2, 3):
+        raise CheckpointError(f"{optim_files[0]}: ZeRO stage {stage}; only 1, 2 and 3 convert")
+    world = optim[0][1]["partition_count"]
+    world = max(world) if isinstance(world, list) else int(world)
+    if world != len(optim):
+        raise CheckpointError(
+            f"{ds_dir}: the optimizer was partitioned over {world} ranks but there are "
+            f"{len(optim)} *_optim_states.pt files — a rank's file is missing or left over"
+        )
+    model = _load(model_files[0])
+    if model.get("frozen_param_shapes"):
+        raise CheckpointError(
+            f"{model_files[0]}: the model has frozen parameters; their conversion is not "
+            "supported (they have no optimizer state)"
+        )
+    shapes: list[dict] = model["param_shapes"]
+    inner = optim[0][1]["base_optimizer_state" if stage <= 2 else "optimizer_state_dict"]
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in inner["param_groups"]]
+    states = inner["state"]
+    steps = [float(_scalar(states[g]["step"])) for g in sorted(states)]
+    if stage == 3 and len(steps) != len(shapes):
+        # ZeRO-3 splits groups into sub-groups (sub_group_size); they step together.
+        steps = [steps[0]] * len(shapes)
+    per_kind = {}
+    for kind in ("fp32", "exp_avg", "exp_avg_sq"):
+        found = _stage12(shapes, optim, world, kind) if stage <= 2 else _stage3(shapes, optim, kind)
+        per_kind[kind] = {t.name: t for t in found}
+    module: dict[str, Any] = model["module"] or {}
+    buffers = [
+        _whole(name, module[name], model_files[0])
+        for name in model["buffer_names"] or []
+        if isinstance(module.get(name), TensorRef)
+    ]
+    return ZeroOptimizerState(
+        stage=stage,
+        world_size=world,
+        groups=[list(g) for g in shapes],
+        hyper=hyper,
+        steps=steps,
+        master=per_kind["fp32"],
+        exp_avg=per_kind["exp_avg"],
+        exp_avg_sq=per_kind["exp_avg_sq"],
+        buffers=buffers,
+    )
+
+
+def _scalar(value: Any) -> float:
+    from .io import read_ref
+
+    return float(read_ref(value).item()) if isinstance(value, TensorRef) else float(value)

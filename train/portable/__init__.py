@@ -1,0 +1,305 @@
+"""Move a run between FSDP and DeepSpeed, and between world sizes, optimizer included.
+
+`convert_checkpoint(step_dir, "fsdp" | "deepspeed", out)` turns one complete shardctl
+checkpoint into a complete checkpoint of the other backend (or of DeepSpeed at
+another world size / ZeRO stage): model weights, Adam's moments and step counts
+(`state.py` reads them per parameter from either format), the trainer state
+(`train_state/`: step, data position, RNG streams — copied; a run on another
+world size follows the usual reshard policy), a manifest with sha256 of every
+file, and one atomic rename at the end.
+
+- to FSDP (`dcp_out.py`): one process, no process group, one tensor in memory at a
+  time. The DCP folder is world-size free.
+- to DeepSpeed (`ds_out.py`): DeepSpeed writes its own partitions, so N CPU ranks
+  start a ZeRO engine over a stand-in module, load the state and save it.
+
+A DeepSpeed run also resumes a checkpoint of another world size by itself through
+`engine_in.load_into_engine` (see `backends/deepspeed.py`).
+
+Torch-light like consolidation: nothing heavier than torch is imported unless a
+DeepSpeed checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...orchestrator.durable import fsync_dir, publish_dir
+from ...orchestrator.errors import CheckpointError, UsageError
+from ...orchestrator.spec import SHARDING_TO_ZERO, ZERO_TO_SHARDING
+from ..manifest import (
+    FORMAT_VERSION,
+    MANIFEST,
+    describe_files,
+    list_files,
+    package_version,
+    write_manifest,
+)
+
+BACKENDS = ("fsdp", "deepspeed")
+TRAIN_STATE = "train_state"
+MAX_WORLD_SIZE = 65536
+
+
+@dataclass
+class ConvertReport:
+    source: str
+    out: str
+    step: int
+    source_backend: str
+    backend: str
+    world_size: int | None
+    zero_stage: int | None
+    precision: str
+    nbytes: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def convert_checkpoint(
+    source: Path,
+    to: str,
+    out: Path,
+    *,
+    world_size: int | None = None,
+    zero_stage: int | None = None,
+    precision: str | None = None,
+    allow_downcast: bool = False,
+    verify: bool = True,
+) -> ConvertReport:
+    """Convert the complete checkpoint `source` (a step folder, or a checkpoints/run
+    folder: its newest complete one) to backend `to`, published at `out`."""
+    from ..consolidate import check_files, read_manifest, resolve_checkpoint
+    from .state import read_state
+
+    t0 = time.perf_counter()
+    step_dir = resolve_checkpoint(Path(source))
+    manifest = read_manifest(step_dir)
+    _check_request(step_dir, manifest, to, world_size, zero_stage, precision)
+    out = Path(out)
+    _check_out(out, step_dir)
+    check_files(step_dir, manifest, verify=verify)
+    state = read_state(step_dir, manifest)
+    notes: list[str] = []
+    target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
+
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # an earlier conversion into the same place that died
+    tmp.mkdir(parents=True)
+    try:
+        if to == "fsdp":
+            from .dcp_out import write_dcp
+
+            dtype = "bfloat16" if target_precision == "bf16-pure" else "float32"
+            write_dcp(state, tmp / "dcp", dtype)
+            ws, stage = int(manifest["world_size"]), None
+        else:
+            from .ds_out import TAG, run_ranks
+
+            stage = zero_stage or state.zero_stage or int(manifest.get("zero_stage") or 3)
+            assert world_size is not None
+            run_ranks(step_dir, tmp, stage, world_size)
+            if not (tmp / TAG).is_dir():
+                raise CheckpointError(f"DeepSpeed wrote no {TAG}/ folder into {tmp}")
+            ws = world_size
+        _copy_train_state(step_dir, tmp)
+        new_manifest = _manifest(manifest, step_dir, state, to, ws, stage, target_precision)
+        files = [rel for rel in list_files(tmp) if rel != MANIFEST]
+        new_manifest["files"] = describe_files(tmp, sorted(files))
+        write_manifest(tmp, new_manifest)
+        for folder, _dirs, _files in os.walk(tmp):
+            fsync_dir(folder)
+        if out.exists():  # appeared while we were writing
+            raise CheckpointError(f"--out {out} appeared while converting; nothing replaced")
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ConvertReport(
+        source=str(step_dir),
+        out=str(out),
+        step=int(manifest["step"]),
+        source_backend=str(manifest["backend"]),
+        backend=to,
+        world_size=ws if to == "deepspeed" else None,
+        zero_stage=stage,
+        precision=target_precision,
+        nbytes=state.nbytes,
+        seconds=time.perf_counter() - t0,
+        notes=notes,
+    )
+
+
+def _check_request(
+    step_dir: Path,
+    manifest: dict[str, Any],
+    to: str,
+    world_size: int | None,
+    zero_stage: int | None,
+    precision: str | None,
+) -> None:
+    if to not in BACKENDS:
+        raise UsageError(f"--to {to!r}; accepted: {', '.join(BACKENDS)}")
+    src = manifest["backend"]
+    if to == "fsdp":
+        if world_size is not None or zero_stage is not None:
+            raise UsageError(
+                "--world-size and --zero-stage shape a DeepSpeed checkpoint; an FSDP (DCP) "
+                "checkpoint loads on any number of ranks and any sharding, so --to fsdp takes "
+                "neither"
+            )
+        if src == "fsdp":
+            raise UsageError(
+                f"{step_dir} is already an FSDP checkpoint; it resumes on any world size as it "
+                "is (checkpoint.resume: its path). To switch backend: --to deepspeed"
+            )
+        return
+    if precision is not None:
+        raise UsageError(
+            "--precision chooses the dtype of an FSDP checkpoint; DeepSpeed keeps fp32 masters"
+        )
+    if world_size is None:
+        raise UsageError(
+            "--to deepspeed needs --world-size N: DeepSpeed ZeRO partitions the optimizer "
+            "state per rank, so the checkpoint is written for the number of ranks that will "
+            "resume it"
+        )
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise UsageError(f"--world-size {world_size}; accepted: 1 to {MAX_WORLD_SIZE}")
+    if zero_stage is not None and zero_stage not in (1, 2, 3):
+        raise UsageError(f"--zero-stage {zero_stage}; accepted: 1, 2 or 3")
+    if src == "deepspeed":
+        same_ws = int(manifest["world_size"]) == world_size
+        same_stage = zero_stage in (None, manifest.get("zero_stage"))
+        if same_ws and same_stage:
+            raise UsageError(
+                f"{step_dir} is already a DeepSpeed ZeRO-{manifest.get('zero_stage')} "
+                f"checkpoint for {world_size} ranks; give another --world-size or "
+                "--zero-stage, or --to fsdp"
+            )
+
+
+def _check_out(out: Path, step_dir: Path) -> None:
+    if out.exists():
+        kind = "file" if out.is_file() else "folder"
+        raise UsageError(
+            f"--out {out} already exists (a {kind}); converting never replaces anything: "
+            "choose a new folder"
+        )
+    if not out.parent.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: its parent {out.parent} is not a folder")
+    resolved = out.resolve()
+    if resolved == step_dir.resolve() or step_dir.resolve() in resolved.parents:
+        raise UsageError(f"--out {out} lies inside the source checkpoint {step_dir}")
+
+
+def _target_precision(
+    manifest: dict[str, Any],
+    state: Any,
+    to: str,
+    precision: str | None,
+    allow_downcast: bool,
+    notes: list[str],
+) -> str:
+    source = str(manifest.get("precision") or "fp32")
+    bf16_masters = state.master_dtype == "bfloat16"
+    if to == "deepspeed":
+        if bf16_masters:
+            notes.append(
+                "the bf16 masters and moments (bf16-pure) were upcast to fp32: DeepSpeed keeps "
+                "fp32 masters; resume with precision bf16-mixed or fp32"
+            )
+            return "bf16-mixed"
+        return source if source != "bf16-pure" else "bf16-mixed"
+    accepted = ("fp32", "bf16-mixed", "bf16-pure", "fp16-mixed")
+    if precision is not None and precision not in accepted:
+        raise UsageError(f"--precision {precision!r}; accepted: {', '.join(accepted)}")
+    wanted = precision or source
+    if wanted == "bf16-pure" and not bf16_masters:
+        if not allow_downcast:
+            raise UsageError(
+                "--precision bf16-pure would round the fp32 master weights and Adam moments "
+                "to bf16, which loses bits for good; add --allow-downcast to do it anyway"
+            )
+        notes.append("the fp32 masters and moments were rounded to bf16 (--allow-downcast)")
+    return wanted
+
+
+def _copy_train_state(step_dir: Path, tmp: Path) -> None:
+    src = step_dir / TRAIN_STATE
+    if src.is_dir():
+        shutil.copytree(src, tmp / TRAIN_STATE)
+
+
+def _manifest(
+    source: dict[str, Any],
+    step_dir: Path,
+    state: Any,
+    to: str,
+    world_size: int,
+    zero_stage: int | None,
+    precision: str,
+) -> dict[str, Any]:
+    import torch
+
+    versions = {"torch": torch.__version__, "shardctl": package_version("shardctl")}
+    if to == "deepspeed":
+        versions["deepspeed"] = package_version("deepspeed")
+        sharding = ZERO_TO_SHARDING[int(zero_stage or 3)]
+    else:
+        # FSDP has no optimizer-only sharding (ZeRO-1): its nearest is shard_grad_op.
+        sharding = ZERO_TO_SHARDING.get(int(source.get("zero_stage") or 3)) or "shard_grad_op"
+        zero_stage = SHARDING_TO_ZERO[sharding]
+    return {
+        "format_version": FORMAT_VERSION,
+        "step": int(source["step"]),
+        "world_size": world_size,
+        "backend": to,
+        "sharding": sharding,
+        "zero_stage": zero_stage,
+        "precision": precision,
+        "model": source.get("model"),
+        "versions": versions,
+        # The trainer state files are the source's: one per rank of its world size.
+        "train_state_world_size": int(source.get("train_state_world_size") or source["world_size"]),
+        "converted_from": {
+            "path": str(step_dir),
+            "backend": source["backend"],
+            "world_size": int(source["world_size"]),
+            "zero_stage": source.get("zero_stage"),
+            "precision": source.get("precision"),
+        },
+    }
+
+
+def describe(report: ConvertReport) -> list[str]:
+    """The lines `shardctl convert` prints."""
+    where = (
+        f"DeepSpeed ZeRO-{report.zero_stage} for {report.world_size} ranks"
+        if report.backend == "deepspeed"
+        else "FSDP (DCP: loads on any number of ranks)"
+    )
+    lines = [
+        f"converted {report.source_backend} step {report.step} ({report.source}) → {where}, "
+        f"{report.precision}: {report.out}",
+        f"  weights, Adam moments and step counts of {report.nbytes / 2**20:.1f} MiB in "
+        f"{report.seconds:.1f} s",
+    ]
+    lines += [f"  note: {n}" for n in report.notes]
+    backend = "deepspeed" if report.backend == "deepspeed" else "fsdp"
+    lines.append(
+        f"  resume it: strategy.backend: {backend} and checkpoint.resume: {report.out}"
+        + (f" on {report.world_size} ranks" if report.backend == "deepspeed" else "")
+    )
+    return lines
