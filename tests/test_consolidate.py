@@ -377,3 +377,47 @@ def test_cli_finds_checkpoints_elsewhere_through_the_spec(run_dir, tmp_path):
     # A bare step folder outside any run dir: where the model goes must be said.
     res = CliRunner().invoke(cli, ["consolidate", str(scratch / "step-00000002")])
     assert res.exit_code == 2 and "--out" in res.output and "Traceback" not in res.output
+
+
+def _record_state_keys(step: Path, model) -> None:
+    """What shardctl's loop writes: the model's names in the manifest."""
+    from shardctl.train.model import state_keys
+
+    path = step / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["model"]["state_keys"] = state_keys(model)
+    path.write_text(json.dumps(manifest))
+
+
+def test_recorded_names_are_checked_without_importing_torch_or_transformers(tmp_path):
+    model = tiny_llama(tied=True)
+    step = make_dcp_step(tmp_path / "checkpoints", 1, model.state_dict(), model.config.to_dict())
+    _record_state_keys(step, model)
+    code = (
+        "import sys; from pathlib import Path; from shardctl.train.consolidate import "
+        "consolidate; r = consolidate(Path(sys.argv[1]), Path(sys.argv[2])); "
+        "print(r.tensors, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(step), str(tmp_path / "model")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    # the tied lm_head is written once, as from the rebuilt model
+    assert out.stdout.split() == [str(len(model.state_dict()) - 1), "[]"]
+    loaded = _load_dir(tmp_path / "model")
+    for name, tensor in model.state_dict().items():
+        if name != "lm_head.weight":
+            assert torch.equal(loaded[name], tensor), name
+
+
+def test_names_not_matching_the_recorded_names_are_refused(tmp_path):
+    model = tiny_llama()
+    sd = dict(model.state_dict())
+    sd["model.extra.weight"] = sd.pop("model.norm.weight")
+    step = make_dcp_step(tmp_path / "checkpoints", 1, sd, model.config.to_dict())
+    _record_state_keys(step, model)
+    with pytest.raises(CheckpointError, match=r"missing \['model.norm.weight'\].*model.extra"):
+        consolidate(step, tmp_path / "model")

@@ -66,3 +66,5 @@ def test_other_shardings_and_precisions_train(
     )
     assert (manifest["sharding"], manifest["precision"]) == (sharding, precision)
     assert manifest["model"]["hf_config"]["hidden_size"] == 32
+    # the names consolidation checks without rebuilding the model
+    assert "model.embed_tokens.weight" in manifest["model"]["state_keys"]["names"]

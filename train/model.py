@@ -42,8 +42,8 @@ def build_model(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
     """The model (on CPU, in `train.model.dtype`) and its manifest description.
 
     The description is what the checkpoint manifest stores under `model`:
-    `{"source", "dtype", "hf_config"}`; `hf_config` lets consolidation write a
-    folder that `transformers` loads.
+    `{"source", "dtype", "hf_config"}` (+ `state_keys` with an `hf_config`); `hf_config`
+    lets consolidation write a folder that `transformers` loads.
     """
     import torch
 
@@ -86,8 +86,25 @@ def build_model(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
     # Training never reuses a key/value cache; turning it off saves memory and warnings.
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
-    meta = {"source": source, "dtype": src.dtype, "hf_config": hf_config}
+    meta: dict[str, Any] = {"source": source, "dtype": src.dtype, "hf_config": hf_config}
+    if hf_config is not None:
+        meta["state_keys"] = state_keys(model)
     return model, meta
+
+
+def state_keys(model: Any) -> dict[str, list[str]]:
+    """The unwrapped model's state-dict names and which of them alias an earlier tensor
+    (tied weights). Recorded in the manifest so that consolidation can check the names
+    it writes without importing transformers to rebuild the model (seconds of start-up)."""
+    names: list[str] = []
+    tied: list[str] = []
+    seen: set[int] = set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        names.append(name)
+        if id(tensor) in seen:
+            tied.append(name)
+        seen.add(id(tensor))
+    return {"names": names, "tied": tied}
 
 
 def logits_of(output: Any) -> Any:

@@ -169,16 +169,29 @@ def source_tensors(
 
 
 class KeyCheck(threading.Thread):
-    """Builds the HF model from the manifest's config on the meta device and checks the
-    written names against its state dict. It runs in the background while the data is
-    copied, because importing transformers alone takes seconds."""
+    """Checks the written names against the model's state dict. The manifest of a
+    checkpoint written by shardctl's loop records those names (`model.state_keys`);
+    an older one has only the config, and then the HF model is built from it on the
+    meta device in the background while the data is copied, because importing
+    transformers alone takes seconds."""
 
-    def __init__(self, hf_config: dict[str, Any]) -> None:
+    def __init__(self, hf_config: dict[str, Any], known: dict[str, Any] | None = None) -> None:
         super().__init__(daemon=True, name="shardctl-keycheck")
         self.hf_config = hf_config
         self.keys: list[str] = []
         self.tied: set[str] = set()
         self.error: Exception | None = None
+        self.known = _known_keys(known)
+        if self.known is not None:
+            self.keys, self.tied = self.known[0], set(self.known[1])
+
+    def start(self) -> None:
+        if self.known is None:
+            super().start()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.known is None:
+            super().join(timeout)
 
     def run(self) -> None:
         try:
@@ -211,6 +224,16 @@ class KeyCheck(threading.Thread):
                 f"missing {missing[:8]}{' …' if len(missing) > 8 else ''}, "
                 f"unexpected {unexpected[:8]}{' …' if len(unexpected) > 8 else ''}"
             )
+
+
+def _known_keys(known: Any) -> tuple[list[str], list[str]] | None:
+    """The recorded names, or None when absent or not two lists of strings (then the
+    model is rebuilt instead of trusting a damaged entry)."""
+    if not isinstance(known, dict):
+        return None
+    names, tied = known.get("names"), known.get("tied", [])
+    ok = all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in (names, tied))
+    return (list(names), list(tied)) if ok and names else None
 
 
 # ------------------------------------------------------------------------- the output
@@ -316,8 +339,9 @@ def consolidate(
         durable = out_dir.exists()
     manifest = read_manifest(step_dir)
     check_files(step_dir, manifest, verify=verify)
-    hf_config = (manifest.get("model") or {}).get("hf_config")
-    check = KeyCheck(hf_config) if hf_config else None
+    model_meta = manifest.get("model") or {}
+    hf_config = model_meta.get("hf_config")
+    check = KeyCheck(hf_config, model_meta.get("state_keys")) if hf_config else None
     if check is not None:
         check.start()
     tensors, notes = source_tensors(step_dir, manifest)
