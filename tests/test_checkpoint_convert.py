@@ -258,3 +258,29 @@ def test_precision_is_explicit(runs, tmp_path: Path) -> None:
         assert torch.equal(
             materialize(pure.master[name], "float32"), materialize(back.master[name])
         )
+
+
+def test_to_fsdp_needs_no_torch_and_hashes_while_writing(runs, tmp_path: Path) -> None:
+    """The DeepSpeed → DCP path writes DCP's files itself (start-up is the cost that
+    matters on small checkpoints); the manifest's sha256 is computed during the write
+    and must be the files' own."""
+    import hashlib
+
+    code = (
+        "import sys; from pathlib import Path; "
+        "from shardctl.train.portable import convert_checkpoint; "
+        "convert_checkpoint(Path(sys.argv[1]), 'fsdp', Path(sys.argv[2]), verify=False); "
+        "print('torch' in sys.modules)"
+    )
+    out = tmp_path / "ck"
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(_step(runs["ds3"], EVERY)), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "False"
+    manifest = json.loads((out / "manifest.json").read_text())
+    for rel, entry in manifest["files"].items():
+        assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == entry["sha256"], rel

@@ -110,11 +110,17 @@ def share_of(sizes: dict[str, int], rank: int, world_size: int) -> list[str]:
     return sorted(rel for rel, r in owner.items() if r == rank)
 
 
-def describe_files(root: str | Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """`{rel: {"size", "sha256"}}` for the given files under `root`."""
-    root = Path(root)
+def describe_files(
+    root: str | Path, rels: Iterable[str], known: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """`{rel: {"size", "sha256"}}` for the given files under `root`; `known` holds the
+    sha256 of files hashed while they were written (not read again)."""
+    root, known = Path(root), known or {}
     return {
-        rel: {"size": (root / rel).stat().st_size, "sha256": sha256_file(root / rel)}
+        rel: {
+            "size": (root / rel).stat().st_size,
+            "sha256": known.get(rel) or sha256_file(root / rel),
+        }
         for rel in rels
     }
 

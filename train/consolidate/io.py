@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,23 @@ def read_ref(ref: TensorRef) -> Any:
     _read_exact(ref.path, ref.offset, buf.numpy())
     flat = buf.view(_torch_dtype(ref.dtype))
     return flat.as_strided(ref.shape, ref.stride)
+
+
+_SCALAR_FORMAT = {
+    "float64": "<d", "float32": "<f", "float16": "<e", "int64": "<q", "int32": "<i",
+    "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?",
+}  # fmt: skip
+
+
+def read_scalar(ref: TensorRef) -> float:
+    """The value of a one-element stored tensor (a step count), read without torch."""
+    if ref.numel != 1:
+        raise CheckpointError(f"{ref.path}: expected one element, found shape {ref.shape}")
+    raw = bytearray(ref.itemsize)
+    _read_exact(ref.path, ref.offset, raw)
+    if ref.dtype == "bfloat16":  # the high half of a float32
+        return struct.unpack("<f", b"\x00\x00" + bytes(raw))[0]
+    return float(struct.unpack(_SCALAR_FORMAT[ref.dtype], raw)[0])
 
 
 def _read_exact(path: Path, offset: int, out: Any) -> None:

@@ -346,6 +346,6 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
 
 
 def _scalar(value: Any) -> float:
-    from .io import read_ref
+    from .io import read_scalar
 
-    return float(read_ref(value).item()) if isinstance(value, TensorRef) else float(value)
+    return read_scalar(value) if isinstance(value, TensorRef) else float(value)

@@ -100,7 +100,7 @@ def convert_checkpoint(
             from .dcp_out import write_dcp
 
             dtype = "bfloat16" if target_precision == "bf16-pure" else "float32"
-            write_dcp(state, tmp / "dcp", dtype)
+            hashes = {f"dcp/{k}": v for k, v in write_dcp(state, tmp / "dcp", dtype).items()}
             ws, stage = int(manifest["world_size"]), None
         else:
             from .ds_out import TAG, run_ranks
@@ -108,13 +108,14 @@ def convert_checkpoint(
             stage = zero_stage or state.zero_stage or int(manifest.get("zero_stage") or 3)
             assert world_size is not None
             run_ranks(step_dir, tmp, stage, world_size)
+            hashes = {}
             if not (tmp / TAG).is_dir():
                 raise CheckpointError(f"DeepSpeed wrote no {TAG}/ folder into {tmp}")
             ws = world_size
         _copy_train_state(step_dir, tmp)
         new_manifest = _manifest(manifest, step_dir, state, to, ws, stage, target_precision)
         files = [rel for rel in list_files(tmp) if rel != MANIFEST]
-        new_manifest["files"] = describe_files(tmp, sorted(files))
+        new_manifest["files"] = describe_files(tmp, sorted(files), hashes)
         write_manifest(tmp, new_manifest)
         for folder, _dirs, _files in os.walk(tmp):
             fsync_dir(folder)
@@ -251,9 +252,7 @@ def _manifest(
     zero_stage: int | None,
     precision: str,
 ) -> dict[str, Any]:
-    import torch
-
-    versions = {"torch": torch.__version__, "shardctl": package_version("shardctl")}
+    versions = {"torch": package_version("torch"), "shardctl": package_version("shardctl")}
     if to == "deepspeed":
         versions["deepspeed"] = package_version("deepspeed")
         sharding = ZERO_TO_SHARDING[int(zero_stage or 3)]
