@@ -14,6 +14,7 @@
    flush (`sync` before every run: on ext4 an fsync also waits for every other dirty
    page, e.g. the checkpoint just written). Measures wall time, the peak RSS of the
    process (wait4's ru_maxrss) and of its whole process tree (psutil, every 20 ms):
+   - both: `cp -r` of the step folder (the same bytes read and written once: the floor);
    - FSDP/DCP: `shardctl consolidate` (into a new folder: no fsync, like the others;
      also with `--fsync`, the output on disk when it returns), `dcp_to_torch_save`,
      `accelerate merge-weights`;
@@ -66,7 +67,13 @@ def _config(size: str):
 
 
 def _manifest(step_dir: Path, backend: str, config, world: int) -> None:
+    import torch
     from shardctl.train.manifest import describe_files, list_files
+    from shardctl.train.model import state_keys
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):  # the names shardctl's loop records (model.state_keys)
+        keys = state_keys(LlamaForCausalLM(config))
 
     files = describe_files(step_dir, list_files(step_dir))
     manifest = {
@@ -77,7 +84,12 @@ def _manifest(step_dir: Path, backend: str, config, world: int) -> None:
         "sharding": "full_shard" if backend == "fsdp" else None,
         "zero_stage": 3,
         "precision": "fp32",
-        "model": {"source": "llama", "dtype": "fp32", "hf_config": config.to_dict()},
+        "model": {
+            "source": "llama",
+            "dtype": "fp32",
+            "hf_config": config.to_dict(),
+            "state_keys": keys,
+        },
         "versions": {"torch": "", "shardctl": "", "deepspeed": None},
         "files": files,
     }
@@ -229,6 +241,8 @@ def run(
     out = workdir / "out"
     py = str(BIN / "python")
     tools = [
+        ("FSDP/DCP", "`cp -r` of the step folder (the floor)",
+         ["cp", "-r", str(dcp_step), str(out / "copy")]),
         ("FSDP/DCP", "shardctl consolidate (safetensors)",
          [str(BIN / "shardctl"), "consolidate", str(dcp_step), "--out", str(out), "--no-progress"]),
         ("FSDP/DCP", "shardctl consolidate --fsync",
@@ -248,6 +262,8 @@ def run(
             made = make_checkpoint("deepspeed", size, ds_step)
             print(f"  {made:.0f} s")
         tools += [
+            ("DeepSpeed ZeRO-3", "`cp -r` of the step folder (the floor)",
+             ["cp", "-r", str(ds_step), str(out / "copy")]),
             ("DeepSpeed ZeRO-3", "shardctl consolidate (safetensors)",
              [str(BIN / "shardctl"), "consolidate", str(ds_step), "--out", str(out),
               "--no-progress"]),
@@ -290,13 +306,15 @@ def run(
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| checkpoint | tool | wall s | GB/s | peak RSS GB | tree peak RSS GB |",
-        "|---|---|---:|---:|---:|---:|",
+        "| checkpoint | tool | wall s | × cp | GB/s | peak RSS GB | tree peak RSS GB |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
+    floor = {r["source"]: r["wall"] for r in rows if r["tool"].startswith("`cp")}
     for r in rows:
+        ratio = f"{r['wall'] / floor[r['source']]:.1f}×" if r["source"] in floor else "—"
         lines.append(
-            f"| {r['source']} | {r['tool']} | {r['wall']:.1f} | {r['bytes'] / r['wall'] / 1e9:.2f} "
-            f"| {_gb(r['maxrss'])} | {_gb(r['tree'])} |"
+            f"| {r['source']} | {r['tool']} | {r['wall']:.1f} | {ratio} "
+            f"| {r['bytes'] / r['wall'] / 1e9:.2f} | {_gb(r['maxrss'])} | {_gb(r['tree'])} |"
         )
     return "\n".join(lines)
 

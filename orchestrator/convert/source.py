@@ -36,8 +36,8 @@ def read_path(path: str | Path) -> Input:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(
-            f"CONFIG {str(path)!r} does not exist; give an accelerate config or a job spec, "
-            "or - to read one from stdin"
+            f"CONFIG {str(path)!r} does not exist; give an accelerate config, a job spec, "
+            "a checkpoint folder, or - to read a config from stdin"
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read CONFIG {str(path)!r}: {exc}") from None
@@ -60,9 +60,10 @@ def detect(data: Any, source: str | None = None) -> SourceKind:
     """Which kind of config `data` is: accelerate-fsdp, accelerate-deepspeed or jobspec."""
     unknown = Origin(source, UNKNOWN)
     if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
         unknown.fail(
             f"the top level must be a mapping (an accelerate config or a shardctl job spec), "
-            f"got {type(data).__name__}"
+            f"got {got}"
         )
     if "distributed_type" in data or "fsdp_config" in data or "deepspeed_config" in data:
         dist = str(data.get("distributed_type", "")).upper()
