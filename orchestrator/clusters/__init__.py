@@ -12,10 +12,13 @@ and none imports its client library (submitit, kubernetes) before it must.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from ..errors import RenderError, UsageError
-from ..spec import JobSpec
-from .base import Cluster
+
+if TYPE_CHECKING:  # the spec's models cost ~0.1 s to build: not for `--help` or consolidate
+    from ..spec import JobSpec
+    from .base import Cluster
 
 # name → "module:class", relative to this package. The only list of cluster names.
 REGISTRY: dict[str, str] = {
