@@ -284,3 +284,37 @@ def test_to_fsdp_needs_no_torch_and_hashes_while_writing(runs, tmp_path: Path) -
     manifest = json.loads((out / "manifest.json").read_text())
     for rel, entry in manifest["files"].items():
         assert hashlib.sha256((out / rel).read_bytes()).hexdigest() == entry["sha256"], rel
+
+
+def test_zero3_sub_groups_and_two_param_groups_convert(tmp_path: Path) -> None:
+    """ZeRO-3 cuts every param group into sub-groups of `sub_group_size` elements (by
+    default 1e9: any model above a billion parameters). The conversion must put every
+    parameter back in its own param group, with DeepSpeed's own view of its fp32
+    master and Adam moments."""
+    import warnings
+
+    from helpers.ckpt_run import run, torchrun_argv
+    from helpers.consolidate_util import MAKE_CKPT
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    step = tmp_path / "run" / "checkpoints" / "step-00000002"
+    moments = tmp_path / "moments.pt"
+    args = ["--backend", "deepspeed", "--zero-stage", "3", "--sub-group-size", "3000"]
+    args += ["--steps", "2", "--no-reference", "--moments", str(moments), "--out", str(step)]
+    made = run(torchrun_argv(2, MAKE_CKPT, *args), timeout=300)
+    assert made.returncode == 0, made.stdout[-4000:]
+    convert_ok(step, "--to", "fsdp", "--out", tmp_path / "fsdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_to_torch_save(str(tmp_path / "fsdp" / "dcp"), str(tmp_path / "flat.pt"))
+    sd = torch.load(tmp_path / "flat.pt", weights_only=False)
+    expected = torch.load(moments, weights_only=False)
+    groups = sd["optim"]["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert set(groups[0]["params"]) == {n for n, t in expected.items() if t["fp32"].dim() > 1}
+    assert set(groups[1]["params"]) == {n for n, t in expected.items() if t["fp32"].dim() <= 1}
+    for name, ds in expected.items():
+        assert torch.equal(sd["model"][name], ds["fp32"]), name
+        for kind in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(sd["optim"]["state"][name][kind], ds[kind]), (name, kind)
+        assert sd["optim"]["state"][name]["step"].item() == 2.0

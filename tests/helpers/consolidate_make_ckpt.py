@@ -84,6 +84,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--out", type=Path, required=True, help="the final step-NNNNNNNN dir")
     p.add_argument("--no-reference", action="store_true")
+    p.add_argument("--sub-group-size", type=int, default=None, help="ZeRO-3 sub_group_size")
+    p.add_argument(
+        "--moments", type=Path, default=None, help="save DeepSpeed's full per-parameter Adam state"
+    )
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -134,12 +138,19 @@ def main() -> None:
         ds_config = {
             "train_micro_batch_size_per_gpu": 2,
             "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": args.zero_stage},
+            "zero_optimization": {"stage": args.zero_stage}
+            | ({"sub_group_size": args.sub_group_size} if args.sub_group_size else {}),
             "bf16": {"enabled": args.precision == "bf16"},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
         }
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        # Two param groups (no weight decay on 1-d tensors), as most recipes have.
+        named = list(model.named_parameters())
+        groups = [
+            {"params": [t for _, t in named if t.dim() > 1], "weight_decay": 0.1},
+            {"params": [t for _, t in named if t.dim() <= 1], "weight_decay": 0.0},
+        ]
+        opt = torch.optim.AdamW(groups, lr=1e-2)
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
         for ids in batches:
             loss = engine(input_ids=ids, labels=ids).loss
@@ -149,6 +160,19 @@ def main() -> None:
         with torch.no_grad():
             logits = engine(input_ids=probe).logits.float()
         engine.save_checkpoint(save_dir=str(tmp), tag="deepspeed")
+        if args.moments is not None:
+            from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+            full = {  # collectives under ZeRO-3: every rank asks for every parameter
+                name: {
+                    "fp32": safe_get_full_fp32_param(param),
+                    "exp_avg": safe_get_full_optimizer_state(param, "exp_avg"),
+                    "exp_avg_sq": safe_get_full_optimizer_state(param, "exp_avg_sq"),
+                }
+                for name, param in engine.module.named_parameters()
+            }
+            if rank == 0:
+                torch.save(full, args.moments)
 
     (tmp / "train_state").mkdir(parents=True, exist_ok=True)
     torch.save({"rank": rank}, tmp / "train_state" / f"rank-{rank:05d}.pt")

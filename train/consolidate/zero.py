@@ -281,7 +281,7 @@ class ZeroOptimizerState:
     world_size: int
     groups: list[list[str]]  # parameter names of every optimizer param group, in order
     hyper: list[dict[str, Any]]  # every group's hyperparameters (lr, betas, weight_decay ...)
-    steps: list[float]  # Adam's step count of every group
+    steps: dict[str, float]  # Adam's step count of every parameter
     master: dict[str, SourceTensor]  # fp32 masters
     exp_avg: dict[str, SourceTensor]
     exp_avg_sq: dict[str, SourceTensor]
@@ -317,11 +317,7 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
     shapes: list[dict] = model["param_shapes"]
     inner = optim[0][1]["base_optimizer_state" if stage <= 2 else "optimizer_state_dict"]
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in inner["param_groups"]]
-    states = inner["state"]
-    steps = [float(_scalar(states[g]["step"])) for g in sorted(states)]
-    if stage == 3 and len(steps) != len(shapes):
-        # ZeRO-3 splits groups into sub-groups (sub_group_size); they step together.
-        steps = [steps[0]] * len(shapes)
+    groups, steps = _groups_and_steps(optim_files[0], shapes, inner)
     per_kind = {}
     for kind in ("fp32", "exp_avg", "exp_avg_sq"):
         found = _stage12(shapes, optim, world, kind) if stage <= 2 else _stage3(shapes, optim, kind)
@@ -335,7 +331,7 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
     return ZeroOptimizerState(
         stage=stage,
         world_size=world,
-        groups=[list(g) for g in shapes],
+        groups=groups,
         hyper=hyper,
         steps=steps,
         master=per_kind["fp32"],
@@ -343,6 +339,31 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
         exp_avg_sq=per_kind["exp_avg_sq"],
         buffers=buffers,
     )
+
+
+def _groups_and_steps(
+    path: Path, shapes: list[dict], inner: dict[str, Any]
+) -> tuple[list[list[str]], dict[str, float]]:
+    """Parameter names per optimizer param group, and Adam's step count per name.
+
+    `param_shapes` and the base optimizer's state are per flat group. Below ZeRO-3 that
+    is one per param group; ZeRO-3 cuts each param group into sub-groups of at most
+    `sub_group_size` elements, and `param_groups[g]["params"]` lists the sub-groups
+    (their state indices) that belong to param group g."""
+    param_groups, states = inner["param_groups"], inner["state"]
+    owner = {int(i): g for g, group in enumerate(param_groups) for i in group.get("params", [])}
+    if sorted(owner) != list(range(len(shapes))) or set(owner) - set(map(int, states)):
+        raise CheckpointError(
+            f"{path}: the optimizer's param groups list flat groups {sorted(owner)}, but the "
+            f"model has {len(shapes)} — the checkpoint does not match itself"
+        )
+    groups: list[list[str]] = [[] for _ in param_groups]
+    steps: dict[str, float] = {}
+    for flat, names in enumerate(shapes):
+        groups[owner[flat]] += list(names)
+        step = _scalar(states[flat]["step"]) if "step" in states[flat] else 0.0
+        steps.update(dict.fromkeys(names, step))
+    return groups, steps
 
 
 def _scalar(value: Any) -> float:

@@ -103,14 +103,13 @@ def _from_deepspeed(ds_dir: Path, manifest: dict[str, Any]) -> PortableState:
 
     _refuse_model_parallel(ds_dir)
     z = deepspeed_optimizer_state(ds_dir)
-    steps = {name: z.steps[g] for g, names in enumerate(z.groups) for name in names}
     return PortableState(
         backend="deepspeed",
         world_size=z.world_size,
         zero_stage=z.stage,
         groups=z.groups,
         hyper=z.hyper,
-        steps=steps,
+        steps=z.steps,
         master=z.master,
         moments={"exp_avg": z.exp_avg, "exp_avg_sq": z.exp_avg_sq},
         buffers={t.name: t for t in z.buffers},
