@@ -393,10 +393,11 @@ def test_recorded_names_are_checked_without_importing_torch_or_transformers(tmp_
     model = tiny_llama(tied=True)
     step = make_dcp_step(tmp_path / "checkpoints", 1, model.state_dict(), model.config.to_dict())
     _record_state_keys(step, model)
-    code = (
-        "import sys; from pathlib import Path; from shardctl.train.consolidate import "
-        "consolidate; r = consolidate(Path(sys.argv[1]), Path(sys.argv[2])); "
-        "print(r.tensors, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    code = (  # the command as a user runs it: nothing heavy is imported to start
+        "import sys; from shardctl.orchestrator.cli import cli; "
+        "cli(['consolidate', sys.argv[1], '--out', sys.argv[2], '--no-progress', '-o', "
+        "'json'], standalone_mode=False); "
+        "print(sorted(m for m in ('torch', 'transformers', 'pydantic') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code, str(step), str(tmp_path / "model")],
@@ -405,8 +406,10 @@ def test_recorded_names_are_checked_without_importing_torch_or_transformers(tmp_
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
+    result, imported = out.stdout.rsplit("\n", 2)[:2]
+    assert imported == "[]"
     # the tied lm_head is written once, as from the rebuilt model
-    assert out.stdout.split() == [str(len(model.state_dict()) - 1), "[]"]
+    assert json.loads(result)["tensors"] == len(model.state_dict()) - 1
     loaded = _load_dir(tmp_path / "model")
     for name, tensor in model.state_dict().items():
         if name != "lm_head.weight":

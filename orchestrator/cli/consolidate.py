@@ -42,12 +42,14 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
     `checkpoint.dir` points elsewhere; a checkpoints/ or step folder lies in a run dir
     only in the default layout (`<run dir>/checkpoints/step-N`).
     """
-    from ..spec import load_spec
-
     if given.is_file() and given.suffix in (".yaml", ".yml"):
+        from ..spec import load_spec  # ~0.1 s of model building: only when a spec is given
+
         spec = load_spec(given)
         return Path(spec.checkpoint_dir), Path(spec.run_dir)
     if (given / SPEC_FILE).is_file():
+        from ..spec import load_spec
+
         spec = load_spec(given / SPEC_FILE)
         # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).
         ckpt = Path(spec.checkpoint_dir)
