@@ -85,6 +85,7 @@ def run_shardctl(
     name = f"overhead-{time.monotonic_ns()}"
     spec = {
         "name": name,
+        "run_dir": str(work / name),  # metrics land in <run_dir>/logs/metrics.jsonl
         "resources": {"nodes": 1, "procs_per_node": nproc, "device": "cpu"},
         "strategy": {"backend": "fsdp", "sharding": "full_shard", "precision": "bf16-mixed"},
         "train": {
