@@ -258,6 +258,13 @@ def test_precision_is_explicit(runs, tmp_path: Path) -> None:
         assert torch.equal(
             materialize(pure.master[name], "float32"), materialize(back.master[name])
         )
+    # A bf16 engine names its files bf16_zero_pp_rank_*: the run that resumes looks for them.
+    assert sorted((tmp_path / "ds" / "deepspeed").glob("bf16_zero_pp_rank_*_optim_states.pt"))
+    bf16_ds = {"backend": "deepspeed", "sharding": "full_shard", "precision": "bf16-mixed"}
+    resumed = _resume(tmp_path, "ds-bf16", bf16_ds, tmp_path / "ds")
+    losses = _losses(resumed)
+    assert sorted(losses) == list(range(EVERY + 1, STEPS + 1))
+    assert all(math.isfinite(x) for x in losses.values())
 
 
 def test_to_fsdp_needs_no_torch_and_hashes_while_writing(runs, tmp_path: Path) -> None:

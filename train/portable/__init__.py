@@ -107,7 +107,7 @@ def convert_checkpoint(
 
             stage = zero_stage or state.zero_stage or int(manifest.get("zero_stage") or 3)
             assert world_size is not None
-            run_ranks(step_dir, tmp, stage, world_size)
+            run_ranks(step_dir, tmp, stage, world_size, target_precision)
             hashes = {}
             if not (tmp / TAG).is_dir():
                 raise CheckpointError(f"DeepSpeed wrote no {TAG}/ folder into {tmp}")
@@ -222,6 +222,12 @@ def _target_precision(
                 "fp32 masters; resume with precision bf16-mixed or fp32"
             )
             return "bf16-mixed"
+        if source == "fp16-mixed":
+            raise UsageError(
+                "a fp16-mixed checkpoint cannot go to DeepSpeed here: DeepSpeed's fp16 "
+                "engine needs its loss-scaler state, which FSDP does not keep; accepted "
+                "sources: fp32, bf16-mixed, bf16-pure"
+            )
         return source if source != "bf16-pure" else "bf16-mixed"
     accepted = ("fp32", "bf16-mixed", "bf16-pure", "fp16-mixed")
     if precision is not None and precision not in accepted:

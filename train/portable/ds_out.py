@@ -8,7 +8,7 @@ requested stage, load the state into it (`engine_in.load_into_engine`) and call
 `engine.save_checkpoint`. A run of the real model with the same stage and world size
 then loads the files with DeepSpeed's own `load_checkpoint`.
 
-    python -m shardctl.train.portable.ds_out SOURCE_STEP_DIR OUT_DIR STAGE
+    python -m shardctl.train.portable.ds_out SOURCE_STEP_DIR OUT_DIR STAGE PRECISION
         (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; `run_ranks` does that)
 """
 
@@ -64,21 +64,29 @@ def stand_in_module(state: PortableState) -> tuple[Any, list[dict[str, Any]]]:
     return root, groups
 
 
-def deepspeed_config(stage: int) -> dict[str, Any]:
-    """What shapes the files: the ZeRO stage (the rest as the DeepSpeed backend renders)."""
+PRECISIONS = ("fp32", "bf16-mixed")
+
+
+def deepspeed_config(stage: int, precision: str) -> dict[str, Any]:
+    """What shapes the files: the ZeRO stage and the precision (a bf16 engine names its
+    optimizer files `bf16_zero_pp_rank_*` and keeps bf16 module weights; the run that
+    resumes looks for exactly those), the rest as the DeepSpeed backend renders."""
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = False
-    return {
+    config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+    if precision == "bf16-mixed":
+        config["bf16"] = {"enabled": True}
+    return config
 
 
-def rank_main(source: Path, out_dir: Path, stage: int) -> None:
+def rank_main(source: Path, out_dir: Path, stage: int, precision: str) -> None:
     """One rank of the writer (a collective over WORLD_SIZE processes)."""
     import torch
     import torch.distributed as dist
@@ -95,7 +103,10 @@ def rank_main(source: Path, out_dir: Path, stage: int) -> None:
     module, groups = stand_in_module(state)
     optimizer = torch.optim.AdamW(groups)
     engine, _, _, _ = deepspeed.initialize(
-        model=module, optimizer=optimizer, config=deepspeed_config(stage), dist_init_required=False
+        model=module,
+        optimizer=optimizer,
+        config=deepspeed_config(stage, precision),
+        dist_init_required=False,
     )
     load_into_engine(engine, state)
     # The engine's optimizer-step counter, as the source run's engine would have it.
@@ -111,8 +122,13 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(source: Path, out_dir: Path, stage: int, world_size: int) -> None:
+def run_ranks(source: Path, out_dir: Path, stage: int, world_size: int, precision: str) -> None:
     """Start `world_size` writer processes on this machine and wait for all of them."""
+    if precision not in PRECISIONS:
+        raise CheckpointError(
+            f"a DeepSpeed checkpoint for precision {precision!r} cannot be written here; "
+            f"accepted: {', '.join(PRECISIONS)} (fp16's loss scaler has no FSDP twin)"
+        )
     port = str(_free_port())
     env = dict(os.environ)
     env.update(
@@ -125,7 +141,7 @@ def run_ranks(source: Path, out_dir: Path, stage: int, world_size: int) -> None:
             "PYTHONWARNINGS": "ignore",
         }
     )
-    argv = [sys.executable, "-m", __name__, str(source), str(out_dir), str(stage)]
+    argv = [sys.executable, "-m", __name__, str(source), str(out_dir), str(stage), precision]
     procs = []
     for rank in range(world_size):
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
@@ -168,9 +184,9 @@ def _last_error(stderr: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    source, out_dir, stage = Path(argv[0]), Path(argv[1]), int(argv[2])
+    source, out_dir, stage, precision = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
     try:
-        rank_main(source, out_dir, stage)
+        rank_main(source, out_dir, stage, precision)
     except CheckpointError as exc:
         print(f"CheckpointError: {exc}", file=sys.stderr)
         return 1
