@@ -219,6 +219,16 @@ def measure(cmd: list[str]) -> dict[str, float]:
     return {"wall": wall, "maxrss": int(out), "tree": max(tree_peak, 1)}
 
 
+def summarize(done: list[dict[str, float]]) -> dict[str, float]:
+    """The rounds of one tool: the median wall time, the highest peak RSS."""
+    walls = sorted(r["wall"] for r in done)
+    return {
+        "wall": walls[len(walls) // 2],
+        "maxrss": max(r["maxrss"] for r in done),
+        "tree": max(r["tree"] for r in done),
+    }
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f}"
 
@@ -287,13 +297,7 @@ def run(
             os.sync()
             runs[source, name].append(measure(cmd))
     for source, name, _ in tools:
-        done = runs[source, name]
-        walls = sorted(r["wall"] for r in done)
-        m = {
-            "wall": walls[len(walls) // 2],
-            "maxrss": max(r["maxrss"] for r in done),
-            "tree": max(r["tree"] for r in done),
-        }
+        m = summarize(runs[source, name])
         rows.append({"source": source, "tool": name, **m, "bytes": model_bytes})
         print(
             f"  {source:17} {name:40} {m['wall']:6.1f} s  "

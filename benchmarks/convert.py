@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from consolidate import _config, _gb, _warm, measure  # benchmarks/consolidate.py
+from consolidate import _config, _gb, _warm, measure, summarize  # benchmarks/consolidate.py
 
 BIN = Path(sys.executable).parent
 
@@ -142,23 +142,16 @@ def run(size: str, workdir: Path, rounds: int, reuse: bool) -> list[dict]:
          [shardctl, "convert", str(as_fsdp), "--to", "deepspeed", "--world-size", "2",
           "--out", str(out)]),
     ]  # fmt: skip
-    keyed = {(source, name): name + source for source, name, *_ in tools}
-    runs: dict[str, list[dict[str, float]]] = {keyed[s, n]: [] for s, n, *_ in tools}
+    runs: dict[tuple[str, str], list[dict[str, float]]] = {(s, n): [] for s, n, *_ in tools}
     for _ in range(rounds):
         for source, name, src, _, cmd in tools:
             shutil.rmtree(out, ignore_errors=True)
             _warm(src)
             os.sync()
-            runs[keyed[source, name]].append(measure(cmd))
+            runs[source, name].append(measure(cmd))
     rows = []
     for source, name, _, nbytes, _ in tools:
-        done = runs[keyed[source, name]]
-        walls = sorted(r["wall"] for r in done)
-        m = {
-            "wall": walls[len(walls) // 2],
-            "maxrss": max(r["maxrss"] for r in done),
-            "tree": max(r["tree"] for r in done),
-        }
+        m = summarize(runs[source, name])
         rows.append({"source": source, "tool": name, "bytes": nbytes, **m})
         print(
             f"  {source:22} {name:50} {m['wall']:6.1f} s  peak RSS {_gb(m['maxrss'])} GB "
@@ -173,14 +166,12 @@ def table(rows: list[dict]) -> str:
         "| source | command | GB read | wall s | × cp | peak RSS GB | tree peak RSS GB |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    floor: dict[str, float] = {}
+    floor = {r["source"]: r["wall"] for r in rows if r["tool"].startswith("`cp")}
     for r in rows:
-        if r["tool"].startswith("`cp"):
-            floor[r["source"]] = r["wall"]
-        ratio = r["wall"] / floor[r["source"]] if r["source"] in floor else float("nan")
+        ratio = f"{r['wall'] / floor[r['source']]:.1f}×" if r["source"] in floor else "—"
         lines.append(
             f"| {r['source']} | {r['tool']} | {_gb(r['bytes'])} | {r['wall']:.1f} | "
-            f"{ratio:.1f}× | {_gb(r['maxrss'])} | {_gb(r['tree'])} |"
+            f"{ratio} | {_gb(r['maxrss'])} | {_gb(r['tree'])} |"
         )
     return "\n".join(lines)
 

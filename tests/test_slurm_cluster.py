@@ -155,6 +155,21 @@ def _finished(ref: JobRef, timeout: float = 240) -> JobState:
     return status.state
 
 
+def _requeued_then_finished(ref: JobRef) -> str:
+    """After a time-limit save: wait for the requeue, give the requeued job a longer limit
+    (its warning 50 min away) so it can finish, and return the logs once it SUCCEEDED.
+    The signal came once per node."""
+    cluster = SlurmCluster()
+    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 60, "the requeue")
+    subprocess.run(
+        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
+    )
+    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
+    logs = cluster.logs(ref)
+    assert logs.count("got SIGUSR2") == 2, logs  # the time-limit signal, on each node
+    return logs
+
+
 def _steps(run_dir: Path) -> list[int]:
     path = run_dir / "logs" / "metrics.jsonl"
     if not path.is_file():
@@ -367,14 +382,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None,
     assert 0 < saved_at < steps
     # Once requeued, a longer limit (its warning 50 min away) lets the resumed run
     # finish; the path under test — limit → signal → save → requeue — was taken.
-    cluster = SlurmCluster()
-    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 60, "the requeue")
-    subprocess.run(
-        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
-    )
-    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
-    logs = cluster.logs(ref)
-    assert logs.count("got SIGUSR2") == 2, logs  # the time-limit signal, on each node
+    logs = _requeued_then_finished(ref)
     assert f"resumed at step {saved_at}" in logs
     assert _steps(run_dir) == list(range(1, steps + 1))
 
@@ -540,17 +548,10 @@ def test_your_hf_trainer_script_gets_the_time_limit_signal_and_resumes(
     spec["slurm"].update({"time": "10", "signal_delay_s": 580})
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
-    cluster = SlurmCluster()
     saved_at = _wait(ref, lambda: _marker_step(run_dir), 180, "the time-limit save")
     assert 0 < saved_at < steps
     assert (run_dir / "checkpoints" / f"checkpoint-{saved_at}" / "trainer_state.json").is_file()
-    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 60, "the requeue")
-    subprocess.run(
-        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
-    )
-    assert _finished(ref, timeout=400) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
-    logs = cluster.logs(ref)
-    assert logs.count("got SIGUSR2") == 2, logs  # the time-limit signal, on each node
+    logs = _requeued_then_finished(ref)
     assert f"resuming from {run_dir / 'checkpoints' / f'checkpoint-{saved_at}'}" in logs, logs
     assert f"finished at step {steps}" in logs
     assert (run_dir / "DONE").is_file()

@@ -14,14 +14,13 @@ Exit 1 when any checkpoint is corrupt.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from .common import handle_errors, human_size, output_option
+from .common import echo_json, handle_errors, human_size, output_option
 
 
 def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
@@ -113,7 +112,7 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
     data = collect(path, check_hashes)
     rows = data["checkpoints"]
     if output == "json":
-        click.echo(json.dumps(data, indent=2, sort_keys=True))
+        echo_json(data)
     elif not rows:
         click.echo(f"no checkpoints in {data['checkpoint_dir']}")
     else:

@@ -5,7 +5,6 @@ torch, transformers and DeepSpeed are imported only when the command runs.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import click
 
 from ..errors import UsageError
 from ..rundir import CHECKPOINTS_DIR, SPEC_FILE, RunDir
-from .common import handle_errors, human_size, output_option
+from .common import echo_json, handle_errors, human_size, output_option
 
 _UNITS = {
     "": 1, "b": 1,
@@ -145,7 +144,7 @@ def consolidate_cmd(
         durable=fsync,
     )
     if output == "json":
-        click.echo(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        echo_json(result.to_json())
         return
     rate = result.total_bytes / result.seconds if result.seconds else 0.0
     click.echo(

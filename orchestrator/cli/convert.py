@@ -3,14 +3,13 @@ given a checkpoint folder, the checkpoint itself (train/portable)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
 from ..errors import ShardctlError, UsageError
-from .common import handle_errors
+from .common import echo_json, handle_errors
 
 STDIN = "-"
 
@@ -234,7 +233,7 @@ def _convert_checkpoint(
         verify=verify,
     )
     if output == "json":
-        click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        echo_json(report.to_json())
         return
     for line in describe(report):
         click.echo(line)

@@ -9,13 +9,12 @@ no torch, deepspeed, kubernetes or submitit, here or in what the dry run pulls i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from ..clusters import CLUSTER_NAMES
-from .common import command_argument, handle_errors
+from .common import command_argument, echo_json, handle_errors
 
 
 @click.command("render")
@@ -74,7 +73,7 @@ def render_cmd(
             "files": [{"name": p.name, "path": str(p), "bytes": n} for p, n in written],
             "not_rendered_now": others,
         }
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        echo_json(doc)
         return
     width = max(len(p.name) for p, _ in written)
     click.echo(f"rendered {job.name} for {cluster} into {target}/")

@@ -118,6 +118,30 @@ def read_scalar(ref: TensorRef) -> float:
     return float(struct.unpack(_SCALAR_FORMAT[ref.dtype], raw)[0])
 
 
+def assemble_chunks(src: SourceTensor, on_bytes: Callable[[int], None] | None = None) -> Any:
+    """The full tensor (shaped, in its stored dtype) from its chunks, each read and
+    copied into place, then freed; `on_bytes` hears the bytes read per chunk."""
+    import torch
+
+    full = torch.empty(src.shape, dtype=_torch_dtype(src.dtype))
+    covered = 0
+    for chunk in src.chunks:
+        piece = read_ref(chunk.ref)
+        view = full
+        for dim, (start, size) in enumerate(zip(chunk.offsets, piece.shape, strict=True)):
+            view = view.narrow(dim, start, size)
+        view.copy_(piece)
+        covered += piece.numel()
+        if on_bytes is not None:
+            on_bytes(piece.numel() * chunk.ref.itemsize)
+        del piece
+    if covered != src.numel:
+        raise CheckpointError(
+            f"{src.name}: the stored chunks cover {covered} of {src.numel} elements"
+        )
+    return full
+
+
 def _read_exact(path: Path, offset: int, out: Any) -> None:
     with path.open("rb") as f:
         f.seek(offset)
@@ -248,21 +272,7 @@ class TensorCopier:
     def _write_assembled(self, out: OutFile, src: SourceTensor, dtype: str) -> int:
         import torch
 
-        full = torch.empty(src.shape, dtype=_torch_dtype(src.dtype))
-        covered = 0
-        for chunk in src.chunks:
-            piece = read_ref(chunk.ref)
-            view = full
-            for dim, (start, size) in enumerate(zip(chunk.offsets, piece.shape, strict=True)):
-                view = view.narrow(dim, start, size)
-            view.copy_(piece)
-            covered += piece.numel()
-            self._on_bytes(piece.numel() * chunk.ref.itemsize)
-            del piece
-        if covered != src.numel:
-            raise CheckpointError(
-                f"{src.name}: the stored chunks cover {covered} of {src.numel} elements"
-            )
+        full = assemble_chunks(src, self._on_bytes)
         data = full if dtype == src.dtype else full.to(_torch_dtype(dtype))
         out.write(data.reshape(-1).view(torch.uint8).numpy())
         return data.numel() * ITEMSIZE[dtype]

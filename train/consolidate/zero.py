@@ -65,23 +65,11 @@ def _load(path: Path) -> Any:
     return load_refs(path, trusted=True)
 
 
-def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str], list[str]]:
-    """The fp32 master weights (plus buffers and frozen params) as SourceTensors.
-
-    Returns (tensors, shared, notes) where `shared` maps a tied parameter's name to the
-    name of the parameter it shares storage with (lm_head.weight → model.embed_tokens.weight).
-    """
-    optim_files = sorted(ds_dir.glob("*_optim_states.pt"), key=_natural)
-    model_files = sorted(ds_dir.glob("*_model_states.pt"), key=_natural)
-    if not model_files:
-        found = sorted(p.name for p in ds_dir.iterdir()) if ds_dir.is_dir() else "no folder"
-        raise CheckpointError(
-            f"{ds_dir} is not a DeepSpeed checkpoint: it has no *_model_states.pt file "
-            f"(found {found})"
-        )
-    if not optim_files:
-        # No ZeRO optimizer (stage 0 in fp32): the module weights are the trained weights.
-        return _module_weights(model_files[0])
+def _optimizer_partitions(
+    ds_dir: Path, optim_files: list[Path]
+) -> tuple[list[tuple[Path, dict]], int, int]:
+    """Every rank's optimizer state dict, the ZeRO stage and the partition count (checked
+    against the number of files)."""
     optim = []
     for f in optim_files:
         sd = _load(f).get("optimizer_state_dict")
@@ -100,6 +88,27 @@ def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str],
             f"{ds_dir}: the optimizer was partitioned over {world} ranks but there are "
             f"{len(optim)} *_optim_states.pt files — a rank's file is missing or left over"
         )
+    return optim, stage, world
+
+
+def deepspeed_tensors(ds_dir: Path) -> tuple[list[SourceTensor], dict[str, str], list[str]]:
+    """The fp32 master weights (plus buffers and frozen params) as SourceTensors.
+
+    Returns (tensors, shared, notes) where `shared` maps a tied parameter's name to the
+    name of the parameter it shares storage with (lm_head.weight → model.embed_tokens.weight).
+    """
+    optim_files = sorted(ds_dir.glob("*_optim_states.pt"), key=_natural)
+    model_files = sorted(ds_dir.glob("*_model_states.pt"), key=_natural)
+    if not model_files:
+        found = sorted(p.name for p in ds_dir.iterdir()) if ds_dir.is_dir() else "no folder"
+        raise CheckpointError(
+            f"{ds_dir} is not a DeepSpeed checkpoint: it has no *_model_states.pt file "
+            f"(found {found})"
+        )
+    if not optim_files:
+        # No ZeRO optimizer (stage 0 in fp32): the module weights are the trained weights.
+        return _module_weights(model_files[0])
+    optim, stage, world = _optimizer_partitions(ds_dir, optim_files)
     # Stage 3 writes one model-states file per rank; param shapes are the same in each.
     model_file = model_files[0]
     model = _load(model_file)
@@ -297,17 +306,9 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
             f"{ds_dir} holds no ZeRO optimizer partitions (*_optim_states.pt): only DeepSpeed "
             "ZeRO stage 1, 2 or 3 checkpoints can be converted"
         )
-    optim = [(f, _load(f).get("optimizer_state_dict")) for f in optim_files]
-    stage = int(optim[0][1].get("zero_stage", 0)) if isinstance(optim[0][1], dict) else 0
+    optim, stage, world = _optimizer_partitions(ds_dir, optim_files)
     if stage not in (1, 2, 3):
         raise CheckpointError(f"{optim_files[0]}: ZeRO stage {stage}; only 1, 2 and 3 convert")
-    world = optim[0][1]["partition_count"]
-    world = max(world) if isinstance(world, list) else int(world)
-    if world != len(optim):
-        raise CheckpointError(
-            f"{ds_dir}: the optimizer was partitioned over {world} ranks but there are "
-            f"{len(optim)} *_optim_states.pt files — a rank's file is missing or left over"
-        )
     model = _load(model_files[0])
     if model.get("frozen_param_shapes"):
         raise CheckpointError(

@@ -15,11 +15,13 @@ placeholders on the meta device, each tensor read when the writer asks for it).
 
 from __future__ import annotations
 
+import hashlib
+import struct
 import warnings
 from pathlib import Path
 from typing import Any
 
-from ..consolidate.io import FLOATING, Segment, SourceTensor, _torch_dtype, segments_of_ref
+from ..consolidate.io import Segment, SourceTensor, _torch_dtype, segments_of_ref
 from .pickle_out import Global, NewObj, Pairs, Reduce, dumps
 from .state import MOMENTS, PortableState, materialize
 from .torchsave_out import (
@@ -37,7 +39,7 @@ DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint's CURRENT_DCP_VERSION (tes
 _MD = "torch.distributed.checkpoint.metadata"
 
 
-def _items(state: PortableState, dtype: str | None) -> list[tuple[str, tuple, Any]]:
+def _items(state: PortableState) -> list[tuple[str, tuple, Any]]:
     """(flat key, its path in the nested state dict, a SourceTensor / step / value)."""
     items: list[tuple[str, tuple, Any]] = []
     for i, (hyper, names) in enumerate(zip(state.hyper, state.groups, strict=True)):
@@ -56,10 +58,6 @@ def _items(state: PortableState, dtype: str | None) -> list[tuple[str, tuple, An
             (f"optim.state.{name}.step", ("optim", "state", name, "step"), state.steps[name])
         )
     return items
-
-
-def _out_dtype(src: SourceTensor, dtype: str | None) -> str:
-    return dtype if dtype is not None and src.dtype in FLOATING else src.dtype
 
 
 def _segments(src: SourceTensor) -> list[Segment]:
@@ -95,7 +93,7 @@ def write_dcp(state: PortableState, out_dir: Path, dtype: str | None = None) -> 
     """`out_dir` (created) gets `.metadata` and one `.distcp` file; returns their sha256
     by name. Floating tensors are written as `dtype` when given, else as stored."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    items = _items(state, dtype)
+    items = _items(state)
     if all(_plain(v) for _key, _path, v in items if not isinstance(v, SourceTensor)):
         try:
             return _write_direct(items, out_dir, dtype)
@@ -118,15 +116,13 @@ def _plain(value: Any) -> bool:
 
 
 def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str | None):
-    import hashlib
-
     out = HashedFile(out_dir / DATA_FILE)
     entries: list[tuple[Any, Any]] = []  # (MetadataIndex, _StorageInfo)
     state_md: dict[str, Any] = {}
     try:
         for key, _path, value in items:
             if isinstance(value, SourceTensor):
-                target = _out_dtype(value, dtype)
+                target = value.out_dtype(dtype) if dtype else value.dtype
                 segs = _segments(value)
                 blocks = (
                     read_blocks(segs)
@@ -138,8 +134,6 @@ def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str
                 offset: Any = Reduce(Global("torch", "Size"), ((0,) * len(value.shape),))
                 index = {"fqn": key, "offset": offset, "index": 0}
             elif key.startswith("optim.state."):  # a step count
-                import struct
-
                 where = tensor_record(out, "float32", (), [struct.pack("<f", float(value))])
                 state_md[key] = _tensor_md("float32", ())
                 index = {"fqn": key, "offset": Reduce(Global("torch", "Size"), ((),)), "index": 0}
@@ -184,7 +178,7 @@ def write_dcp_with_torch(state: PortableState, out_dir: Path, dtype: str | None)
 
     def placeholder(key: str, src: SourceTensor) -> Any:
         sources[key] = src
-        out = dtype if dtype is not None and src.dtype in FLOATING else src.dtype
+        out = src.out_dtype(dtype) if dtype else src.dtype
         return torch.empty(src.shape, dtype=_torch_dtype(out), device="meta")
 
     model = {n: placeholder(f"model.{n}", t) for n, t in state.master.items()}

@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from ...orchestrator.errors import CheckpointError
-from ..consolidate.io import ITEMSIZE, SourceTensor, _read_exact, _torch_dtype, read_ref
+from ..consolidate.io import (
+    ITEMSIZE,
+    SourceTensor,
+    _read_exact,
+    _torch_dtype,
+    assemble_chunks,
+)
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -65,19 +71,7 @@ def materialize(src: SourceTensor, dtype: str | None = None) -> Any:
         if at != len(raw):
             raise CheckpointError(f"{src.name}: the stored pieces hold {at} of {len(raw)} bytes")
     elif src.chunks:
-        shaped = full.view(src.shape)
-        covered = 0
-        for chunk in src.chunks:
-            piece = read_ref(chunk.ref)
-            view = shaped
-            for dim, (start, size) in enumerate(zip(chunk.offsets, piece.shape, strict=True)):
-                view = view.narrow(dim, start, size)
-            view.copy_(piece)
-            covered += piece.numel()
-        if covered != src.numel:
-            raise CheckpointError(
-                f"{src.name}: the stored chunks cover {covered} of {src.numel} elements"
-            )
+        full = assemble_chunks(src)
     elif src.numel:
         raise CheckpointError(f"{src.name}: no stored data")
     out = full.view(src.shape)
