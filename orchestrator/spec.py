@@ -17,7 +17,7 @@ import posixpath
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -683,16 +683,258 @@ class Elastic(_Section):
         return self
 
 
-class K8sCluster(_Section):
-    """Settings for `--cluster k8s` (a Kubeflow PyTorchJob)."""
+# Kubernetes names and keys, as the API server checks them.
+DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+QUALIFIED_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# An extended resource: `domain/name` (nvidia.com/gpu, amd.com/gpu, nvidia.com/mig-1g.10gb).
+EXTENDED_RESOURCE_RE = re.compile(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+# Where shardctl mounts its own volumes in every pod (see clusters/k8s/objects.py).
+K8S_OWN_MOUNTS = ("/etc/shardctl", "/shardctl/runs", "/shardctl/cache", "/tmp", "/dev/shm")
+K8S_OWN_VOLUMES = ("spec", "runs", "cache", "tmp", "dshm")
+MIN_GRACE_S = 30  # Kubernetes' own default; a sharded save needs more, never less
 
+
+def _qualified_key(key: str, what: str) -> None:
+    """A label or annotation key: `[prefix/]name`, prefix a DNS subdomain, name ≤ 63."""
+    prefix, slash, name = key.rpartition("/")
+    if (
+        (slash and (len(prefix) > 253 or not DNS_SUBDOMAIN_RE.match(prefix)))
+        or len(name) > 63
+        or not QUALIFIED_NAME_RE.match(name)
+    ):
+        raise ValueError(
+            f"{_show(key)} is not a Kubernetes {what} key; accepted: an optional DNS prefix "
+            "and '/', then 1-63 letters, digits, '-', '_' or '.', starting and ending "
+            "alphanumeric (e.g. 'kueue.x-k8s.io/queue-name')"
+        )
+
+
+class LabelSelectorRequirement(_Section):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(_Section):
+    match_labels: dict[str, str] = Field(default_factory=dict, alias="matchLabels")
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+
+
+class NodeSelectorRequirement(_Section):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = Field(default_factory=list)
+
+
+class NodeSelectorTerm(_Section):
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        default_factory=list, alias="matchExpressions"
+    )
+    match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchFields")
+
+
+class NodeSelector(_Section):
+    node_selector_terms: list[NodeSelectorTerm] = Field(alias="nodeSelectorTerms", min_length=1)
+
+
+Weight = Annotated[int, Field(ge=1, le=100, strict=True)]
+
+
+class PreferredNodeTerm(_Section):
+    weight: Weight
+    """1 to 100."""
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(_Section):
+    required: NodeSelector | None = Field(
+        default=None, alias="requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    preferred: list[PreferredNodeTerm] = Field(
+        default_factory=list, alias="preferredDuringSchedulingIgnoredDuringExecution"
+    )
+
+
+class PodAffinityTerm(_Section):
+    topology_key: str = Field(alias="topologyKey", min_length=1)
+    label_selector: LabelSelector | None = Field(default=None, alias="labelSelector")
+    namespace_selector: LabelSelector | None = Field(default=None, alias="namespaceSelector")
+    namespaces: list[str] = Field(default_factory=list)
+    match_label_keys: list[str] = Field(default_factory=list, alias="matchLabelKeys")
+    mismatch_label_keys: list[str] = Field(default_factory=list, alias="mismatchLabelKeys")
+
+
+class WeightedPodAffinityTerm(_Section):
+    weight: Weight
+    """1 to 100."""
+    pod_affinity_term: PodAffinityTerm = Field(alias="podAffinityTerm")
+
+
+class PodAffinity(_Section):
+    required: list[PodAffinityTerm] = Field(
+        default_factory=list, alias="requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    preferred: list[WeightedPodAffinityTerm] = Field(
+        default_factory=list, alias="preferredDuringSchedulingIgnoredDuringExecution"
+    )
+
+
+class Affinity(_Section):
+    """A pod's affinity, in Kubernetes' own words (paste it from a pod spec)."""
+
+    node_affinity: NodeAffinity | None = Field(default=None, alias="nodeAffinity")
+    pod_affinity: PodAffinity | None = Field(default=None, alias="podAffinity")
+    pod_anti_affinity: PodAffinity | None = Field(default=None, alias="podAntiAffinity")
+
+    def k8s(self) -> dict[str, Any]:
+        """The object as the API server takes it: camelCase, nothing empty."""
+        return _drop_empty(self.model_dump(mode="json", by_alias=True))
+
+
+def _drop_empty(value: Any) -> Any:
+    if isinstance(value, dict):
+        kept = {k: _drop_empty(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        return [_drop_empty(v) for v in value]
+    return value
+
+
+class ExtraVolume(_Section):
+    """One more volume in every pod, mounted at `mount_path`: exactly one source of
+    `pvc`, `config_map`, `secret`, `host_path`, `nfs` or `empty_dir`."""
+
+    name: str
+    mount_path: str
+    read_only: bool = False
+    sub_path: str | None = None
+    pvc: str | None = None
+    config_map: str | None = None
+    secret: str | None = None
+    host_path: str | None = None
+    nfs: str | None = None
+    """`server:/export/path`."""
+    empty_dir: bool = False
+
+    SOURCES: ClassVar[tuple[str, ...]] = (
+        "pvc", "config_map", "secret", "host_path", "nfs", "empty_dir",
+    )  # fmt: skip
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > 63 or not NAME_RE.match(v):
+            raise ValueError(
+                f"{_show(v)} is not a volume name; accepted: 1-63 lower-case letters, digits "
+                "and '-', starting and ending alphanumeric"
+            )
+        if v in K8S_OWN_VOLUMES:
+            raise ValueError(
+                f"{_show(v)} is a volume shardctl mounts itself; accepted: any other name "
+                f"(taken: {', '.join(K8S_OWN_VOLUMES)})"
+            )
+        return v
+
+    @field_validator("mount_path", "host_path")
+    @classmethod
+    def _abs_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        _path_text(v)
+        if not v.startswith("/") or ":" in v:
+            raise ValueError(f"{_show(v)} is not an absolute path without ':'")
+        return v
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_ours(cls, v: str) -> str:
+        norm = posixpath.normpath(v)
+        for own in K8S_OWN_MOUNTS:
+            if norm == own or norm.startswith(own + "/") or own.startswith(norm + "/"):
+                raise ValueError(
+                    f"{_show(v)} overlaps {own}, where shardctl mounts its own volume; "
+                    "accepted: any other absolute path"
+                )
+        if norm == "/":
+            raise ValueError(f"{_show(v)} would hide the image's root file system")
+        return norm
+
+    @field_validator("pvc", "config_map", "secret")
+    @classmethod
+    def _object_name(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 253 or not DNS_SUBDOMAIN_RE.match(v)):
+            raise ValueError(
+                f"{_show(v)} is not a Kubernetes name; accepted: lower-case letters, "
+                "digits, '-' and '.', starting and ending alphanumeric"
+            )
+        return v
+
+    @field_validator("nfs")
+    @classmethod
+    def _nfs(cls, v: str | None) -> str | None:
+        if v is not None:
+            server, sep, path = v.partition(":")
+            if not sep or not server or not path.startswith("/") or re.search(r"\s", v):
+                raise ValueError(
+                    f"{_show(v)} is not an NFS export; accepted: 'server:/export/path'"
+                )
+        return v
+
+    @field_validator("sub_path")
+    @classmethod
+    def _sub_path(cls, v: str | None) -> str | None:
+        if v is not None:
+            _path_text(v)
+            if v.startswith("/") or ".." in v.split("/"):
+                raise ValueError(
+                    f"{_show(v)} is not a relative path inside the volume (no leading '/', no '..')"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExtraVolume:
+        given = [s for s in self.SOURCES if getattr(self, s) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                f"volume {self.name!r} names {len(given)} sources "
+                f"({', '.join(given) or 'none'}); accepted: exactly one of "
+                f"{', '.join(self.SOURCES)}"
+            )
+        return self
+
+    @property
+    def source(self) -> str:
+        return next(s for s in self.SOURCES if getattr(self, s) not in (None, False))
+
+
+class K8sCluster(_Section):
+    """Settings for `--cluster k8s`: a Kubeflow PyTorchJob or a Kubeflow Trainer v2 TrainJob."""
+
+    api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
+    """`pytorchjob`: the training operator v1 (kubeflow.org/v1). `trainjob`: Kubeflow
+    Trainer v2 (trainer.kubeflow.org/v1alpha1, v2.3 API) against `runtime`."""
+    runtime: str | None = None
+    """TrainJob only: the training runtime it references; default `torch-distributed`
+    (`deepspeed-distributed` for the `deepspeed` launcher). A name other than the stock
+    ones is a runtime your admin installed, e.g. the one `shardctl render` writes."""
+    runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
+    """TrainJob only: a cluster-wide runtime or one in the job's namespace."""
     namespace: str = "default"
     code: Literal["configmap", "image"] | None = None
     """How an entrypoint's code reaches the pods: `configmap` (the script, or
     `entrypoint.code_dir`, travels with the job's ConfigMap, up to 1 MiB in all) or
     `image` (it is in the image already; give its path there). Default: configmap for
     a script, image for a module."""
-    image: str = "python:3.11-slim"
+    image: str | None = None
+    """An image with torch and shardctl (build one with the project's Containerfile),
+    or one with torch plus `setup` lines that install shardctl. Required for
+    `--cluster k8s`: no default image has both."""
+    setup: list[str] = Field(default_factory=list)
+    """Shell lines every pod runs before the launcher (e.g. `pip install --user ...`)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     image_pull_secrets: list[str] = Field(default_factory=list)
     service_account: str = "shardctl-trainer"
@@ -722,6 +964,22 @@ class K8sCluster(_Section):
     """1 to 2147483647 (root, uid 0, is refused: pods run as non-root)."""
     read_only_root_filesystem: bool = True
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 23456
+    labels: dict[str, str] = Field(default_factory=dict)
+    """On the job and its pods, e.g. Kueue's `kueue.x-k8s.io/queue-name: team-a`."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """On the job and its pods."""
+    scheduler_name: str | None = None
+    """The pods' scheduler (e.g. `volcano`, a Kueue-aware or gang scheduler)."""
+    affinity: Affinity | None = None
+    """The pods' affinity, in Kubernetes' words (nodeAffinity, podAffinity, podAntiAffinity)."""
+    volumes: list[ExtraVolume] = Field(default_factory=list)
+    """More volumes mounted in every pod (datasets, a model cache, credentials)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """The resource a CUDA pod requests procs_per_node of: `nvidia.com/gpu`,
+    `amd.com/gpu`, a MIG name such as `nvidia.com/mig-1g.10gb`."""
+    termination_grace_s: Annotated[int, Field(ge=MIN_GRACE_S, le=MAX_SECONDS, strict=True)] = 300
+    """Seconds between SIGTERM and SIGKILL when a pod is deleted or preempted: the ranks
+    save a checkpoint in that time, so it must exceed a save; 30 to 31622400."""
 
     @field_validator(
         "namespace", "service_account", "pvc", "priority_class",
@@ -771,10 +1029,117 @@ class K8sCluster(_Section):
 
     @field_validator("image")
     @classmethod
-    def _image(cls, v: str) -> str:
-        if not v or re.search(r"\s", v) or CONTROL_RE.search(v):
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and (not v or re.search(r"\s", v) or CONTROL_RE.search(v)):
             raise ValueError(f"{_show(v)} is not an image reference")
         return v
+
+    @field_validator("setup")
+    @classmethod
+    def _setup(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if CONTROL_RE.search(line.replace("\t", " ")):
+                raise ValueError(
+                    f"{_show(line)}: one shell line per list item, no newlines or other "
+                    "control characters"
+                )
+        return v
+
+    @field_validator("runtime", "scheduler_name")
+    @classmethod
+    def _runtime(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) > 63 or not NAME_RE.match(v)):
+            raise ValueError(
+                f"{_show(v)} is not a Kubernetes name; accepted: 1-63 lower-case letters, "
+                "digits and '-', starting and ending alphanumeric"
+            )
+        return v
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            _qualified_key(key, "label")
+            if not isinstance(value, str) or (
+                value and (len(value) > 63 or not QUALIFIED_NAME_RE.match(value))
+            ):
+                raise ValueError(
+                    f"label {key}: {_show(value)} is not a label value; accepted: a string "
+                    "of 0-63 letters, digits, '-', '_' or '.', starting and ending "
+                    "alphanumeric (quote numbers: '8')"
+                )
+        return v
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            _qualified_key(key, "annotation")
+        if sum(len(k) + len(x) for k, x in v.items()) > 256 * 1024:
+            raise ValueError("annotations hold more than 256 KiB, the most Kubernetes stores")
+        return v
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _gpu_resource(cls, v: str) -> str:
+        if len(v) > 253 or not EXTENDED_RESOURCE_RE.match(v) or v.startswith("kubernetes.io/"):
+            raise ValueError(
+                f"{_show(v)} is not an extended resource name; accepted: 'domain/name', "
+                "e.g. 'nvidia.com/gpu', 'amd.com/gpu', 'nvidia.com/mig-1g.10gb'"
+            )
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: list[ExtraVolume]) -> list[ExtraVolume]:
+        names = [vol.name for vol in v]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"volume names used twice: {', '.join(twice)}; accepted: unique")
+        paths = [vol.mount_path for vol in v]
+        for i, a in enumerate(paths):
+            for b in paths[i + 1 :]:
+                if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                    raise ValueError(f"mount paths {a!r} and {b!r} overlap; accepted: apart")
+        return v
+
+    # Fields that mean something to one API only; set for the other, they would be
+    # silently ignored, so they are refused with the reason.
+    PYTORCHJOB_ONLY: ClassVar[dict[str, str]] = {
+        "clean_pod_policy": "a TrainJob's pods are cleaned up with its JobSet",
+        "elastic": "Trainer v2.3 has no elastic policy in the TrainJob API",
+        "ttl_seconds_after_finished": "a TrainJob has no TTL (set it on the runtime's JobSet)",
+        "master_port": "Trainer v2's torch plugin fixes the rendezvous port at 29500",
+        "restart_policy": "a TrainJob's pods restart through its runtime's JobSet failure "
+        "policy: k8s.backoff_limit restarts of every pod",
+    }
+    TRAINJOB_ONLY: ClassVar[tuple[str, ...]] = ("runtime", "runtime_kind")
+
+    @model_validator(mode="after")
+    def _api_fields(self) -> K8sCluster:
+        # "Given" means "not the default": a spec written back by to_yaml_dict spells
+        # every field, and must parse the same.
+        defaults = K8sCluster.model_fields
+        given = {
+            k
+            for k in (*self.PYTORCHJOB_ONLY, *self.TRAINJOB_ONLY)
+            if getattr(self, k) != defaults[k].get_default(call_default_factory=True)
+        }
+        if self.api == "trainjob":
+            wrong = [f"{k} ({why})" for k, why in self.PYTORCHJOB_ONLY.items() if k in given]
+            if wrong:
+                raise ValueError(
+                    f"k8s.api is trainjob, but {', '.join(wrong)} applies to "
+                    "k8s.api: pytorchjob only; remove it"
+                )
+        else:
+            wrong = [k for k in self.TRAINJOB_ONLY if k in given]
+            if wrong:
+                raise ValueError(
+                    f"k8s.{', k8s.'.join(wrong)} applies to k8s.api: trainjob only (this spec "
+                    "renders a PyTorchJob); set k8s.api: trainjob or remove it"
+                )
+        return self
 
 
 # ------------------------------------------------------------------------ the spec

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.render_util import EXAMPLES, ROOT
 from shardctl.orchestrator.clusters import render_artifacts
-from shardctl.orchestrator.errors import RenderError
+from shardctl.orchestrator.errors import RenderError, SpecError
 from shardctl.orchestrator.spec import load_spec
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -30,13 +30,19 @@ REGEN_HINT = "review the diff, then regenerate: SHARDCTL_REGEN_GOLDEN=1 pytest t
 
 
 def _render(example: str, cluster: str) -> dict[str, str] | None:
-    """The artifacts, or None while the cluster's renderer module does not exist."""
+    """The artifacts, or None while the cluster's renderer module does not exist.
+
+    A spec the cluster refuses (a local example has no k8s.image) renders as
+    `refused.txt`, the message the user reads: reviewed like any other artifact."""
+    spec = load_spec(EXAMPLES / f"{example}.yaml")
     try:
-        return render_artifacts(load_spec(EXAMPLES / f"{example}.yaml"), cluster)
+        return render_artifacts(spec, cluster)
     except RenderError as exc:
         if "missing from this installation" in str(exc):
             return None
         raise
+    except SpecError as exc:
+        return {"refused.txt": f"{exc}\n"}
 
 
 def _diff(name: str, golden: str, rendered: str) -> str:

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.k8s_schemas import find_helm, validate_any, validate_core, validate_pytorchjob
+from helpers.k8s_schemas import find_helm, validate_any, validate_core
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import JobSpec, load_spec
-from test_k8s_render import VARIANTS, make
+from test_k8s_render import TRAINJOB_VARIANTS, VARIANTS, make
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "shardctl-job"
@@ -52,6 +52,7 @@ def template(helm: str, values: Path, *extra: str) -> dict[str, dict[str, Any]]:
 
 def spec_cases() -> dict[str, JobSpec]:
     cases = {name: make(**overrides) for name, overrides in VARIANTS.items()}
+    cases.update({name: make(**overrides) for name, overrides in TRAINJOB_VARIANTS.items()})
     cases["examples/k8s.yaml"] = load_spec(ROOT / "examples" / "k8s.yaml")
     code = ROOT / "tests" / "data" / "usercode"
     cases["entrypoint-code-dir-accelerate"] = make(
@@ -65,6 +66,12 @@ def spec_cases() -> dict[str, JobSpec]:
     )
     cases["entrypoint-script"] = make(train=None, entrypoint={"script": str(code / "train.py")})
     cases["entrypoint-module-in-image"] = make(train=None, entrypoint={"module": "mypkg.train"})
+    cases["trainjob-entrypoint-code-dir"] = make(
+        train=None,
+        k8s__api="trainjob",
+        entrypoint={"script": str(code / "train.py"), "code_dir": str(code)},
+    )
+    cases["examples/k8s-trainjob.yaml"] = load_spec(ROOT / "examples" / "k8s-trainjob.yaml")
     return cases
 
 
@@ -76,14 +83,13 @@ def test_helm_template_equals_python_renderer(helm: str, tmp_path: Path, case: s
     spec = CASES[case]
     objects = template(helm, write_values(tmp_path, spec))
     expected = render_k8s.k8s_objects(spec)
-    assert set(objects) == {"ConfigMap", "PyTorchJob"}
-    assert objects["PyTorchJob"] == expected["pytorchjob"], _diff(
-        expected["pytorchjob"], objects["PyTorchJob"]
-    )
+    kind = "TrainJob" if spec.k8s.api == "trainjob" else "PyTorchJob"
+    assert set(objects) == {"ConfigMap", kind}
+    assert objects[kind] == expected[kind.lower()], _diff(expected[kind.lower()], objects[kind])
     assert objects["ConfigMap"] == expected["configmap"], _diff(
         expected["configmap"], objects["ConfigMap"]
     )
-    validate_pytorchjob(objects["PyTorchJob"])
+    validate_any(objects[kind])
     validate_core(objects["ConfigMap"])
 
 
@@ -114,8 +120,9 @@ def test_shardctl_render_output_installs_the_same_objects(helm: str, tmp_path: P
     assert objects["ConfigMap"]["data"]["launch.sh"] == files["launch.sh"]
 
 
-def test_lint_strict_with_rendered_values(helm: str, tmp_path: Path) -> None:
-    values = write_values(tmp_path, CASES["examples/k8s.yaml"])
+@pytest.mark.parametrize("case", ["examples/k8s.yaml", "examples/k8s-trainjob.yaml"])
+def test_lint_strict_with_rendered_values(helm: str, tmp_path: Path, case: str) -> None:
+    values = write_values(tmp_path, CASES[case])
     out = run_helm(helm, "lint", "--strict", str(CHART), "-f", str(values))
     assert "0 chart(s) failed" in out.stdout
 
@@ -203,7 +210,7 @@ def test_notes_tell_how_to_follow(helm: str, tmp_path: Path) -> None:
     assert "resumes from the newest complete checkpoint" in notes
     assert "WARNING" not in notes
     (values_no_pvc := tmp_path / "nopvc.yaml").write_text(
-        yaml.safe_dump({"storage": {"claimName": None}})
+        yaml.safe_dump({"storage": {"claimName": None}, "nodes": 1})
     )
     out = run_helm(
         helm, "template", "run1", str(chart), "-f", str(values), "-f", str(values_no_pvc),

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.k8s_schemas import validate_core, validate_pytorchjob
+from helpers.k8s_schemas import validate_core, validate_pytorchjob, validate_trainer_object
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
+from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.spec import JobSpec, load_spec, parse_spec
 
 BASE: dict[str, Any] = {
@@ -79,7 +80,55 @@ VARIANTS = {
         "k8s__node_selector": {"example.com/pool": "a: b # 'c' \"d\""},
         "train__data": {"text": "/data/my corpus/it's here.txt"},
     },
-    "no-pvc-writable-root": {"k8s__pvc": None, "k8s__read_only_root_filesystem": False},
+    "no-pvc-one-node-writable-root": {
+        "resources__nodes": 1,
+        "k8s__pvc": None,
+        "k8s__read_only_root_filesystem": False,
+    },
+    # What k8s users ask for: Kueue's queue label, a gang scheduler, affinity, volumes,
+    # AMD GPUs, a longer grace period for large saves, setup lines.
+    "queue-scheduler-affinity-volumes-amd": {
+        "resources__device": "cuda",
+        "resources__procs_per_node": 8,
+        "k8s__gpu_resource": "amd.com/gpu",
+        "k8s__labels": {"kueue.x-k8s.io/queue-name": "team-a", "team": "nlp"},
+        "k8s__annotations": {"example.com/owner": 'it\'s me: "quoted" # not a comment'},
+        "k8s__scheduler_name": "volcano",
+        "k8s__affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "gpu", "operator": "In", "values": ["mi300x"]}
+                            ]
+                        }
+                    ]
+                }
+            },
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 50,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": {"app": "other"}},
+                        },
+                    }
+                ]
+            },
+        },
+        "k8s__volumes": [
+            {"name": "datasets", "mount_path": "/data", "pvc": "datasets", "read_only": True},
+            {"name": "hf-token", "mount_path": "/secrets/hf", "secret": "hf-token"},
+            {"name": "scratch", "mount_path": "/scratch", "empty_dir": True},
+            {"name": "nfs-models", "mount_path": "/models", "nfs": "nfs.example:/export/models"},
+            {"name": "local-cache", "mount_path": "/cache", "host_path": "/mnt/nvme/cache"},
+            {"name": "conf", "mount_path": "/conf", "config_map": "team-conf", "sub_path": "a/b"},
+        ],
+        "k8s__termination_grace_s": 900,
+        "k8s__setup": ["python -m pip install --user 'shardctl[train]'", "echo ready"],
+    },
     "accelerate-deepspeed": {
         "launcher": "accelerate",
         "strategy": {"backend": "deepspeed", "zero_stage": 2},
@@ -88,6 +137,43 @@ VARIANTS = {
         "launcher": "deepspeed",
         "resources__device": "cuda",
         "strategy": {"backend": "deepspeed", "zero_stage": 3},
+    },
+}
+
+
+# The same pods as a Kubeflow Trainer v2 TrainJob (k8s.api: trainjob).
+TRAINJOB_VARIANTS: dict[str, dict[str, Any]] = {
+    "trainjob-two-nodes": {"k8s__api": "trainjob"},
+    "trainjob-one-node-no-pvc-suspended-deadline": {
+        "k8s__api": "trainjob",
+        "resources__nodes": 1,
+        "k8s__pvc": None,
+        "k8s__suspend": True,
+        "k8s__active_deadline_seconds": 3600,
+    },
+    "trainjob-hostile-strings": {**VARIANTS["hostile-strings"], "k8s__api": "trainjob"},
+    "trainjob-queue-scheduler-affinity-volumes-amd": {
+        **VARIANTS["queue-scheduler-affinity-volumes-amd"],
+        "k8s__api": "trainjob",
+        # schedulerName is for the runtime: a stock one cannot carry it.
+        "k8s__runtime": "shardctl-torch",
+    },
+    "trainjob-namespaced-runtime-everything": {
+        "k8s__api": "trainjob",
+        "k8s__runtime": "team-torch",
+        "k8s__runtime_kind": "TrainingRuntime",
+        "k8s__priority_class": "training-high",
+        "k8s__env_from_config_maps": ["team-env"],
+        "k8s__env_from_secrets": ["wandb-key"],
+        "k8s__image_pull_policy": "Always",
+        "k8s__image_pull_secrets": ["regcred"],
+        "k8s__backoff_limit": 2,
+        "k8s__node_selector": {"pool": "train"},
+        "k8s__tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+    },
+    "trainjob-deepspeed-launcher-cuda": {
+        **VARIANTS["deepspeed-launcher-cuda"],
+        "k8s__api": "trainjob",
     },
 }
 
@@ -188,7 +274,7 @@ def test_checkpoints_live_on_the_pvc() -> None:
     mounts = {m["name"]: m for m in container(objects["pytorchjob"])["volumeMounts"]}
     assert mounts["runs"]["mountPath"] == "/shardctl/runs"
     assert mounts["spec"] == {"name": "spec", "mountPath": "/etc/shardctl", "readOnly": True}
-    without = pod(render_k8s.pytorchjob(make(k8s__pvc=None)))
+    without = pod(render_k8s.pytorchjob(make(k8s__pvc=None, resources__nodes=1)))
     assert next(v for v in without["volumes"] if v["name"] == "runs") == {
         "name": "runs",
         "emptyDir": {},
@@ -329,3 +415,257 @@ def test_dry_run_prints_the_manifests(tmp_path: Any) -> None:
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert [d["kind"] for d in docs] == ["ConfigMap", "PyTorchJob"]
     assert docs[1] == render_k8s.pytorchjob(load_spec(path))
+
+
+def test_what_k8s_users_ask_for_reaches_the_job_and_its_pods() -> None:
+    objects = render_k8s.k8s_objects(make(**VARIANTS["queue-scheduler-affinity-volumes-amd"]))
+    job = objects["pytorchjob"]
+    for meta in (
+        job["metadata"],
+        job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"],
+    ):
+        # Kueue reads the queue from the job's labels; shardctl's own labels stay.
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert meta["labels"]["app.kubernetes.io/name"] == "shardctl"
+        assert meta["annotations"] == {"example.com/owner": 'it\'s me: "quoted" # not a comment'}
+    p, c = pod(job), container(job)
+    assert p["schedulerName"] == "volcano"
+    assert p["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["mi300x"]}]}
+        ]
+    }
+    assert p["terminationGracePeriodSeconds"] == 900
+    assert c["resources"]["limits"]["amd.com/gpu"] == "8"
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    volumes = {v["name"]: v for v in p["volumes"]}
+    assert volumes["datasets"] == {
+        "name": "datasets",
+        "persistentVolumeClaim": {"claimName": "datasets", "readOnly": True},
+    }
+    assert volumes["nfs-models"]["nfs"] == {
+        "server": "nfs.example",
+        "path": "/export/models",
+        "readOnly": False,
+    }
+    assert volumes["hf-token"]["secret"] == {"secretName": "hf-token"}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["datasets"] == {"name": "datasets", "mountPath": "/data", "readOnly": True}
+    assert mounts["conf"]["subPath"] == "a/b"
+    # k8s.setup runs in every pod, before the launcher.
+    launch = objects["configmap"]["data"]["launch.sh"]
+    assert launch.index("python -m pip install --user 'shardctl[train]'") < launch.index(
+        "exec torchrun"
+    )
+
+
+def test_a_multi_node_job_without_a_shared_volume_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"k8s.pvc is required for a 2-node job") as err:
+        render_k8s.k8s_objects(make(k8s__pvc=None))
+    assert "ReadWriteMany" in str(err.value)
+    # One pod: its emptyDir survives container restarts, which is all one pod needs.
+    render_k8s.k8s_objects(make(k8s__pvc=None, resources__nodes=1))
+
+
+def test_no_default_image_that_cannot_start() -> None:
+    with pytest.raises(SpecError, match=r"k8s\.image is required") as err:
+        render_k8s.k8s_objects(make(k8s__image=None))
+    assert "Containerfile" in str(err.value) and "k8s.setup" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("k8s", "message"),
+    [
+        ({"labels": {"bad key!": "x"}}, "k8s.labels: 'bad key!' is not a Kubernetes label key"),
+        ({"labels": {"team": "a b"}}, "label team: 'a b' is not a label value"),
+        ({"annotations": {"/x": "y"}}, "is not a Kubernetes annotation key"),
+        ({"gpu_resource": "gpu"}, "k8s.gpu_resource: 'gpu' is not an extended resource name"),
+        ({"scheduler_name": "Volcano"}, "k8s.scheduler_name: 'Volcano' is not a Kubernetes name"),
+        ({"termination_grace_s": 5}, "k8s.termination_grace_s"),
+        ({"termination_grace_s": 1e30}, "k8s.termination_grace_s"),
+        (
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpresions": []}]}}}},
+            "did you mean 'matchExpressions'",
+        ),
+        (
+            {"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 500, "podAffinityTerm": {"topologyKey": "zone"}}]}}},
+            "weight",
+        ),
+        ({"volumes": [{"name": "runs", "mount_path": "/x", "empty_dir": True}]}, "shardctl mounts"),
+        ({"volumes": [{"name": "a", "mount_path": "/shardctl/runs/x", "empty_dir": True}]},
+         "overlaps /shardctl/runs"),
+        ({"volumes": [{"name": "a", "mount_path": "rel", "empty_dir": True}]}, "absolute path"),
+        ({"volumes": [{"name": "a", "mount_path": "/a"}]}, "names 0 sources"),
+        ({"volumes": [{"name": "a", "mount_path": "/a", "pvc": "x", "secret": "y"}]},
+         "names 2 sources (pvc, secret)"),
+        ({"volumes": [{"name": "a", "mount_path": "/a", "nfs": "server-only"}]}, "NFS export"),
+        ({"volumes": [{"name": "a", "mount_path": "/a", "empty_dir": True},
+                      {"name": "a", "mount_path": "/b", "empty_dir": True}]}, "used twice: a"),
+        ({"volumes": [{"name": "a", "mount_path": "/a", "empty_dir": True},
+                      {"name": "b", "mount_path": "/a/b", "empty_dir": True}]}, "overlap"),
+        ({"volumes": [{"name": "a", "mount_path": "/a", "pvc": "x", "sub_path": "../etc"}]},
+         "relative path inside the volume"),
+        ({"setup": ["echo a\necho b"]}, "one shell line per list item"),
+    ],
+)  # fmt: skip
+def test_bad_k8s_settings_name_field_value_and_what_is_accepted(
+    k8s: dict[str, Any], message: str
+) -> None:
+    data = copy.deepcopy(BASE)
+    data["k8s"].update(k8s)
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert message in str(err.value)
+
+
+# ------------------------------------------------------------------ TrainJob
+
+
+def trainer(job: dict[str, Any]) -> dict[str, Any]:
+    return job["spec"]["trainer"]
+
+
+def patched_pod(job: dict[str, Any]) -> dict[str, Any]:
+    (patch,) = job["spec"]["runtimePatches"]
+    (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert rjob["name"] == "node"
+    return rjob["template"]["spec"]["template"]
+
+
+@pytest.mark.parametrize("case", sorted(TRAINJOB_VARIANTS))
+def test_every_trainjob_and_its_runtime_validate_against_the_v2_3_crds(case: str) -> None:
+    rendered = render_k8s.render(make(**TRAINJOB_VARIANTS[case]))
+    assert set(rendered.objects) == {"configmap", "trainjob"}
+    validate_trainer_object(rendered.objects["trainjob"])
+    validate_trainer_object(rendered.runtime)
+    validate_core(rendered.objects["configmap"])
+    # The patched pod, merged over the stock runtime's, is a valid Pod.
+    pod = patched_pod(rendered.objects["trainjob"])["spec"]
+    container = {**pod["containers"][0], "image": trainer(rendered.objects["trainjob"])["image"]}
+    validate_core(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+         "spec": {**pod, "containers": [container]}}
+    )  # fmt: skip
+
+
+def test_trainjob_carries_the_same_pods_as_the_pytorchjob() -> None:
+    overrides = VARIANTS["queue-scheduler-affinity-volumes-amd"]
+    v1 = render_k8s.k8s_objects(make(**overrides))["pytorchjob"]
+    v2 = render_k8s.k8s_objects(make(**overrides, k8s__api="trainjob", k8s__runtime="own"))[
+        "trainjob"
+    ]
+    pod1, pod2 = pod(v1), patched_pod(v2)["spec"]
+    c1, c2 = container(v1), pod2["containers"][0]
+    t = trainer(v2)
+    # What the trainer block carries.
+    assert t["image"] == c1["image"] and t["command"] == c1["command"]
+    assert t["env"] == c1["env"]
+    assert t["resourcesPerNode"] == c1["resources"]
+    assert (t["numNodes"], t["numProcPerNode"]) == (2, 8)
+    # What the runtime patch carries: the container named "node" of the job "node".
+    assert c2["name"] == "node"
+    assert c2["volumeMounts"] == c1["volumeMounts"]
+    assert c2["securityContext"] == c1["securityContext"]
+    for key in ("volumes", "securityContext", "affinity", "serviceAccountName",
+                "terminationGracePeriodSeconds"):  # fmt: skip
+        assert pod2[key] == pod1[key], key
+    assert patched_pod(v2)["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert v2["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert v2["spec"]["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "own",
+    }
+
+
+def test_trainjob_pods_read_the_torch_plugins_variables() -> None:
+    spec = make(k8s__api="trainjob")
+    launch = render_k8s.k8s_objects(spec)["configmap"]["data"]["launch.sh"]
+    for var in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+                "PET_MASTER_PORT"):  # fmt: skip
+        assert f"${{{var}:?set by Kubeflow Trainer's torch plugin in TrainJob pods}}" in launch
+
+
+def test_the_admin_runtime_restarts_every_pod_and_carries_what_patches_cannot() -> None:
+    rendered = render_k8s.render(
+        make(**TRAINJOB_VARIANTS["trainjob-namespaced-runtime-everything"])
+    )
+    runtime = rendered.runtime
+    assert runtime["kind"] == "TrainingRuntime"
+    assert runtime["metadata"] == {
+        "name": "team-torch",
+        "namespace": "ml",
+        "labels": {
+            "trainer.kubeflow.org/framework": "torch",
+            "app.kubernetes.io/name": "shardctl",
+            "app.kubernetes.io/component": "training",
+            "app.kubernetes.io/part-of": "shardctl",
+        },
+    }
+    spec = runtime["spec"]["template"]["spec"]
+    assert spec["failurePolicy"] == {"maxRestarts": 2, "restartStrategy": "Recreate"}
+    (rjob,) = spec["replicatedJobs"]
+    assert rjob["template"]["metadata"]["labels"] == {
+        "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"
+    }
+    assert rjob["template"]["spec"]["backoffLimit"] == 0
+    pod_spec = rjob["template"]["spec"]["template"]["spec"]
+    assert pod_spec["restartPolicy"] == "Never"
+    assert pod_spec["priorityClassName"] == "training-high"
+    assert pod_spec["automountServiceAccountToken"] is False
+    (c,) = pod_spec["containers"]
+    assert c["name"] == "node" and c["imagePullPolicy"] == "Always"
+    assert c["envFrom"] == [
+        {"configMapRef": {"name": "team-env"}},
+        {"secretRef": {"name": "wandb-key"}},
+    ]
+    assert "trainingruntime.yaml" in rendered.files
+    assert rendered.files["trainingruntime.yaml"].startswith("# A Kubeflow Trainer v2.3")
+    # A stock runtime: the file is the suggestion, named shardctl-torch.
+    stock = render_k8s.render(make(k8s__api="trainjob")).runtime
+    assert stock["metadata"]["name"] == "shardctl-torch"
+    assert stock["kind"] == "ClusterTrainingRuntime" and "namespace" not in stock["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"k8s__scheduler_name": "volcano"},
+         "k8s.scheduler_name: a TrainJob cannot set schedulerName on the stock runtime "
+         "'torch-distributed'"),
+        ({"k8s__priority_class": "high"}, "k8s.priority_class: a TrainJob cannot set"),
+        ({"k8s__env_from_secrets": ["s"]}, "k8s.env_from_secrets: a TrainJob cannot set envFrom"),
+        ({"k8s__backoff_limit": 1}, "shardctl render SPEC --cluster k8s` then writes"),
+        ({"k8s__runtime": "deepspeed-distributed"}, "runs the command in one launcher pod"),
+        ({"name": "9lives"}, "must start with a letter"),
+        ({"name": "a" * 50, "resources__nodes": 12}, "at most 47 characters"),
+    ],
+)  # fmt: skip
+def test_trainjobs_the_runtime_cannot_run_are_refused(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(SpecError) as err:
+        render_k8s.render(make(k8s__api="trainjob", **overrides))
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("k8s", "message"),
+    [
+        ({"api": "trainjob", "elastic": {"min_nodes": 1, "max_nodes": 2}},
+         "elastic (Trainer v2.3 has no elastic policy in the TrainJob API)"),
+        ({"api": "trainjob", "clean_pod_policy": "All"}, "clean_pod_policy"),
+        ({"api": "trainjob", "restart_policy": "ExitCode"}, "JobSet failure policy"),
+        ({"api": "trainjob", "master_port": 30000}, "29500"),
+        ({"runtime": "torch-distributed"}, "k8s.runtime applies to k8s.api: trainjob only"),
+        ({"api": "jobset"}, "k8s.api"),
+    ],
+)  # fmt: skip
+def test_fields_of_the_other_api_are_refused_not_ignored(k8s: dict[str, Any], message: str) -> None:
+    data = copy.deepcopy(BASE)
+    data["k8s"].update(k8s)
+    with pytest.raises(SpecError) as err:
+        parse_spec(data)
+    assert message in str(err.value)

@@ -17,8 +17,27 @@ from ..clusters import CLUSTER_NAMES
 from .common import command_argument, echo_json, handle_errors, output_option
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from ..assets import chart_dir, manifests_dir
+
+    # Where the shipped Kubernetes files are: the hints shardctl prints name them.
+    click.echo(f"shardctl {__version__}")
+    click.echo(f"  Helm chart: {chart_dir()}")
+    click.echo(f"  manifests:  {manifests_dir()}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="shardctl")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and where the Helm chart and manifests are installed.",
+)
 def cli() -> None:
     """One job spec → launch artifacts → this machine, Slurm or Kubernetes.
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from ..assets import shipped_paths
 from ..clusters import CLUSTER_NAMES
 from .common import command_argument, echo_json, handle_errors
 
@@ -81,4 +82,4 @@ def render_cmd(
         click.echo(f"  {path.name:<{width}}  {size:>7,} B")
     if others:
         click.echo(f"  (also in the folder, not from this render: {', '.join(others)})")
-    click.echo(backend.next_step.format(out=target, name=job.name, spec=spec))
+    click.echo(backend.next_step.format(out=target, name=job.name, spec=spec, **shipped_paths()))

@@ -21,7 +21,22 @@ so `helm template` and `shardctl render` agree on every name.
 {{- include "shardctl-job.cut" (printf "%s-spec" (include "shardctl-job.name" .)) -}}
 {{- end -}}
 
+{{/* The user's labels (values.labels), then the chart's own, which win; the user's annotations. */}}
+{{- define "shardctl-job.metadata" -}}
+labels:
+  {{- include "shardctl-job.labels" . | nindent 2 }}
+{{- with .Values.annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
 {{- define "shardctl-job.labels" -}}
+{{- $own := include "shardctl-job.ownLabels" . | fromYaml -}}
+{{- toYaml (merge $own (.Values.labels | default dict)) -}}
+{{- end -}}
+
+{{- define "shardctl-job.ownLabels" -}}
 app.kubernetes.io/component: training
 app.kubernetes.io/instance: {{ include "shardctl-job.name" . }}
 app.kubernetes.io/name: shardctl
@@ -40,6 +55,9 @@ Included by every template so that any render fails the same way.
 {{- if not $v.launchScript -}}
 {{- fail "values.launchScript is empty: render the values with `shardctl render SPEC --cluster k8s --out DIR` and install with `-f DIR/values.yaml`" -}}
 {{- end -}}
+{{- if not $v.image -}}
+{{- fail "values.image is empty: the pods need an image with torch and shardctl (build one with shardctl's Containerfile, or render the values from a spec with k8s.image)" -}}
+{{- end -}}
 {{- if $v.elastic -}}
 {{- if gt (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas) -}}
 {{- fail (printf "values.elastic.minReplicas (%d) is larger than values.elastic.maxReplicas (%d): set minReplicas <= maxReplicas" (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas)) -}}
@@ -47,6 +65,9 @@ Included by every template so that any render fails the same way.
 {{- if or (lt (int $v.nodes) (int $v.elastic.minReplicas)) (gt (int $v.nodes) (int $v.elastic.maxReplicas)) -}}
 {{- fail (printf "values.nodes (%d) must lie within values.elastic [minReplicas %d, maxReplicas %d]: change nodes or the elastic range" (int $v.nodes) (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas)) -}}
 {{- end -}}
+{{- end -}}
+{{- if and (gt (int $v.nodes) 1) (not $v.storage.claimName) -}}
+{{- fail (printf "values.storage.claimName is empty but values.nodes is %d: the pods write one checkpoint together, which needs one volume they all mount; name a ReadWriteMany PersistentVolumeClaim (storage.create: true makes one)" (int $v.nodes)) -}}
 {{- end -}}
 {{- if and $v.storage.create (not $v.storage.claimName) -}}
 {{- fail "values.storage.create is true but values.storage.claimName is empty: name the PersistentVolumeClaim to create (the run directory and checkpoints live on it)" -}}

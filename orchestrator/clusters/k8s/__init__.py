@@ -1,8 +1,9 @@
-"""`--cluster k8s`: a Kubeflow PyTorchJob created through the `kubernetes` client.
+"""`--cluster k8s`: a Kubeflow PyTorchJob or TrainJob created through the `kubernetes` client.
 
-`dryrun` renders the ConfigMap and the PyTorchJob (render_k8s) and contacts
-nothing; `schedule` sends exactly those two objects. Job states come from the
-PyTorchJob's status conditions through `CONDITION_STATES`, the one table.
+`dryrun` renders the ConfigMap and the job (objects.py, trainjob.py) and contacts
+nothing; `schedule` sends exactly those two objects. Job states come from one
+table per kind: `CONDITION_STATES` (PyTorchJob conditions) and
+`trainjob.TRAINJOB_STATES` (TrainJob conditions, then its JobSet's jobs).
 
 Which cluster: the kubeconfig the `kubernetes` client finds (`$KUBECONFIG`,
 else ~/.kube/config), overridden by `$SHARDCTL_KUBECONFIG` and
@@ -17,14 +18,17 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ...assets import manifest
 from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
 from ...launch import EnvLine
 from ...render import common_artifacts
 from ...spec import JobSpec
 from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
 from . import objects as k8s_render
+from . import trainjob as v2
 from .objects import (
     CONTAINER,
     GROUP,
@@ -32,6 +36,7 @@ from .objects import (
     RUNS_MOUNT,
     VERSION,
     configmap_name,
+    job_key,
 )
 
 T = TypeVar("T")
@@ -58,7 +63,12 @@ LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
 REQUEST_TIMEOUT_S = 30
 REPLACE_TIMEOUT_S = 180.0
-RBAC_HINT = "the Role in manifests/rbac.yaml grants what shardctl needs"
+
+
+def rbac_hint() -> str:
+    return f"the Role in {manifest('rbac.yaml')} grants what shardctl needs"
+
+
 OPERATOR_HINT = (
     "install the Kubeflow training operator, which serves PyTorchJob "
     f"({GROUP}/{VERSION}): see the README section 'k8s'"
@@ -87,11 +97,80 @@ def state_of(job: dict[str, Any]) -> JobStatus:
     return JobStatus(state=state, native_state=native, detail=message or "")
 
 
+def trainjob_state_of(job: dict[str, Any]) -> JobStatus:
+    native, message = v2.trainjob_native_state(job)
+    state = JobState[v2.TRAINJOB_STATES[native]] if native in v2.TRAINJOB_STATES else None
+    return JobStatus(state=state or JobState.UNKNOWN, native_state=native, detail=message)
+
+
+# Labels JobSet puts on every pod of a TrainJob (the JobSet is named like the TrainJob).
+LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
+LABEL_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_INDEX = "batch.kubernetes.io/job-completion-index"  # the node rank
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """What differs between the two APIs once the objects are rendered."""
+
+    api: str  # k8s.api
+    kind: str
+    group: str
+    version: str
+    plural: str
+    container: str  # the training container, for logs
+    pod_label: str  # the label naming the job on each of its pods
+    state_of: Callable[[dict[str, Any]], JobStatus]
+    install_hint: str
+
+    def pod_order(self, pod: dict[str, Any]) -> tuple[int, int, str]:
+        meta = pod["metadata"]
+        pod_labels = meta.get("labels") or {}
+        if self.api == "trainjob":
+            index = pod_labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(
+                LABEL_INDEX, ""
+            )
+            first = 0
+        else:
+            index = pod_labels.get(LABEL_REPLICA_INDEX, "")
+            first = 0 if pod_labels.get(LABEL_REPLICA_TYPE, "").lower() == "master" else 1
+        return (first, int(index) if str(index).isdigit() else 0, meta["name"])
+
+    def role(self, pod: dict[str, Any]) -> str:
+        meta = pod["metadata"]
+        pod_labels = meta.get("labels") or {}
+        if self.api == "trainjob":
+            index = pod_labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(
+                LABEL_INDEX, "?"
+            )
+            return f"{pod_labels.get(LABEL_RJOB, '?')} {index}"
+        return (
+            f"{pod_labels.get(LABEL_REPLICA_TYPE, '?')} {pod_labels.get(LABEL_REPLICA_INDEX, '?')}"
+        )
+
+
+KINDS = {
+    "pytorchjob": JobKind(
+        "pytorchjob", "PyTorchJob", GROUP, VERSION, PLURAL, CONTAINER,
+        LABEL_JOB, state_of, OPERATOR_HINT,
+    ),
+    "trainjob": JobKind(
+        "trainjob", v2.KIND, v2.GROUP, v2.VERSION, v2.PLURAL, v2.TRAINER_CONTAINER,
+        LABEL_JOBSET, trainjob_state_of, v2.INSTALL_HINT,
+    ),
+}  # fmt: skip
+
+
+def kind_of(ref: JobRef) -> JobKind:
+    # Records from before TrainJobs existed hold no "api": they are PyTorchJobs.
+    return KINDS.get(str(ref.extra.get("api") or "pytorchjob"), KINDS["pytorchjob"])
+
+
 class K8sCluster(Cluster):
     name = "k8s"
     next_step = (
-        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/pytorchjob.yaml\n"
-        "       or: helm install {name} helm/shardctl-job -f {out}/values.yaml"
+        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/<pytorchjob|trainjob>.yaml\n"
+        "       or: helm install {name} {chart} -f {out}/values.yaml"
     )
     can_follow = True
     supports_replace = True
@@ -129,24 +208,29 @@ class K8sCluster(Cluster):
 
     def schedule(self, dryrun: DryRun) -> JobRef:
         spec = dryrun.spec
-        cm, job = dryrun.request["configmap"], dryrun.request["pytorchjob"]
+        kind = KINDS[spec.k8s.api]
+        cm, job = dryrun.request["configmap"], dryrun.request[job_key(dryrun.request)]
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         core, custom = self._core(), self._custom()
+        if kind.api == "trainjob":
+            self._check_runtime(custom, spec, ns)
         if self.replace:
-            self._delete_everything(ns, name, wait=True)
-        self._create_configmap(core, custom, cm, ns, name)
+            self._delete_everything(kind, ns, name, wait=True)
+        self._create_configmap(kind, core, custom, cm, ns, name)
         try:
             created = self._call(
                 "create",
-                "pytorchjobs",
+                kind.plural,
                 ns,
                 lambda: custom.create_namespaced_custom_object(
-                    GROUP, VERSION, ns, PLURAL, job, _request_timeout=REQUEST_TIMEOUT_S
+                    kind.group, kind.version, ns, kind.plural, job,
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 ),
-                not_found=f"the cluster does not serve {PLURAL}.{GROUP}/{VERSION} "
-                f"(the PyTorchJob CRD is not installed); {OPERATOR_HINT}",
-                conflict=_exists_message(ns, name),
-            )
+                not_found=f"the cluster does not serve {kind.plural}.{kind.group}/{kind.version} "
+                f"(the {kind.kind} CRD is not installed); {kind.install_hint}",
+                conflict=_exists_message(kind, ns, name),
+                rejected=_runtime_rejection(spec) if kind.api == "trainjob" else None,
+            )  # fmt: skip
         except ClusterError:
             # Leave nothing behind from a submission that did not happen; a failing
             # clean-up must not hide the reason the submission failed.
@@ -159,11 +243,35 @@ class K8sCluster(Cluster):
             job_id=f"{ns}/{name}",
             name=spec.name,
             run_dir=f"{RUNS_MOUNT}/{spec.name}",
-            extra={"namespace": ns, "job": name, "pvc": spec.k8s.pvc, "uid": uid},
-        )
+            extra={"namespace": ns, "job": name, "pvc": spec.k8s.pvc, "uid": uid,
+                   "api": kind.api},
+        )  # fmt: skip
+
+    def _check_runtime(self, custom: Any, spec: JobSpec, ns: str) -> None:
+        """A TrainJob names a runtime that must exist; say which and how to get it."""
+        kind = spec.k8s.runtime_kind
+        name = v2.runtime_name(spec)
+        plural = v2.RUNTIME_PLURALS[kind]
+        if kind == "ClusterTrainingRuntime":
+            get = lambda: custom.get_cluster_custom_object(  # noqa: E731
+                v2.GROUP, v2.VERSION, plural, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        else:
+            get = lambda: custom.get_namespaced_custom_object(  # noqa: E731
+                v2.GROUP, v2.VERSION, ns, plural, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        try:
+            self._call("get", plural, ns, get, not_found=_runtime_missing(spec))
+        except JobNotFoundError as exc:
+            raise ClusterError(str(exc)) from None
+        except ClusterError as exc:
+            # Reading runtimes may be forbidden to job submitters; then the API
+            # server's admission webhook is the check (see `_runtime_rejection`).
+            if "forbidden" not in str(exc):
+                raise
 
     def _create_configmap(
-        self, core: Any, custom: Any, cm: dict[str, Any], ns: str, name: str
+        self, kind: JobKind, core: Any, custom: Any, cm: dict[str, Any], ns: str, name: str
     ) -> None:
         cm_name = cm["metadata"]["name"]
         try:
@@ -175,12 +283,12 @@ class K8sCluster(Cluster):
                     ns, cm, _request_timeout=REQUEST_TIMEOUT_S
                 ),
                 not_found=f"namespace {ns!r} does not exist (k8s.namespace); create it with "
-                "`kubectl apply -f manifests/namespace.yaml` or `kubectl create namespace "
+                f"`kubectl apply -f {manifest('namespace.yaml')}` or `kubectl create namespace "
                 f"{ns}`",
             )
         except _Conflict:
-            if self._job_exists(custom, ns, name):
-                raise ClusterError(_exists_message(ns, name)) from None
+            if self._job_exists(kind, custom, ns, name):
+                raise ClusterError(_exists_message(kind, ns, name)) from None
             # A ConfigMap left from a job that is gone (deleted by hand, TTL cleanup):
             # ours to renew. Delete and create rather than merge, so no stale file stays.
             self._call(
@@ -201,9 +309,9 @@ class K8sCluster(Cluster):
                 conflict=f"ConfigMap {ns}/{cm_name} was re-created by someone else meanwhile",
             )
 
-    def _job_exists(self, custom: Any, ns: str, name: str) -> bool:
+    def _job_exists(self, kind: JobKind, custom: Any, ns: str, name: str) -> bool:
         try:
-            self._get_job(custom, ns, name)
+            self._get_job(kind, custom, ns, name)
         except JobNotFoundError:
             return False
         return True
@@ -212,16 +320,17 @@ class K8sCluster(Cluster):
 
     def status(self, ref: JobRef) -> JobStatus:
         ns, name = _where(ref)
+        kind = kind_of(ref)
         try:
-            job = self._get_job(self._custom(), ns, name)
+            job = self._get_job(kind, self._custom(), ns, name)
         except JobNotFoundError:
             return JobStatus(
                 JobState.UNKNOWN,
                 "NotFound",
-                f"PyTorchJob {name} is gone from namespace {ns} "
-                "(cancelled, deleted, or cleaned up after ttlSecondsAfterFinished)",
+                f"{kind.kind} {name} is gone from namespace {ns} "
+                "(cancelled, deleted, or cleaned up after it finished)",
             )
-        return state_of(job)
+        return kind.state_of(job)
 
     def wait(
         self,
@@ -242,8 +351,8 @@ class K8sCluster(Cluster):
                 return st
             if deadline is not None and time.monotonic() >= deadline:
                 raise ClusterError(
-                    f"PyTorchJob {ref.job_id} still {st.state.value} [{st.native_state}] "
-                    f"after {timeout_s:g} s"
+                    f"{kind_of(ref).kind} {ref.job_id} still {st.state.value} "
+                    f"[{st.native_state}] after {timeout_s:g} s"
                 )
             time.sleep(poll_s)
 
@@ -261,43 +370,35 @@ class K8sCluster(Cluster):
         return 0 if final.state is JobState.SUCCEEDED else 1
 
     def pods(self, ref: JobRef) -> list[dict[str, Any]]:
-        """The job's pods (found by the operator's labels), master first, then by index."""
+        """The job's pods (found by the operator's labels), master / node 0 first."""
         ns, name = _where(ref)
+        kind = kind_of(ref)
         core = self._core()
         found = self._call(
             "list",
             "pods",
             ns,
             lambda: core.list_namespaced_pod(
-                ns, label_selector=f"{LABEL_JOB}={name}", _request_timeout=REQUEST_TIMEOUT_S
+                ns, label_selector=f"{kind.pod_label}={name}", _request_timeout=REQUEST_TIMEOUT_S
             ),
         )
         pods = [p.to_dict() if hasattr(p, "to_dict") else p for p in found.items]
         # Filter again: the selector is the server's job, but a pod of another job
         # must never be reported under this one.
-        pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == name]
-
-        def order(pod: dict[str, Any]) -> tuple[int, int, str]:
-            labels = pod["metadata"].get("labels") or {}
-            kind = labels.get(LABEL_REPLICA_TYPE, "").lower()
-            index = labels.get(LABEL_REPLICA_INDEX, "")
-            return (0 if kind == "master" else 1, int(index) if index.isdigit() else 0,
-                    pod["metadata"]["name"])  # fmt: skip
-
-        return sorted(pods, key=order)
+        pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(kind.pod_label) == name]
+        return sorted(pods, key=kind.pod_order)
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         ns, name = _where(ref)
+        kind = kind_of(ref)
         core = self._core()
         pods = self.pods(ref)
         if not pods:
-            return f"(no pods of PyTorchJob {name} in namespace {ns} yet)\n"
+            return f"(no pods of {kind.kind} {name} in namespace {ns} yet)\n"
         out: list[str] = []
         for pod in pods:
             pod_name = pod["metadata"]["name"]
-            labels = pod["metadata"].get("labels") or {}
-            role = f"{labels.get(LABEL_REPLICA_TYPE, '?')} {labels.get(LABEL_REPLICA_INDEX, '?')}"
-            out.append(f"==> {pod_name} ({role}) <==\n")
+            out.append(f"==> {pod_name} ({kind.role(pod)}) <==\n")
             try:
                 text = self._call(
                     "get",
@@ -306,7 +407,7 @@ class K8sCluster(Cluster):
                     lambda pod_name=pod_name: core.read_namespaced_pod_log(
                         pod_name,
                         ns,
-                        container=CONTAINER,
+                        container=kind.container,
                         tail_lines=tail,
                         _request_timeout=REQUEST_TIMEOUT_S,
                     ),
@@ -321,28 +422,30 @@ class K8sCluster(Cluster):
 
     def cancel(self, ref: JobRef) -> None:
         ns, name = _where(ref)
-        self._delete_everything(ns, name, wait=False, missing_ok=False)
+        self._delete_everything(kind_of(ref), ns, name, wait=False, missing_ok=False)
 
     # ---------------------------------------------------------------- helpers
 
-    def _delete_everything(self, ns: str, name: str, wait: bool, missing_ok: bool = True) -> None:
-        """Delete the PyTorchJob (its pods first: Foreground) and its ConfigMap."""
+    def _delete_everything(
+        self, kind: JobKind, ns: str, name: str, wait: bool, missing_ok: bool = True
+    ) -> None:
+        """Delete the job (its pods first: Foreground) and its ConfigMap."""
         custom, core = self._custom(), self._core()
         try:
             self._call(
                 "delete",
-                "pytorchjobs",
+                kind.plural,
                 ns,
                 lambda: custom.delete_namespaced_custom_object(
-                    GROUP,
-                    VERSION,
+                    kind.group,
+                    kind.version,
                     ns,
-                    PLURAL,
+                    kind.plural,
                     name,
                     propagation_policy="Foreground",
                     _request_timeout=REQUEST_TIMEOUT_S,
                 ),
-                not_found=f"no PyTorchJob {name} in namespace {ns} (already deleted or never "
+                not_found=f"no {kind.kind} {name} in namespace {ns} (already deleted or never "
                 "created)",
             )
         except JobNotFoundError:
@@ -353,12 +456,12 @@ class K8sCluster(Cluster):
             # Foreground deletion keeps the job visible until its pods are gone;
             # a new job of the same name can only be created after that.
             deadline = time.monotonic() + REPLACE_TIMEOUT_S
-            while self._job_exists(custom, ns, name):
+            while self._job_exists(kind, custom, ns, name):
                 if time.monotonic() >= deadline:
                     raise ClusterError(
-                        f"PyTorchJob {ns}/{name} is still being deleted after "
+                        f"{kind.kind} {ns}/{name} is still being deleted after "
                         f"{REPLACE_TIMEOUT_S:g} s; try again when "
-                        f"`kubectl -n {ns} get pytorchjob {name}` finds nothing"
+                        f"`kubectl -n {ns} get {kind.kind.lower()} {name}` finds nothing"
                     )
                 time.sleep(1.0)
 
@@ -375,16 +478,17 @@ class K8sCluster(Cluster):
             )
         )
 
-    def _get_job(self, custom: Any, ns: str, name: str) -> dict[str, Any]:
+    def _get_job(self, kind: JobKind, custom: Any, ns: str, name: str) -> dict[str, Any]:
         return self._call(
             "get",
-            "pytorchjobs",
+            kind.plural,
             ns,
             lambda: custom.get_namespaced_custom_object(
-                GROUP, VERSION, ns, PLURAL, name, _request_timeout=REQUEST_TIMEOUT_S
+                kind.group, kind.version, ns, kind.plural, name,
+                _request_timeout=REQUEST_TIMEOUT_S,
             ),
-            not_found=f"no PyTorchJob {name} in namespace {ns}",
-        )
+            not_found=f"no {kind.kind} {name} in namespace {ns}",
+        )  # fmt: skip
 
     @staticmethod
     def _ignore_missing(fn: Callable[[], Any]) -> None:
@@ -400,6 +504,7 @@ class K8sCluster(Cluster):
         not_found: str | None = None,
         conflict: str | None = None,
         bad_request_ok: bool = False,
+        rejected: Callable[[str], str | None] | None = None,
     ) -> T:
         """Run one API call; turn the client's exceptions into messages that say what to do."""
         from kubernetes.client.exceptions import ApiException
@@ -408,6 +513,9 @@ class K8sCluster(Cluster):
             return fn()
         except ApiException as exc:
             reason = _server_message(exc)
+            better = rejected(reason) if rejected is not None else None
+            if better:  # an admission webhook said why, in its own words
+                raise ClusterError(better) from None
             if exc.status == 404:
                 raise JobNotFoundError(not_found or f"{resource} not found: {reason}") from None
             if exc.status == 409:
@@ -418,7 +526,7 @@ class K8sCluster(Cluster):
                 raise ClusterError(
                     f"forbidden: the credentials in use may not {verb!r} {resource!r} in "
                     f"namespace {ns!r} (the RBAC rule missing: verb {verb}, resource "
-                    f"{resource}); {RBAC_HINT}. Server said: {reason}"
+                    f"{resource}); {rbac_hint()}. Server said: {reason}"
                 ) from None
             if exc.status == 401:
                 raise ClusterError(
@@ -475,9 +583,38 @@ def _where(ref: JobRef) -> tuple[str, str]:
     return ns, name
 
 
-def _exists_message(ns: str, name: str) -> str:
+def _runtime_missing(spec: JobSpec) -> str:
+    kind, name = spec.k8s.runtime_kind, v2.runtime_name(spec)
+    where = (
+        "in the cluster"
+        if kind == "ClusterTrainingRuntime"
+        else (f"in namespace {spec.k8s.namespace!r}")
+    )
+    if name in v2.STOCK_RUNTIMES:
+        how = v2.INSTALL_HINT
+    else:
+        how = (
+            "have a cluster admin install it: `shardctl render SPEC --cluster k8s --out DIR` "
+            "writes DIR/trainingruntime.yaml, then `kubectl apply --server-side -f "
+            "DIR/trainingruntime.yaml`"
+        )
+    return f"the {kind} {name!r} (k8s.runtime) does not exist {where}; {how}"
+
+
+def _runtime_rejection(spec: JobSpec) -> Callable[[str], str | None]:
+    """Trainer's admission webhook refuses a TrainJob whose runtime is missing."""
+
+    def better(reason: str) -> str | None:
+        if "must be created before the TrainJob" in reason:
+            return f"{_runtime_missing(spec)}. Server said: {reason}"
+        return None
+
+    return better
+
+
+def _exists_message(kind: JobKind, ns: str, name: str) -> str:
     return (
-        f"a PyTorchJob named {name!r} already exists in namespace {ns!r}; replace it with "
+        f"a {kind.kind} named {name!r} already exists in namespace {ns!r}; replace it with "
         f"`shardctl submit SPEC --cluster k8s --replace` (deletes it and its pods first; "
         f"checkpoints on the PVC stay and the new job resumes from them), or rename the job "
         f"(the spec's name)"

@@ -46,7 +46,7 @@ from ...launch import (
 )
 from ...render import common_artifacts
 from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
-from ...spec import JobSpec, parse_spec
+from ...spec import ExtraVolume, JobSpec, parse_spec
 from ..base import NodeView
 
 API_VERSION = "kubeflow.org/v1"
@@ -63,10 +63,6 @@ RUNS_MOUNT = "/shardctl/runs"
 CACHE_MOUNT = "/shardctl/cache"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port of this name
-GPU_RESOURCE = "nvidia.com/gpu"
-# Time between SIGTERM and SIGKILL when a pod is deleted or preempted: the loop
-# turns SIGTERM into a coordinated sharded save, which needs more than the 30 s default.
-TERMINATION_GRACE_S = 300
 # Kubernetes object names and label values are at most 63 characters (DNS-1123 label).
 NAME_LIMIT = 63
 
@@ -107,8 +103,11 @@ def configmap_name(job_name: str) -> str:
     return cut_name(job_name, "-spec")
 
 
-def labels(job_name: str) -> dict[str, str]:
+def labels(job_name: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The user's `k8s.labels`, then shardctl's own (which always win: the CLI finds
+    its objects by them)."""
     return {
+        **(extra or {}),
         LABEL_NAME: "shardctl",
         LABEL_INSTANCE: cut_name(job_name),
         LABEL_COMPONENT: "training",
@@ -225,14 +224,20 @@ def pod_spec(spec: JobSpec) -> JobSpec:
 
 
 def runtime_env(spec: JobSpec) -> list[EnvLine]:
-    """A pod learns its place from the variables the Kubeflow operator injects."""
-    where = "set by the Kubeflow training operator in PyTorchJob pods"
+    """A pod learns its place from the variables the Kubeflow operator injects: the
+    training operator's (PyTorchJob) or Trainer v2's torch plugin (TrainJob)."""
+    if spec.k8s.api == "trainjob":
+        where = "set by Kubeflow Trainer's torch plugin in TrainJob pods"
+        master = ("PET_MASTER_ADDR", "PET_MASTER_PORT")
+    else:
+        where = "set by the Kubeflow training operator in PyTorchJob pods"
+        master = ("MASTER_ADDR", "MASTER_PORT")
     return [
         export_from("SHARDCTL_NNODES", "PET_NNODES", where),
         export_from("SHARDCTL_NODE_RANK", "PET_NODE_RANK", where),
         export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
-        export_from("MASTER_ADDR", "MASTER_ADDR", where),
-        export_from("MASTER_PORT", "MASTER_PORT", where),
+        export_from("MASTER_ADDR", master[0], where),
+        export_from("MASTER_PORT", master[1], where),
         # The operator says nothing about restarts: each pod counts its own starts in
         # the run dir (on the PVC, so they survive the pod).
         EnvLine(
@@ -244,7 +249,16 @@ def runtime_env(spec: JobSpec) -> list[EnvLine]:
         EnvLine(f'{ENV_ATTEMPT}="$((previous + 1))"'),
         EnvLine(f'printf \'%s\\n\' "${{{ENV_ATTEMPT}}}" >"${{attempts}}"'),
         EnvLine(f"export {ENV_ATTEMPT}"),
+        *setup_lines(spec),
     ]
+
+
+def setup_lines(spec: JobSpec) -> list[EnvLine]:
+    """`k8s.setup`: the user's shell lines, run in every pod before the launcher."""
+    lines = [EnvLine(line) for line in spec.k8s.setup]
+    if lines:
+        lines[0] = EnvLine(lines[0].text, "k8s.setup: run in every pod before the launcher")
+    return lines
 
 
 def node_view(spec: JobSpec) -> NodeView:
@@ -274,8 +288,35 @@ def pod_resources(spec: JobSpec) -> dict[str, dict[str, str]]:
     if r.memory:
         amounts["memory"] = r.memory.k8s()
     if r.device == "cuda":
-        amounts[GPU_RESOURCE] = str(r.procs_per_node)
+        amounts[k.gpu_resource] = str(r.procs_per_node)
     return {"limits": dict(amounts), "requests": dict(amounts)}
+
+
+def extra_volume(vol: ExtraVolume) -> dict[str, Any]:
+    """A `k8s.volumes` entry as the pod's volume and the container's mount."""
+    source: dict[str, Any]
+    match vol.source:
+        case "pvc":
+            source = {"persistentVolumeClaim": {"claimName": vol.pvc, "readOnly": vol.read_only}}
+        case "config_map":
+            source = {"configMap": {"name": vol.config_map}}
+        case "secret":
+            source = {"secret": {"secretName": vol.secret}}
+        case "host_path":
+            source = {"hostPath": {"path": vol.host_path, "type": "Directory"}}
+        case "nfs":
+            server, _, path = (vol.nfs or "").partition(":")
+            source = {"nfs": {"server": server, "path": path, "readOnly": vol.read_only}}
+        case _:
+            source = {"emptyDir": {}}
+    mount: dict[str, Any] = {
+        "name": vol.name,
+        "mountPath": vol.mount_path,
+        "readOnly": vol.read_only,
+    }
+    if vol.sub_path:
+        mount["subPath"] = vol.sub_path
+    return {"volume": {"name": vol.name, **source}, "mount": mount}
 
 
 def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[str, Any]:
@@ -306,7 +347,11 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
         t.model_dump(by_alias=True, exclude_none=True)
         for t in k.tolerations  # key/operator/value/effect/tolerationSeconds: the k8s names
     ]
+    from .trainjob import trainjob_values  # the TrainJob layout builds on this module
+
     return {
+        "api": k.api,
+        **(trainjob_values(spec) if k.api == "trainjob" else {"runtimeRef": None}),
         "name": spec.name,
         "namespace": k.namespace,
         "image": k.image,
@@ -319,7 +364,12 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
         "resources": pod_resources(spec),
         "nodeSelector": dict(k.node_selector),
         "tolerations": tolerations,
+        "affinity": k.affinity.k8s() if k.affinity is not None else None,
+        "schedulerName": k.scheduler_name,
         "priorityClassName": k.priority_class,
+        "labels": dict(k.labels),
+        "annotations": dict(k.annotations),
+        "extraVolumes": [extra_volume(v) for v in k.volumes],
         "restartPolicy": k.restart_policy,
         "runPolicy": run_policy,
         "elastic": elastic,
@@ -334,7 +384,7 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
             "readOnlyRootFilesystem": k.read_only_root_filesystem,
         },
         "storage": {"claimName": k.pvc, "create": False, "size": "50Gi", "storageClassName": None},
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": k.termination_grace_s,
         "jobSpec": common[SPEC_FILE],
         "launchScript": common[LAUNCH_FILE],
         "launcherFiles": configmap_launcher_files(node, common),
@@ -351,12 +401,24 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
 
 
 def objects_from_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The ConfigMap and the PyTorchJob laid out from chart values."""
+    """The ConfigMap and the job (a PyTorchJob or a TrainJob) laid out from chart values."""
+    from .trainjob import trainjob_from_values  # it builds on this module's pod parts
+
     name = cut_name(values["name"])
+    if values["api"] == "trainjob":
+        return {
+            "configmap": _configmap(values, name),
+            "trainjob": trainjob_from_values(values, name),
+        }
     return {
         "configmap": _configmap(values, name),
         "pytorchjob": _pytorchjob(values, name),
     }
+
+
+def job_key(objects: dict[str, Any]) -> str:
+    """ "pytorchjob" or "trainjob": the key of the job among the rendered objects."""
+    return "trainjob" if "trainjob" in objects else "pytorchjob"
 
 
 def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
@@ -366,7 +428,7 @@ def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
         "metadata": {
             "name": configmap_name(name),
             "namespace": values["namespace"],
-            "labels": labels(name),
+            **object_metadata(values, name),
         },
         "data": {
             **values["launcherFiles"],
@@ -375,6 +437,14 @@ def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
             **{f["key"]: f["content"] for f in values["codeFiles"]},
         },
     }
+
+
+def object_metadata(values: dict[str, Any], name: str) -> dict[str, Any]:
+    """Labels (the user's and shardctl's) and the user's annotations, when any."""
+    meta: dict[str, Any] = {"labels": labels(name, values["labels"])}
+    if values["annotations"]:
+        meta["annotations"] = dict(values["annotations"])
+    return meta
 
 
 def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
@@ -405,15 +475,17 @@ def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": name, "namespace": values["namespace"], "labels": labels(name)},
+        "metadata": {
+            "name": name,
+            "namespace": values["namespace"],
+            **object_metadata(values, name),
+        },
         "spec": job_spec,
     }
 
 
-def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
-    values = copy.deepcopy(values)  # the template owns everything it holds
-    security = values["securityContext"]
-    uid = security["runAsUser"]
+def pod_volumes(values: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The pod's volumes: the spec ConfigMap, the run dir, writable scratch, the user's."""
     claim = values["storage"]["claimName"]
     runs_volume: dict[str, Any] = (
         {"name": "runs", "persistentVolumeClaim": {"claimName": claim}}
@@ -430,72 +502,118 @@ def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
             {"key": LAUNCH_FILE, "path": LAUNCH_FILE},
             *({"key": f["key"], "path": f["path"]} for f in values["codeFiles"]),
         ]
-    volumes = [
-        {"name": "spec", "configMap": spec_volume},
-        runs_volume,
-        {"name": "cache", "emptyDir": {}},
-        {"name": "tmp", "emptyDir": {}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": values["shmSize"]}},
-    ]
-    mounts = [
-        {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-        {"name": "runs", "mountPath": RUNS_MOUNT},
-        {"name": "cache", "mountPath": CACHE_MOUNT},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-    ]
-    env_from = [{"configMapRef": {"name": n}} for n in values["envFrom"]["configMaps"]] + [
-        {"secretRef": {"name": n}} for n in values["envFrom"]["secrets"]
-    ]
+    return copy.deepcopy(
+        [
+            {"name": "spec", "configMap": spec_volume},
+            runs_volume,
+            {"name": "cache", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": values["shmSize"]}},
+            *(extra["volume"] for extra in values["extraVolumes"]),
+        ]
+    )
+
+
+def volume_mounts(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return copy.deepcopy(
+        [
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "runs", "mountPath": RUNS_MOUNT},
+            {"name": "cache", "mountPath": CACHE_MOUNT},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            *(extra["mount"] for extra in values["extraVolumes"]),
+        ]
+    )
+
+
+def container_command() -> list[str]:
+    """The launch script, started with the operator's node-level RANK/WORLD_SIZE removed."""
     unset: list[str] = []
     for var in OPERATOR_MISLEADING_ENV:
         unset += ["-u", var]
+    return ["env", *unset, "bash", f"{SPEC_DIR}/{LAUNCH_FILE}"]
+
+
+def container_env(values: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in sorted(values["env"].items())]
+
+
+def env_from(values: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"configMapRef": {"name": n}} for n in values["envFrom"]["configMaps"]] + [
+        {"secretRef": {"name": n}} for n in values["envFrom"]["secrets"]
+    ]
+
+
+def container_security(values: dict[str, Any]) -> dict[str, Any]:
+    security = values["securityContext"]
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": security["readOnlyRootFilesystem"],
+        "runAsNonRoot": True,
+        "runAsUser": security["runAsUser"],
+    }
+
+
+def pod_security(values: dict[str, Any]) -> dict[str, Any]:
+    uid = values["securityContext"]["runAsUser"]
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        # fsGroup makes the PVC writable by the non-root user.
+        "fsGroup": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def pod_placement(values: dict[str, Any]) -> dict[str, Any]:
+    """Where the pods may run and what they pull with: only the settings the spec gives."""
+    values = copy.deepcopy(values)
+    placed: dict[str, Any] = {}
+    if values["nodeSelector"]:
+        placed["nodeSelector"] = values["nodeSelector"]
+    if values["tolerations"]:
+        placed["tolerations"] = values["tolerations"]
+    if values["affinity"]:
+        placed["affinity"] = values["affinity"]
+    if values["imagePullSecrets"]:
+        placed["imagePullSecrets"] = [{"name": n} for n in values["imagePullSecrets"]]
+    return placed
+
+
+def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": values["image"],
         "imagePullPolicy": values["imagePullPolicy"],
-        "command": ["env", *unset, "bash", f"{SPEC_DIR}/{LAUNCH_FILE}"],
+        "command": container_command(),
         "workingDir": RUNS_MOUNT,
-        "env": [{"name": k, "value": v} for k, v in sorted(values["env"].items())],
+        "env": container_env(values),
         "ports": [{"name": PORT_NAME, "containerPort": values["masterPort"]}],
-        "resources": values["resources"],
-        "volumeMounts": mounts,
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "privileged": False,
-            "readOnlyRootFilesystem": security["readOnlyRootFilesystem"],
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-        },
+        "resources": copy.deepcopy(values["resources"]),
+        "volumeMounts": volume_mounts(values),
+        "securityContext": container_security(values),
     }
-    if env_from:
-        container["envFrom"] = env_from
+    if values["envFrom"]["configMaps"] or values["envFrom"]["secrets"]:
+        container["envFrom"] = env_from(values)
     pod: dict[str, Any] = {
         # Training ranks never call the Kubernetes API: no token in the pod.
         "automountServiceAccountToken": False,
         "serviceAccountName": values["serviceAccount"]["name"],
         "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": uid,
-            "runAsGroup": uid,
-            # fsGroup makes the PVC writable by the non-root user.
-            "fsGroup": uid,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pod_security(values),
         "containers": [container],
-        "volumes": volumes,
+        "volumes": pod_volumes(values, name),
+        **pod_placement(values),
     }
-    if values["nodeSelector"]:
-        pod["nodeSelector"] = values["nodeSelector"]
-    if values["tolerations"]:
-        pod["tolerations"] = values["tolerations"]
+    if values["schedulerName"]:
+        pod["schedulerName"] = values["schedulerName"]
     if values.get("priorityClassName"):
         pod["priorityClassName"] = values["priorityClassName"]
-    if values["imagePullSecrets"]:
-        pod["imagePullSecrets"] = [{"name": n} for n in values["imagePullSecrets"]]
-    return {"metadata": {"labels": labels(name)}, "spec": pod}
+    return {"metadata": object_metadata(values, name), "spec": pod}
 
 
 # --------------------------------------------------------------------- public
@@ -508,17 +626,26 @@ class K8sRender:
     node: NodeView
     common: dict[str, str]  # job.yaml, env.sh, launch.sh, launcher files (pod view)
     values: dict[str, Any]  # the Helm chart's values
-    objects: dict[str, dict[str, Any]]  # {"configmap": ..., "pytorchjob": ...}
+    objects: dict[str, dict[str, Any]]  # {"configmap": ..., "pytorchjob"|"trainjob": ...}
+    # TrainJob only: the runtime a cluster admin installs when the stock one does not fit.
+    runtime: dict[str, Any] | None = None
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.objects[job_key(self.objects)]
 
     @property
     def files(self) -> dict[str, str]:
         """The k8s-only files: the objects for kubectl and the values for the chart."""
-        return {
-            "pytorchjob.yaml": dump(self.objects["pytorchjob"]),
+        files = {
+            f"{job_key(self.objects)}.yaml": dump(self.job),
             "configmap.yaml": dump(self.objects["configmap"]),
             "values.yaml": "# Values for the chart helm/shardctl-job (rendered by shardctl)\n"
             + dump(self.values),
         }
+        if self.runtime is not None:
+            files["trainingruntime.yaml"] = RUNTIME_HEADER + dump(self.runtime)
+        return files
 
     @property
     def manifests(self) -> str:
@@ -529,18 +656,47 @@ class K8sRender:
             f"{CODE_DIR}/{f['path'].removeprefix('code/')} ({len(f['content'].encode()):,} B)\n"
             for f in self.values["codeFiles"]
         )
-        return (
-            travels
-            + "---\n"
-            + dump(self.objects["configmap"])
-            + "---\n"
-            + dump(self.objects["pytorchjob"])
+        return travels + "---\n" + dump(self.objects["configmap"]) + "---\n" + dump(self.job)
+
+
+def check_runnable(spec: JobSpec) -> None:
+    """What a job needs to run on Kubernetes that the spec alone cannot promise."""
+    problems = []
+    if spec.k8s.image is None:
+        problems.append(
+            "k8s.image is required for --cluster k8s: the pods need an image with torch and "
+            "shardctl. Build one with the project's Containerfile (`scripts/build-image -t "
+            "REGISTRY/shardctl:TAG`, push it, set k8s.image to it), or give an image with "
+            "torch (e.g. 'pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime') plus k8s.setup "
+            'lines that install shardctl at start (e.g. "python -m pip install --user '
+            "'shardctl[train]'\")"
         )
+    if spec.resources.nodes > 1 and spec.k8s.pvc is None:
+        problems.append(
+            f"k8s.pvc is required for a {spec.resources.nodes}-node job: the ranks on "
+            "different pods write one checkpoint together, which needs one volume they all "
+            "mount (a ReadWriteMany PersistentVolumeClaim, e.g. on NFS/CephFS/Lustre; "
+            "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
+            "each pod would hold only "
+            "its own shards and resume would find no complete checkpoint"
+        )
+    if spec.k8s.api == "trainjob":
+        from .trainjob import trainjob_problems
+
+        problems += trainjob_problems(spec)
+    if problems:
+        raise SpecError(problems)
 
 
 def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
+    check_runnable(spec)
     values = values_from(spec, node, common)
-    rendered = K8sRender(node, common, values, objects_from_values(values))
+    runtime = None
+    if spec.k8s.api == "trainjob":
+        from .trainjob import runtime_object
+
+        runtime = runtime_object(spec, values)
+    rendered = K8sRender(node, common, values, objects_from_values(values), runtime)
     data = rendered.objects["configmap"]["data"]
     size = sum(len(text.encode("utf-8")) for text in data.values())
     if size > CONFIGMAP_LIMIT:
@@ -587,6 +743,15 @@ def k8s_artifacts(spec: JobSpec) -> dict[str, str]:
 
 def manifests(spec: JobSpec) -> str:
     return render(spec).manifests
+
+
+RUNTIME_HEADER = (
+    "# A Kubeflow Trainer v2.3 training runtime for shardctl's TrainJobs, rendered from the\n"
+    "# job spec. Jobs on the stock 'torch-distributed' runtime do not need it. Install it\n"
+    "# once (a cluster admin: kubectl apply --server-side -f trainingruntime.yaml) when the\n"
+    "# spec sets what only a runtime can carry (scheduler, priority class, envFrom, pull\n"
+    "# policy, restarts of every pod), and give the jobs k8s.runtime: <its name>.\n"
+)
 
 
 class _Dumper(yaml.SafeDumper):

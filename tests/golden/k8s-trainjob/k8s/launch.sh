@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts the ranks of one node of job deepspeed-zero3 with torchrun (cluster: k8s).
+# Starts the ranks of one node of job k8s-tiny-v2 with torchrun (cluster: k8s).
 # Rendered by shardctl: run it once per node; edit the job spec, not this file.
 set -euo pipefail
 
@@ -9,18 +9,16 @@ export SHARDCTL_RENDER_DIR
 
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
-export DS_ACCELERATOR=cpu
 # the run contract (README: Your own training script)
-export SHARDCTL_JOB_NAME=deepspeed-zero3
-export SHARDCTL_RUN_DIR=/shardctl/runs/deepspeed-zero3
-export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/deepspeed-zero3/checkpoints
+export SHARDCTL_JOB_NAME=k8s-tiny-v2
+export SHARDCTL_RUN_DIR=/shardctl/runs/k8s-tiny-v2
+export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/k8s-tiny-v2/checkpoints
 export SHARDCTL_SPEC=/etc/shardctl/job.yaml
-export SHARDCTL_DEEPSPEED_CONFIG="${SHARDCTL_RENDER_DIR:-.}"/ds_config.json
-export SHARDCTL_NNODES="${PET_NNODES:?set by the Kubeflow training operator in PyTorchJob pods}"
-export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the Kubeflow training operator in PyTorchJob pods}"
-export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the Kubeflow training operator in PyTorchJob pods}"
-export MASTER_ADDR="${MASTER_ADDR:?set by the Kubeflow training operator in PyTorchJob pods}"
-export MASTER_PORT="${MASTER_PORT:?set by the Kubeflow training operator in PyTorchJob pods}"
+export SHARDCTL_NNODES="${PET_NNODES:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
+export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
+export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
+export MASTER_ADDR="${PET_MASTER_ADDR:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
+export MASTER_PORT="${PET_MASTER_PORT:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
 # starts of this node so far (the run contract's attempt number)
 attempts="${SHARDCTL_RUN_DIR}/.attempts/node-${SHARDCTL_NODE_RANK}"
 mkdir -p "${SHARDCTL_RUN_DIR}/.attempts"
@@ -30,7 +28,9 @@ printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
 export SHARDCTL_ATTEMPT
 
 exec torchrun \
-    --standalone \
-    --nnodes 1 \
+    --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "${MASTER_ADDR}":"${MASTER_PORT}" \
+    --rdzv-id k8s-tiny-v2 \
     -m shardctl.train /etc/shardctl/job.yaml

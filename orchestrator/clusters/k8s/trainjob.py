@@ -1,0 +1,325 @@
+"""The Kubeflow Trainer v2 side of a job: a `TrainJob` (trainer.kubeflow.org/v1alpha1,
+the v2.3 API) and the training runtime a cluster admin installs for it.
+
+A TrainJob names a runtime (`k8s.runtime`, default the stock `torch-distributed`)
+and changes it in two ways only: `spec.trainer` (image, command, env, node and
+process counts, resources of the container named `node`) and `runtimePatches`
+(strategic-merge patches keyed by a manager; v2.3 lets them set the pods' labels,
+annotations, volumes, mounts, security contexts, service account, grace period,
+node selector, tolerations, affinity and pull secrets). Both are filled from the
+same chart values as the PyTorchJob, so the pods look the same on either API.
+
+What a patch cannot reach (schedulerName, priorityClassName, envFrom,
+imagePullPolicy, the restart policy) lives in the runtime: `runtime_object`
+renders one from the spec for an admin to install once (`k8s.runtime: <its name>`).
+
+The torch plugin gives every pod PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK
+(the Job's completion index), PET_MASTER_ADDR (`<job>-node-0-0.<job>`) and
+PET_MASTER_PORT (29500); the launch script reads those, as it reads the PyTorchJob
+operator's variables on the other API.
+
+`trainjob_from_values` is mirrored by helm/shardctl-job/templates/trainjob.yaml;
+tests/test_helm_chart.py compares their output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...spec import JobSpec
+from .objects import (
+    RUNS_MOUNT,
+    container_command,
+    container_env,
+    container_security,
+    env_from,
+    labels,
+    object_metadata,
+    pod_placement,
+    pod_security,
+    pod_volumes,
+    volume_mounts,
+)
+
+GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainJob"
+RUNTIME_PLURALS = {
+    "ClusterTrainingRuntime": "clustertrainingruntimes",
+    "TrainingRuntime": "trainingruntimes",
+}
+# The runtimes Kubeflow Trainer ships, and the framework each one runs.
+STOCK_RUNTIMES = {"torch-distributed": "torch", "deepspeed-distributed": "mpi"}
+DEFAULT_RUNTIME = "torch-distributed"
+# The name `shardctl render` gives the runtime it writes when the spec names a stock one.
+OWN_RUNTIME = "shardctl-torch"
+# The replicated job and container the torch plugin fills in (stock runtime's names).
+TRAINER_JOB = "node"
+TRAINER_CONTAINER = "node"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+PATCH_MANAGER = "shardctl.dev/cli"
+TORCH_MASTER_PORT = 29500
+
+INSTALL_HINT = (
+    "install Kubeflow Trainer v2.3 with its stock runtimes: `helm install kubeflow-trainer "
+    "oci://ghcr.io/kubeflow/charts/kubeflow-trainer --namespace kubeflow-system "
+    "--create-namespace --version 2.3.0 --set runtimes.defaultEnabled=true` (README: "
+    "'k8s', Kubeflow Trainer v2)"
+)
+
+
+def runtime_name(spec: JobSpec) -> str:
+    return spec.k8s.runtime or DEFAULT_RUNTIME
+
+
+def is_stock(spec: JobSpec) -> bool:
+    return runtime_name(spec) in STOCK_RUNTIMES
+
+
+def admin_runtime_name(spec: JobSpec) -> str:
+    """The runtime `shardctl render` writes: the spec's own, or shardctl-torch."""
+    return OWN_RUNTIME if is_stock(spec) else runtime_name(spec)
+
+
+# What only a runtime can carry: field → why a TrainJob cannot. A spec that sets one
+# of these on a stock runtime is refused (the setting would silently not apply).
+RUNTIME_ONLY = {
+    "scheduler_name": "schedulerName",
+    "priority_class": "priorityClassName",
+    "env_from_config_maps": "envFrom",
+    "env_from_secrets": "envFrom",
+    "image_pull_policy": "imagePullPolicy",
+    "backoff_limit": "the JobSet failure policy (restarts of every pod)",
+}
+
+
+def trainjob_problems(spec: JobSpec) -> list[str]:
+    """Why this spec cannot run as a TrainJob on its runtime, if it cannot."""
+    k, problems = spec.k8s, []
+    name = runtime_name(spec)
+    if STOCK_RUNTIMES.get(name) == "mpi":
+        problems.append(
+            f"k8s.runtime {name!r}: the stock DeepSpeed runtime of Trainer v2.3 runs the command "
+            "in one launcher pod under mpirun and keeps its own image on the node pods, where "
+            "shardctl is not installed; DeepSpeed jobs run on 'torch-distributed' (the "
+            "default): every node starts its own ranks, as on a PyTorchJob"
+        )
+    if name in STOCK_RUNTIMES:
+        defaults = type(k).model_fields
+        for field, what in RUNTIME_ONLY.items():
+            if getattr(k, field) != defaults[field].get_default(call_default_factory=True):
+                problems.append(
+                    f"k8s.{field}: a TrainJob cannot set {what} on the stock runtime {name!r} "
+                    "(Trainer v2.3's runtimePatches do not reach it); set k8s.runtime to a "
+                    f"runtime of your own, e.g. {OWN_RUNTIME!r} — `shardctl render SPEC "
+                    "--cluster k8s` then writes trainingruntime.yaml with it, for a cluster "
+                    "admin to install once"
+                )
+    if not spec.name[0].isalpha():
+        problems.append(
+            f"name {spec.name!r}: a TrainJob's name must start with a letter (RFC 1035)"
+        )
+    # JobSet names each pod <job>-node-0-<index>-<5 random>: at most 63 characters.
+    longest = len(f"{spec.name}-{TRAINER_JOB}-0-{spec.resources.nodes - 1}-xxxxx")
+    if longest > 63:
+        problems.append(
+            f"name {spec.name!r} is too long for a TrainJob of {spec.resources.nodes} nodes: "
+            f"its pods would be named {longest} characters long, more than Kubernetes' 63; "
+            f"accepted: at most {len(spec.name) - (longest - 63)} characters"
+        )
+    return problems
+
+
+def trainjob_values(spec: JobSpec) -> dict[str, Any]:
+    """The chart values only a TrainJob reads."""
+    return {
+        "runtimeRef": {
+            "apiGroup": GROUP,
+            "kind": spec.k8s.runtime_kind,
+            "name": runtime_name(spec),
+        },
+    }
+
+
+# -------------------------------------------------------------------- layout
+
+
+def trainjob_from_values(values: dict[str, Any], name: str) -> dict[str, Any]:
+    """The TrainJob: the trainer's container through `trainer`, the pods through one
+    runtime patch (managed by shardctl)."""
+    pod_meta = object_metadata(values, name)
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": values["serviceAccount"]["name"],
+        "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
+        "securityContext": pod_security(values),
+        "volumes": pod_volumes(values, name),
+        "containers": [
+            {
+                "name": TRAINER_CONTAINER,
+                "volumeMounts": volume_mounts(values),
+                "securityContext": container_security(values),
+            }
+        ],
+        **pod_placement(values),
+    }
+    patch = {
+        "manager": PATCH_MANAGER,
+        "trainingRuntimeSpec": {
+            "template": {
+                "metadata": object_metadata(values, name),
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINER_JOB,
+                            "template": {
+                                "metadata": object_metadata(values, name),
+                                "spec": {"template": {"metadata": pod_meta, "spec": pod_spec}},
+                            },
+                        }
+                    ]
+                },
+            }
+        },
+    }
+    job_spec: dict[str, Any] = {
+        "runtimeRef": dict(values["runtimeRef"]),
+        "suspend": values["runPolicy"]["suspend"],
+        "trainer": {
+            "image": values["image"],
+            "command": container_command(),
+            "env": container_env(values),
+            "numNodes": values["nodes"],
+            "numProcPerNode": values["nprocPerNode"],
+            "resourcesPerNode": {k: dict(v) for k, v in values["resources"].items()},
+        },
+        "runtimePatches": [patch],
+    }
+    if values["runPolicy"].get("activeDeadlineSeconds") is not None:
+        job_spec["activeDeadlineSeconds"] = values["runPolicy"]["activeDeadlineSeconds"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": name,
+            "namespace": values["namespace"],
+            **object_metadata(values, name),
+        },
+        "spec": job_spec,
+    }
+
+
+def runtime_object(spec: JobSpec, values: dict[str, Any]) -> dict[str, Any]:
+    """The training runtime an admin installs when the stock one does not fit.
+
+    Job-independent (one runtime serves many jobs): the torch policy, the trainer's
+    replicated job and container, what runtimePatches cannot set, and the restart rule.
+    Restarts: a failed or preempted pod fails its Job at once (backoffLimit 0,
+    restartPolicy Never), and the JobSet then recreates every pod, up to
+    `k8s.backoff_limit` times; the ranks resume from the newest complete checkpoint on
+    the volume. (In-place container restarts would restart one node's ranks while the
+    others still wait in a collective.)
+    """
+    k = spec.k8s
+    container: dict[str, Any] = {
+        "name": TRAINER_CONTAINER,
+        "image": values["image"],
+        "imagePullPolicy": values["imagePullPolicy"],
+        "workingDir": RUNS_MOUNT,
+    }
+    if values["envFrom"]["configMaps"] or values["envFrom"]["secrets"]:
+        container["envFrom"] = env_from(values)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        # Training ranks never call the Kubernetes API: no token in the pod.
+        "automountServiceAccountToken": False,
+        "containers": [container],
+    }
+    if values["schedulerName"]:
+        pod["schedulerName"] = values["schedulerName"]
+    if values["priorityClassName"]:
+        pod["priorityClassName"] = values["priorityClassName"]
+    name = admin_runtime_name(spec)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": {
+            "trainer.kubeflow.org/framework": "torch",
+            **{key: v for key, v in labels(name).items() if key != "app.kubernetes.io/instance"},
+        },
+    }
+    if k.runtime_kind == "TrainingRuntime":
+        metadata["namespace"] = k.namespace
+    return {
+        "apiVersion": API_VERSION,
+        "kind": k.runtime_kind,
+        "metadata": metadata,
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "failurePolicy": {
+                        "maxRestarts": k.backoff_limit,
+                        "restartStrategy": "Recreate",
+                    },
+                    "replicatedJobs": [
+                        {
+                            "name": TRAINER_JOB,
+                            "template": {
+                                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                "spec": {"backoffLimit": 0, "template": {"spec": pod}},
+                            },
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+# -------------------------------------------------------------------- status
+# TrainJob conditions (v2.3 sets Suspended, Complete, Failed; controllers before v2.2
+# also Created and Running) and, while none of them holds, the state of its JobSet's
+# jobs, which the controller copies into status.jobsStatus → shardctl's states.
+# `trainjob_native_state` decides the native name; this table is the only mapping.
+TRAINJOB_STATES: dict[str, str] = {
+    "Pending": "PENDING",  # no status yet: the controller has not built the JobSet
+    "Created": "PENDING",  # the JobSet exists, no job has started a pod
+    "Starting": "PENDING",  # pods are being scheduled or pulled
+    "Suspended": "PENDING",  # spec.suspend (e.g. Kueue holds it in its queue)
+    "Running": "RUNNING",  # every pod of the trainer's job is ready
+    # A job of the JobSet failed (a pod preempted, deleted or crashed) and the
+    # JobSet's failure policy recreates its pods; they resume from the checkpoint.
+    "Restarting": "PREEMPTED",
+    "Complete": "SUCCEEDED",
+    "Failed": "FAILED",
+}
+TERMINAL_CONDITIONS = ("Complete", "Failed")
+
+
+def trainjob_native_state(job: dict[str, Any]) -> tuple[str, str]:
+    """(native state, message) of a TrainJob: its conditions first, then its JobSet's jobs."""
+    status = job.get("status") or {}
+    held = [c for c in status.get("conditions") or [] if str(c.get("status")) == "True"]
+    for cond in held:
+        if cond.get("type") in TERMINAL_CONDITIONS:
+            reason = cond.get("reason") or ""
+            message = cond.get("message") or ""
+            return str(cond["type"]), f"{reason}: {message}" if reason and message else message
+    if any(c.get("type") == "Suspended" for c in held):
+        return "Suspended", "spec.suspend is true (resume it, or its queue admits it)"
+    legacy = [c for c in held if c.get("type") in ("Created", "Running")]
+    if legacy:
+        return str(legacy[-1]["type"]), legacy[-1].get("message") or ""
+    jobs = status.get("jobsStatus")
+    if not jobs:
+        return "Pending", ""
+
+    def total(key: str) -> int:
+        return sum(int(j.get(key) or 0) for j in jobs)
+
+    if total("failed"):
+        return "Restarting", f"{total('failed')} job(s) of the JobSet failed; restarting"
+    if total("ready"):
+        return "Running", ""
+    if total("active"):
+        return "Starting", ""
+    return "Created", ""

@@ -1,0 +1,19 @@
+# shellcheck shell=bash
+# Environment of one node of job k8s-tiny-v2 (cluster: local), rendered by shardctl.
+# Runtime values are the cluster's own variables, expanded on the node when this runs.
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=k8s-tiny-v2
+export SHARDCTL_RUN_DIR=runs/k8s-tiny-v2
+export SHARDCTL_CHECKPOINT_DIR=runs/k8s-tiny-v2/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+# this host is every node
+export SHARDCTL_NNODES=2
+# preset it to start another node of a multi-node spec on this host
+export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
+export SHARDCTL_NPROC_PER_NODE=2
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=29500
+# starts of this run so far, counted by `shardctl submit`
+export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Starts the ranks of one node of job k8s-tiny-v2 with torchrun (cluster: local).
+# Rendered by shardctl: run it once per node; edit the job spec, not this file.
+set -euo pipefail
+
+# The folder of this script: the files the launcher reads lie beside it.
+SHARDCTL_RENDER_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
+export SHARDCTL_RENDER_DIR
+
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=k8s-tiny-v2
+export SHARDCTL_RUN_DIR=runs/k8s-tiny-v2
+export SHARDCTL_CHECKPOINT_DIR=runs/k8s-tiny-v2/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+# this host is every node
+export SHARDCTL_NNODES=2
+# preset it to start another node of a multi-node spec on this host
+export SHARDCTL_NODE_RANK="${SHARDCTL_NODE_RANK:-0}"
+export SHARDCTL_NPROC_PER_NODE=2
+export MASTER_ADDR=127.0.0.1
+export MASTER_PORT=29500
+# starts of this run so far, counted by `shardctl submit`
+export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"
+
+exec torchrun \
+    --nnodes "${SHARDCTL_NNODES}" \
+    --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
+    --rdzv-backend c10d \
+    --rdzv-endpoint "${MASTER_ADDR}":"${MASTER_PORT}" \
+    --rdzv-id k8s-tiny-v2 \
+    -m shardctl.train "${SHARDCTL_RENDER_DIR}"/job.yaml

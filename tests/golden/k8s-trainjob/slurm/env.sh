@@ -1,0 +1,21 @@
+# shellcheck shell=bash
+# Environment of one node of job k8s-tiny-v2 (cluster: slurm), rendered by shardctl.
+# Runtime values are the cluster's own variables, expanded on the node when this runs.
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# the run contract (README: Your own training script)
+export SHARDCTL_JOB_NAME=k8s-tiny-v2
+export SHARDCTL_RUN_DIR=runs/k8s-tiny-v2
+export SHARDCTL_CHECKPOINT_DIR=runs/k8s-tiny-v2/checkpoints
+export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
+# this node's index, set by Slurm
+export SHARDCTL_NODE_RANK="${SLURM_NODEID:?run this script inside a Slurm allocation (srun)}"
+export SHARDCTL_NPROC_PER_NODE=2
+# the first node of the allocation
+MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run this script inside a Slurm allocation (srun)}")"
+MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"
+export MASTER_ADDR
+export MASTER_PORT=29500
+# requeues of this job so far
+export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
