@@ -20,6 +20,7 @@ it `SHARDCTL_RENDER_DIR`, so a rendered folder works wherever it is copied.
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -110,7 +111,10 @@ def export(name: str, value: str, comment: str | None = None) -> EnvLine:
 def export_from(name: str, source: str, why: str, comment: str | None = None) -> EnvLine:
     """`export NAME="${SOURCE}"`, stopping the script with `why` when SOURCE is unset."""
     # `${X:?why}` stops the script with a message naming the missing variable
-    # instead of starting ranks with an empty rank or address.
+    # instead of starting ranks with an empty rank or address. `why` is shardctl's own
+    # text, and bash reads it as a word inside double quotes: no quoting characters.
+    if re.search(r"""['"`$\\}]""", why):
+        raise ValueError(f"export_from: {why!r} holds a character bash would interpret")
     return EnvLine(f'export {name}="${{{source}:?{why}}}"', comment)
 
 

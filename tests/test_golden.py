@@ -134,3 +134,14 @@ def test_no_machine_paths_in_any_artifact() -> None:
     for key, content in _all_renderings().items():
         for path in machine:
             assert path not in content, f"{key} contains the machine path {path!r}"
+
+
+def test_every_rendered_shell_script_parses() -> None:
+    """bash reads every script of every example for every cluster (a quote inside a
+    rendered message once broke the TrainJob launch script)."""
+    for key, content in _all_renderings().items():
+        if key.endswith((".sh", ".sbatch")):
+            done = subprocess.run(
+                ["bash", "-n"], input=content, text=True, capture_output=True, timeout=30
+            )
+            assert done.returncode == 0, f"{key}: {done.stderr}"

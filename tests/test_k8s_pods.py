@@ -1,8 +1,10 @@
-"""Two PyTorchJob pods on this host: deleted mid-run, restarted, resumed from the "PVC".
+"""Two PyTorchJob or TrainJob pods on this host: deleted mid-run, restarted, resumed
+from the "PVC".
 
-Each "pod" is the container command of the rendered PyTorchJob, run with the
-environment the training operator injects (PET_*, MASTER_ADDR/PORT, and the
-node-level RANK/WORLD_SIZE the command must drop), with the files of the
+Each "pod" is the container command of the rendered job, run with the environment
+the operator injects (PyTorchJob: PET_*, MASTER_ADDR/PORT, and the node-level
+RANK/WORLD_SIZE the command must drop; TrainJob: the torch plugin's PET_* including
+PET_MASTER_ADDR/PORT), with the files of the
 rendered ConfigMap where the pod mounts them. Paths are the only change:
 /etc/shardctl and /shardctl/runs are folders of the test. Deleting a pod sends
 SIGTERM to its main process, as the kubelet does; the restarted pods find the
@@ -45,9 +47,22 @@ class Pods:
         for folder in (self.etc, self.runs, self.cache):
             folder.mkdir(parents=True)
         objects = render_k8s.k8s_objects(spec)
-        pod_spec = objects["pytorchjob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
-            "spec"
-        ]
+        self.api = spec.k8s.api
+        if self.api == "trainjob":
+            # The pod Trainer builds: the runtime patch's pod, its container "node"
+            # completed by the trainer block (image, command, env); the image's WORKDIR.
+            job = objects["trainjob"]
+            rjob = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+            pod_spec = rjob["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+            pod_spec["containers"][0].update(
+                command=job["spec"]["trainer"]["command"],
+                env=job["spec"]["trainer"]["env"],
+                workingDir=render_k8s.RUNS_MOUNT,
+            )
+        else:
+            pod_spec = objects["pytorchjob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
+                "spec"
+            ]
         # The ConfigMap volume's items put keys at paths (an entrypoint's code folder).
         volume = next(v for v in pod_spec["volumes"] if v["name"] == "spec")["configMap"]
         paths = {i["key"]: i["path"] for i in volume.get("items", [])}
@@ -76,15 +91,19 @@ class Pods:
                     e["name"]: e["value"].replace(render_k8s.CACHE_MOUNT, str(self.cache))
                     for e in self.container["env"]
                 },
-                # What the training operator injects into every pod.
+                # What the operator injects into every pod.
                 "PET_NNODES": str(nodes),
                 "PET_NODE_RANK": str(node),
                 "PET_NPROC_PER_NODE": str(self.spec.resources.procs_per_node),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(self.port),
-                "RANK": str(node),  # node-level: the command must not let ranks see it
-                "WORLD_SIZE": str(nodes),
             }
+            if self.api == "trainjob":  # Trainer v2's torch plugin
+                env["PET_MASTER_ADDR"] = "127.0.0.1"
+                env["PET_MASTER_PORT"] = str(self.port)
+            else:  # the training operator v1
+                env["MASTER_ADDR"] = "127.0.0.1"
+                env["MASTER_PORT"] = str(self.port)
+                env["RANK"] = str(node)  # node-level: the command must not let ranks see it
+                env["WORLD_SIZE"] = str(nodes)
             env["TMPDIR"] = str(self.cache)
             command = [self._local(word) for word in self.container["command"]]
             log = self.runs.parent / f"pod{node}-attempt{attempt}.log"
@@ -141,8 +160,11 @@ def _complete_steps(checkpoints: Path) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_deleted_pods_restart_and_resume_from_the_volume(tmp_path: Path) -> None:
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+@pytest.mark.parametrize("example", ["k8s", "k8s-trainjob"])
+def test_deleted_pods_restart_and_resume_from_the_volume(tmp_path: Path, example: str) -> None:
+    """A PyTorchJob and a TrainJob: pod deletion (SIGTERM) → every rank saves together →
+    the recreated pods resume from that step on the volume and finish."""
+    data = load_spec(ROOT / "examples" / f"{example}.yaml").to_yaml_dict()
     # Long enough that the pods are surely still training when they are deleted.
     data["train"]["steps"] = 60
     data["checkpoint"]["every_steps"] = 10

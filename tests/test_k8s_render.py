@@ -585,7 +585,10 @@ def test_trainjob_pods_read_the_torch_plugins_variables() -> None:
     launch = render_k8s.k8s_objects(spec)["configmap"]["data"]["launch.sh"]
     for var in ("PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
                 "PET_MASTER_PORT"):  # fmt: skip
-        assert f"${{{var}:?set by Kubeflow Trainer's torch plugin in TrainJob pods}}" in launch
+        assert f"${{{var}:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}}" in launch
+    # bash parses the script (a quote in a message once broke it).
+    done = subprocess.run(["bash", "-n"], input=launch, text=True, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr
 
 
 def test_the_admin_runtime_restarts_every_pod_and_carries_what_patches_cannot() -> None:

@@ -19,6 +19,9 @@ import kmock
 import yaml
 
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+CLUSTER_RUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+RUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 
 
 class KMockServer:
@@ -54,6 +57,10 @@ class KMockServer:
             handler.resources["v1/configmaps"] = {}
             if self.with_crd:
                 handler.resources[PYTORCHJOBS] = {}
+                # Kubeflow Trainer v2: TrainJobs and the runtimes they reference.
+                handler.resources[TRAINJOBS] = {}
+                handler.resources[CLUSTER_RUNTIMES] = {}
+                handler.resources[RUNTIMES] = {}
             self.url = str(server.url).rstrip("/")
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()

@@ -227,7 +227,7 @@ def runtime_env(spec: JobSpec) -> list[EnvLine]:
     """A pod learns its place from the variables the Kubeflow operator injects: the
     training operator's (PyTorchJob) or Trainer v2's torch plugin (TrainJob)."""
     if spec.k8s.api == "trainjob":
-        where = "set by Kubeflow Trainer's torch plugin in TrainJob pods"
+        where = "set by the torch plugin of Kubeflow Trainer in TrainJob pods"
         master = ("PET_MASTER_ADDR", "PET_MASTER_PORT")
     else:
         where = "set by the Kubeflow training operator in PyTorchJob pods"

@@ -14,11 +14,11 @@ export SHARDCTL_JOB_NAME=k8s-tiny-v2
 export SHARDCTL_RUN_DIR=/shardctl/runs/k8s-tiny-v2
 export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/k8s-tiny-v2/checkpoints
 export SHARDCTL_SPEC=/etc/shardctl/job.yaml
-export SHARDCTL_NNODES="${PET_NNODES:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
-export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
-export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
-export MASTER_ADDR="${PET_MASTER_ADDR:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
-export MASTER_PORT="${PET_MASTER_PORT:?set by Kubeflow Trainer's torch plugin in TrainJob pods}"
+export SHARDCTL_NNODES="${PET_NNODES:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
+export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
+export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
+export MASTER_ADDR="${PET_MASTER_ADDR:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
+export MASTER_PORT="${PET_MASTER_PORT:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
 # starts of this node so far (the run contract's attempt number)
 attempts="${SHARDCTL_RUN_DIR}/.attempts/node-${SHARDCTL_NODE_RANK}"
 mkdir -p "${SHARDCTL_RUN_DIR}/.attempts"
