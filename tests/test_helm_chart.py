@@ -217,3 +217,13 @@ def test_notes_tell_how_to_follow(helm: str, tmp_path: Path) -> None:
         "--show-only", "templates/zz-notes.yaml",
     )  # fmt: skip
     assert "checkpoints are lost when a pod is deleted" in yaml.safe_load(out.stdout)["notes"]
+    values = write_values(tmp_path, CASES["examples/k8s-trainjob.yaml"])
+    out = run_helm(
+        helm, "template", "run1", str(chart), "-f", str(values),
+        "--show-only", "templates/zz-notes.yaml",
+    )  # fmt: skip
+    notes = yaml.safe_load(out.stdout)["notes"]
+    assert "TrainJob k8s-tiny-v2 in namespace shardctl on the ClusterTrainingRuntime" in notes
+    assert "kubectl -n shardctl get trainjob k8s-tiny-v2 -w" in notes
+    assert "jobset.sigs.k8s.io/jobset-name=k8s-tiny-v2" in notes
+    assert "PyTorchJob" not in notes and "WARNING" not in notes

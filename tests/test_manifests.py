@@ -56,7 +56,7 @@ def test_manifests_fit_together() -> None:
     ns = job["metadata"]["namespace"]
     assert objects[("Namespace", ns)]
     for obj in objects.values():
-        if obj["kind"] != "Namespace":
+        if obj["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == ns, obj["metadata"]
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert ("ServiceAccount", pod["serviceAccountName"]) in objects
@@ -68,6 +68,9 @@ def test_manifests_fit_together() -> None:
     assert binding["roleRef"]["name"] == "shardctl-submitter"
     for subject in binding["subjects"]:
         assert ("ServiceAccount", subject["name"]) in objects
+    cluster_binding = objects[("ClusterRoleBinding", "shardctl-runtime-reader")]
+    assert ("ClusterRole", cluster_binding["roleRef"]["name"]) in objects
+    assert cluster_binding["subjects"] == binding["subjects"]
 
 
 def test_pods_meet_the_restricted_pod_security_standard() -> None:
@@ -118,53 +121,86 @@ def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockSer
 
 
 def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
-    spec = load_spec(EXAMPLE_SPEC)
-    backend = K8sCluster()
-    ref = backend.submit(spec)
-    K8sCluster(replace=True).submit(spec)
-    backend.status(ref)
-    core = _operator_core(server)
-    core.create_namespaced_pod(
-        ref.extra["namespace"],
-        {
-            "metadata": {
-                "name": "k8s-tiny-master-0",
-                "labels": {
-                    "training.kubeflow.org/job-name": "k8s-tiny",
-                    "training.kubeflow.org/replica-type": "master",
-                    "training.kubeflow.org/replica-index": "0",
-                },
-            },
-            "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
-        },
+    """Both job kinds, every command; the operator's own requests (runtime, pods) aside."""
+    operator: list[int] = []  # indices of the requests the test made as the operator
+
+    def as_operator(action: Any) -> None:
+        before = len(server.requests())
+        action()
+        operator.extend(range(before, len(server.requests())))
+
+    core, custom = _operator_core(server), _operator_custom(server)
+    as_operator(
+        lambda: custom.create_cluster_custom_object(
+            "trainer.kubeflow.org",
+            "v1alpha1",
+            "clustertrainingruntimes",
+            {"metadata": {"name": "torch-distributed"}, "spec": {}},
+        )
     )
-    server.serve_log("k8s-tiny-master-0", "step 1\n")
-    first_operator_request = len(server.requests()) - 1  # the pod above is the operator's
-    assert "step 1" in backend.logs(ref, tail=10)
-    backend.cancel(ref)
+    flows = {
+        EXAMPLE_SPEC: {
+            "training.kubeflow.org/job-name": "k8s-tiny",
+            "training.kubeflow.org/replica-type": "master",
+            "training.kubeflow.org/replica-index": "0",
+        },
+        EXAMPLE_SPEC.with_name("k8s-trainjob.yaml"): {
+            "jobset.sigs.k8s.io/jobset-name": "k8s-tiny-v2",
+            "batch.kubernetes.io/job-completion-index": "0",
+        },
+    }
+    for path, pod_labels in flows.items():
+        spec = load_spec(path)
+        backend = K8sCluster()
+        ref = backend.submit(spec)
+        K8sCluster(replace=True).submit(spec)
+        backend.status(ref)
+        pod = f"{spec.name}-pod-0"
+        body = {
+            "metadata": {"name": pod, "labels": pod_labels},
+            "spec": {"containers": [{"name": "x", "image": "x"}]},
+        }
+        as_operator(
+            lambda body=body, ns=ref.extra["namespace"]: core.create_namespaced_pod(ns, body)
+        )
+        server.serve_log(pod, "step 1\n")
+        assert "step 1" in backend.logs(ref, tail=10)
+        backend.cancel(ref)
     used: set[tuple[str, str, str]] = set()
-    requests = server.requests()
-    del requests[first_operator_request]
-    for request in requests:
+    for i, request in enumerate(server.requests()):
+        if i in operator:
+            continue
         res = request.resource
         assert res is not None and request.action in VERBS, request
         plural = res.plural + (f"/{request.subresource}" if request.subresource else "")
         used.add((res.group, plural, VERBS[request.action]))
     granted: set[tuple[str, str, str]] = set()
-    role = next(d for d in docs("rbac.yaml") if d["kind"] == "Role")
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted |= {(group, resource, verb) for verb in rule["verbs"]}
+    for role in (d for d in docs("rbac.yaml") if d["kind"] in ("Role", "ClusterRole")):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted |= {(group, resource, verb) for verb in rule["verbs"]}
     missing = used - granted
-    assert not missing, f"the client needs RBAC the Role does not grant: {sorted(missing)}"
-    # Beyond use only what `kubectl get pytorchjobs -w` and `kubectl logs POD` need.
+    assert not missing, f"the client needs RBAC the Roles do not grant: {sorted(missing)}"
+    # Beyond use only what `kubectl get pytorchjobs -w`, `kubectl logs POD` and a
+    # namespaced TrainingRuntime (examples use the cluster-wide stock one) need.
     extra = granted - used
     assert extra <= {
         ("kubeflow.org", "pytorchjobs", "list"),
         ("kubeflow.org", "pytorchjobs", "watch"),
+        ("trainer.kubeflow.org", "trainjobs", "list"),
+        ("trainer.kubeflow.org", "trainjobs", "watch"),
+        ("trainer.kubeflow.org", "trainingruntimes", "get"),
         ("", "pods", "get"),
     }, extra
+
+
+def _operator_custom(server: KMockServer) -> Any:
+    from kubernetes import client
+
+    cfg = client.Configuration()
+    cfg.host = server.url
+    return client.CustomObjectsApi(client.ApiClient(cfg))
 
 
 def _operator_core(server: KMockServer) -> Any:
