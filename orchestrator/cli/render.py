@@ -82,4 +82,5 @@ def render_cmd(
         click.echo(f"  {path.name:<{width}}  {size:>7,} B")
     if others:
         click.echo(f"  (also in the folder, not from this render: {', '.join(others)})")
-    click.echo(backend.next_step.format(out=target, name=job.name, spec=spec, **shipped_paths()))
+    hint = backend.next_step_for(job)
+    click.echo(hint.format(out=target, name=job.name, spec=spec, **shipped_paths()))

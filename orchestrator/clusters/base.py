@@ -112,8 +112,12 @@ class Cluster(ABC):
     """One cluster backend."""
 
     name: ClassVar[str]
-    # What `shardctl render` prints after writing the files ({out}, {name}, {spec}).
+    # What `shardctl render` prints after writing the files ({out}, {name}, {spec},
+    # {chart}, {manifests}); `next_step_for` may pick it per spec.
     next_step: ClassVar[str] = ""
+
+    def next_step_for(self, spec: JobSpec) -> str:
+        return self.next_step
 
     # -- what the nodes get ----------------------------------------------------------
 

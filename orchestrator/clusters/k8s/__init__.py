@@ -169,9 +169,25 @@ def kind_of(ref: JobRef) -> JobKind:
 class K8sCluster(Cluster):
     name = "k8s"
     next_step = (
-        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/<pytorchjob|trainjob>.yaml\n"
+        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/pytorchjob.yaml\n"
         "       or: helm install {name} {chart} -f {out}/values.yaml"
     )
+
+    def next_step_for(self, spec: JobSpec) -> str:
+        if spec.k8s.api != "trainjob":
+            return self.next_step
+        runtime = (
+            "its runtime is Trainer's stock one"
+            if v2.is_stock(spec)
+            else "a cluster admin installs its runtime once: kubectl apply --server-side -f "
+            "{out}/trainingruntime.yaml"
+        )
+        return (
+            "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/trainjob.yaml\n"
+            "       or: helm install {name} {chart} -f {out}/values.yaml\n"
+            f"       ({runtime})"
+        )
+
     can_follow = True
     supports_replace = True
 
