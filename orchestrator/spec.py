@@ -15,7 +15,7 @@ import difflib
 import math
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -1458,12 +1458,17 @@ def parse_spec(data: Any, source: str | None = None) -> JobSpec:
         raise SpecError(_explain(exc, data), source) from None
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Read and validate a YAML job spec file.
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+    """Read and validate a YAML job spec file, after the command line's `--set
+    KEY.PATH=VALUE` overrides (see `orchestrator/overrides.py`).
 
     An entrypoint's relative script path is taken from the spec file's folder, as a
     user reads it, whatever the current directory."""
-    spec = parse_spec(read_yaml_file(path), str(path))
+    from .overrides import apply_overrides
+
+    data = apply_overrides(read_yaml_file(path), overrides)
+    source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
+    spec = parse_spec(data, source)
     if spec.entrypoint is not None:
         resolved = spec.entrypoint.resolved(Path(path).resolve().parent)
         if resolved is not spec.entrypoint:

@@ -14,7 +14,7 @@ import click
 
 from .. import __version__
 from ..clusters import CLUSTER_NAMES
-from .common import command_argument, echo_json, handle_errors, output_option
+from .common import command_argument, echo_json, handle_errors, output_option, set_option
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -52,13 +52,14 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@set_option
 @output_option
 @handle_errors
-def validate(spec: Path, output: str) -> None:
+def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
     """Validate SPEC; print the derived settings."""
     from ..spec import load_spec
 
-    job = load_spec(spec)
+    job = load_spec(spec, overrides)
     if output == "json":
         echo_json(job.to_yaml_dict())
         return
@@ -91,6 +92,7 @@ def validate(spec: Path, output: str) -> None:
     help="Follow the run until it ends and exit with its code (local: streams the logs; "
     "k8s: reports each state change; 42: preempted, submit again to resume).",
 )
+@set_option
 @output_option
 @handle_errors
 def submit(
@@ -101,6 +103,7 @@ def submit(
     output: str,
     replace: bool = False,
     wait: bool = False,
+    overrides: tuple[str, ...] = (),
 ) -> None:
     """Submit SPEC to a cluster (default: torchrun on this machine).
 
@@ -113,7 +116,7 @@ def submit(
     from ..errors import UsageError
     from ..spec import load_spec, with_command
 
-    job = with_command(load_spec(spec), command)
+    job = with_command(load_spec(spec, overrides), command)
     kind = cluster_class(cluster)
     if replace and not getattr(kind, "supports_replace", False):
         raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")

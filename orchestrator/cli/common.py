@@ -54,6 +54,18 @@ def command_argument(fn: F) -> F:
     return click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- COMMAND]")(fn)
 
 
+def set_option(fn: F) -> F:
+    """`--set KEY.PATH=VALUE`, repeatable: the spec with those fields changed."""
+    return click.option(
+        "--set",
+        "overrides",
+        multiple=True,
+        metavar="KEY.PATH=VALUE",
+        help="Change a field of the spec (repeatable; the value is YAML), e.g. "
+        "--set train.lr=0.0003 --set resources.nodes=2. Validated like the file.",
+    )(fn)
+
+
 def output_option(fn: F) -> F:
     return click.option(
         "--output",

@@ -15,7 +15,7 @@ import click
 
 from ..assets import shipped_paths
 from ..clusters import CLUSTER_NAMES
-from .common import command_argument, echo_json, handle_errors
+from .common import command_argument, echo_json, handle_errors, set_option
 
 
 @click.command("render")
@@ -35,9 +35,15 @@ from .common import command_argument, echo_json, handle_errors
     "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True,
     help="Human-readable summary or one JSON document on stdout.",
 )  # fmt: skip
+@set_option
 @handle_errors
 def render_cmd(
-    spec: Path, command: tuple[str, ...], cluster: str, out: Path | None, output: str
+    spec: Path,
+    command: tuple[str, ...],
+    cluster: str,
+    out: Path | None,
+    output: str,
+    overrides: tuple[str, ...] = (),
 ) -> None:
     """Render every launch artifact of SPEC for a cluster and write them to a folder.
 
@@ -53,7 +59,7 @@ def render_cmd(
     from ..rundir import RunDir
     from ..spec import load_spec, with_command
 
-    job = with_command(load_spec(spec), command)
+    job = with_command(load_spec(spec, overrides), command)
     backend = get_cluster(cluster)
     files = backend.dryrun(job).artifacts
     target = out if out is not None else RunDir.of(job.run_dir).rendered(cluster)
