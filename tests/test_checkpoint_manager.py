@@ -122,6 +122,8 @@ def test_layout_and_manifest(tmp_path: Path) -> None:
     assert manifest["zero_stage"] == 3 and manifest["precision"] == "fp32"
     assert manifest["model"] == {"source": "factory", "dtype": "fp32"}
     assert manifest["versions"]["torch"] == torch.__version__
+    # How long the save took: `shardctl doctor` weighs it against the preemption budget.
+    assert isinstance(manifest["save_s"], float) and 0 <= manifest["save_s"] < 600
     files = manifest["files"]
     assert "dcp/.metadata" in files and "train_state/rank-00000.pt" in files
     on_disk = sorted(

@@ -192,6 +192,9 @@ def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
         ("trainer.kubeflow.org", "trainjobs", "watch"),
         ("trainer.kubeflow.org", "trainingruntimes", "get"),
         ("", "pods", "get"),
+        # shardctl doctor (tests/test_doctor.py)
+        ("", "serviceaccounts", "get"),
+        ("", "persistentvolumeclaims", "get"),
     }, extra
 
 

@@ -366,7 +366,11 @@ class CheckpointManager:
         self.timings["hash"] = t_publish - t_hash
 
         def publish() -> None:
-            write_manifest(tmp, self._manifest(step, described))
+            manifest = self._manifest(step, described)
+            # How long this save took (state written and hashed): `shardctl doctor`
+            # compares the p95 of these with the preemption budget (signal or grace).
+            manifest["save_s"] = round(time.perf_counter() - t0, 3)
+            write_manifest(tmp, manifest)
             for dirpath, _dirs, _files in os.walk(tmp):
                 fsync_dir(dirpath)
             _publish(tmp, final_dir)

@@ -230,6 +230,17 @@ from .plot import plot_cmd  # noqa: E402
 cli.add_command(plot_cmd)
 
 
+from .doctor import doctor_cmd  # noqa: E402
+
+cli.add_command(doctor_cmd)
+
+
+from .jobs import cancel, logs, ls_cmd, ps_cmd, status  # noqa: E402
+
+for _command in (status, logs, cancel, ls_cmd, ps_cmd):
+    cli.add_command(_command)
+
+
 def main() -> None:
     cli(prog_name="shardctl")
 

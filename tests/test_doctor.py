@@ -1,0 +1,185 @@
+"""`shardctl doctor SPEC --cluster local|slurm|k8s`: pre-flight checks with a fix each.
+
+What the issue names: a master address that resolves to loopback on a multi-node
+Slurm cluster (the dev cluster's nodes do: both are this host), and a grace period
+shorter than the saves measured in the run's earlier checkpoints. Plus a taken port,
+a checkpoint dir that is a file, and on Kubernetes (kmock) a missing runtime, service
+account and a PVC that several pods cannot share.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers.kmock_server import KMockServer
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.doctor import Check, budget_check, percentile
+from shardctl.orchestrator.spec import parse_spec
+from test_k8s_render import BASE
+from test_slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
+
+
+def doctor(spec: dict[str, Any], tmp_path: Path, *args: str) -> tuple[int, dict[str, Check]]:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(cli, ["doctor", str(path), "-o", "json", *args])
+    assert "Traceback" not in result.output, result.output
+    doc = json.loads(result.stdout)
+    return result.exit_code, {c["name"]: Check(**c) for c in doc["checks"]}
+
+
+def local_spec(tmp_path: Path, **k8s: Any) -> dict[str, Any]:
+    data = copy.deepcopy(BASE)
+    data["resources"]["nodes"] = 1
+    data["run_dir"] = str(tmp_path / "run")
+    data["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    data["k8s"].update(k8s)
+    return data
+
+
+def test_local_all_good_then_a_taken_port_and_a_file_in_the_way(tmp_path: Path) -> None:
+    data = local_spec(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    data["local"] = {"master_port": free}
+    code, checks = doctor(data, tmp_path)
+    assert code == 0, checks
+    assert checks["master port"].status == "ok"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        data["local"] = {"master_port": holder.getsockname()[1]}
+        (tmp_path / "afile").write_text("a file where the checkpoints go")
+        data["checkpoint"]["dir"] = str(tmp_path / "afile" / "ckpt")
+        code, checks = doctor(data, tmp_path)
+    assert code == 1
+    assert checks["master port"].status == "fail" and "is taken" in checks["master port"].detail
+    assert checks["checkpoint dir"].status == "fail"
+    assert "afile is a file" in checks["checkpoint dir"].detail
+    assert "set checkpoint.dir" in checks["checkpoint dir"].fix
+    assert not (tmp_path / "ckpt").exists()  # doctor creates nothing
+
+
+def write_saves(folder: Path, seconds: list[float]) -> None:
+    for i, s in enumerate(seconds, start=1):
+        step = folder / f"step-{i:08d}"
+        step.mkdir(parents=True)
+        (step / "manifest.json").write_text(json.dumps({"step": i, "save_s": s}))
+    (folder / "step-00000099.tmp").mkdir()  # a torn save: no manifest, not counted
+
+
+def test_a_grace_period_shorter_than_the_measured_save_fails(tmp_path: Path) -> None:
+    saves = tmp_path / "earlier"
+    write_saves(saves, [40.0, 45.0, 50.0, 320.0, 48.0])
+    spec = parse_spec(local_spec(tmp_path, termination_grace_s=300))
+    check = budget_check(spec, "k8s", str(saves))
+    assert check.status == "fail", check
+    assert "p95 320.0 s" in check.detail and "a save will not fit" in check.detail
+    assert check.fix == "raise k8s.termination_grace_s to at least 400"
+    roomy = parse_spec(local_spec(tmp_path, termination_grace_s=600))
+    assert budget_check(roomy, "k8s", str(saves)).status == "ok"
+    tight = parse_spec(local_spec(tmp_path, termination_grace_s=350))
+    assert budget_check(tight, "k8s", str(saves)).status == "warn"
+    slurm = parse_spec({**local_spec(tmp_path), "slurm": {"signal_delay_s": 120}})
+    assert "slurm.signal_delay_s" in budget_check(slurm, "slurm", str(saves)).fix
+    # Nothing measured: said, not passed.
+    assert budget_check(spec, "k8s", str(tmp_path / "none")).status == "skip"
+    assert percentile([1, 2, 3, 4, 100], 95) == 100
+
+
+# -------------------------------------------------------------------------- slurm
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_slurm_probe_catches_a_master_that_resolves_to_loopback(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    data = copy.deepcopy(BASE)  # 2 nodes
+    shared = Path(__file__).resolve().parent.parent / "runs" / "doctor-test"
+    data["run_dir"] = str(shared)
+    data["slurm"] = {"partition": "debug"}
+    try:
+        code, checks = doctor(data, tmp_path, "--cluster", "slurm")
+    finally:
+        import shutil
+
+        shutil.rmtree(shared, ignore_errors=True)
+    master = checks["master address"]
+    # Both dev nodes are this host at 127.0.0.1: a real cluster would not rendezvous.
+    assert master.status == "fail", checks
+    assert "n1 (the first host) resolves to a loopback address" in master.detail
+    assert "NodeAddr" in master.fix
+    assert code == 1
+    # The same folder on one host: every node saw every node's file.
+    assert checks["checkpoint dir"].status == "ok", checks["checkpoint dir"]
+    assert checks["master port"].status in ("ok", "fail")
+    assert checks["node rank"].detail.endswith("$SLURM_NODEID")
+
+
+# ---------------------------------------------------------------------------- k8s
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
+    srv = KMockServer().start()
+    try:
+        srv.handler.resources["v1/serviceaccounts"] = {}
+        srv.handler.resources["v1/persistentvolumeclaims"] = {}
+        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
+        monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_k8s_checks_through_the_api(server: KMockServer, tmp_path: Path) -> None:
+    from kubernetes import client
+
+    data = copy.deepcopy(BASE)  # 2 nodes, PVC "runs", namespace "ml"
+    data["k8s"]["api"] = "trainjob"
+    code, checks = doctor(data, tmp_path, "--cluster", "k8s")
+    assert code == 1
+    assert checks["operator"].status == "ok"
+    assert checks["runtime"].status == "fail"
+    assert "'torch-distributed' (k8s.runtime) does not exist" in checks["runtime"].detail
+    assert "helm install kubeflow-trainer" in checks["runtime"].fix
+    assert checks["service account"].status == "fail"
+    assert checks["checkpoint dir"].status == "fail"
+    assert "no PersistentVolumeClaim 'runs'" in checks["checkpoint dir"].detail
+
+    cfg = client.Configuration()
+    cfg.host = server.url
+    api = client.ApiClient(cfg)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    custom.create_cluster_custom_object("trainer.kubeflow.org", "v1alpha1",
+        "clustertrainingruntimes", {"metadata": {"name": "torch-distributed"}})  # fmt: skip
+    core.create_namespaced_service_account("ml", {"metadata": {"name": "shardctl-trainer"}})
+    core.create_namespaced_persistent_volume_claim(
+        "ml", {"metadata": {"name": "runs"}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+    )
+    code, checks = doctor(data, tmp_path, "--cluster", "k8s")
+    assert checks["runtime"].status == "ok" and checks["service account"].status == "ok"
+    # Two pods on different nodes cannot share a ReadWriteOnce claim.
+    assert (
+        checks["checkpoint dir"].status == "fail"
+        and "ReadWriteMany" in checks["checkpoint dir"].fix
+    )
+    assert code == 1
+    core.delete_namespaced_persistent_volume_claim("runs", "ml")
+    core.create_namespaced_persistent_volume_claim(
+        "ml", {"metadata": {"name": "runs"}, "spec": {"accessModes": ["ReadWriteMany"]}}
+    )
+    code, checks = doctor(data, tmp_path, "--cluster", "k8s")
+    assert code == 0, checks
+    assert checks["checkpoint dir"].detail == "PVC runs exists (ReadWriteMany)"
