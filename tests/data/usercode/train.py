@@ -6,4 +6,7 @@ import sys
 
 from lib.util import contract
 
-print(json.dumps({"argv": sys.argv[1:], "contract": contract(os.environ)}), flush=True)
+# One write per line: the ranks of a pod share its stdout, and print() writes the text
+# and the newline separately, so two ranks' lines could run together.
+sys.stdout.write(json.dumps({"argv": sys.argv[1:], "contract": contract(os.environ)}) + "\n")
+sys.stdout.flush()
