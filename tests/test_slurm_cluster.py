@@ -473,6 +473,28 @@ def test_cancel_of_a_job_slurm_does_not_know(slurm_cluster: None, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+def test_extra_sbatch_options_take_effect(slurm_cluster: None, tmp_path: Path) -> None:
+    """slurm.sbatch_options on the real cluster: Slurm keeps the comment and the nice
+    value, and `hold` holds the job, so it never takes the nodes; then it is cancelled."""
+    comment = "shardctl options test #1"
+    options = {"comment": comment, "nice": 10, "hold": True}
+    ref = _submitted(tmp_path, _spec("with-options", slurm={"sbatch_options": options}))
+    try:
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "-o", ref.job_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+        assert f" Comment={comment} " in shown, shown
+        assert " Nice=10 " in shown, shown
+        assert " JobState=PENDING Reason=JobHeldUser " in shown, shown
+    finally:
+        subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
+    assert _finished(ref, timeout=60) is JobState.CANCELLED
+
+
 # ------------------------------------------------------------------ bad input
 
 

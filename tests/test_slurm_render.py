@@ -40,16 +40,55 @@ def _spec(**slurm: object) -> object:
     return parse_spec(data)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_sbatch_text_is_submitits_own(example: Path) -> None:
+# Extra #SBATCH options (sorted among submitit's own flags, quoted by it) and a pyxis
+# container (words of submitit's srun line, setup lines before it).
+WITH_OPTIONS = {
+    "name": "with-options",
+    "run_dir": "/shared/runs/with-options",
+    "resources": {"nodes": 2, "procs_per_node": 4, "device": "cuda", "memory": "64G"},
+    "train": {"model": {"llama": {}}, "data": {"builtin": "python-stdlib"}, "steps": 10},
+    "checkpoint": {"every_steps": 5, "dir": "/scratch/with-options"},
+    "slurm": {
+        "signal": "USR1",
+        "setup": ["module load cuda"],
+        "srun_args": ["--cpu-bind=none"],
+        "sbatch_options": {
+            "reservation": "maint",
+            "exclude": "node[01-03]",
+            "mail-type": "END,FAIL",
+            "mail-user": "a@b.c",
+            "comment": "it's #1 $(x)",
+            "nice": 10,
+            "hold": True,
+            "gpus-per-task": 4,
+            "wckey": "team-a",
+        },
+        "container": {
+            "image": "nvcr.io#nvidia/pytorch:24.05-py3",
+            "mounts": ["/data:/data:ro"],
+            "mount_home": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "source", [*EXAMPLES, WITH_OPTIONS], ids=lambda p: p.stem if isinstance(p, Path) else p["name"]
+)
+def test_sbatch_text_is_submitits_own(source: Path | dict) -> None:
     from submitit.slurm.slurm import _make_sbatch_string
 
-    spec = load_spec(example)
+    spec = load_spec(source) if isinstance(source, Path) else parse_spec(source)
     sub = rs.submission(spec, python="/opt/py/bin/python3", run_dir="/shared/runs/x")
     folder = sub["executor"]["folder"]
     command = rs.submitit_command("/opt/py/bin/python3", folder)
     ours = rs.sbatch_text(sub["parameters"], folder, command)
     assert ours == _make_sbatch_string(command=command, folder=folder, **sub["parameters"])
+    if not isinstance(source, Path):  # the case is what it claims to be
+        assert "--wckey=submitit" not in ours  # the user's wckey replaces submitit's
+        for line in ("#SBATCH --hold", "#SBATCH --wckey=team-a", "#SBATCH --nice=10"):
+            assert f"{line}\n" in ours, line
+        assert " --no-container-mount-home --cpu-bind=none /opt/py/bin/python3 -u " in ours
 
 
 def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -> None:

@@ -40,6 +40,10 @@ rank (a data position); each rank's RNG streams and the step are saved with it.
 
 Every method but `from_env`, `run_env` and `close` is a collective: all ranks call it,
 in the same order.
+
+Metrics: `log_metrics(step, loss=..., lr=...)` (every rank may call it; rank 0 writes)
+appends to `<run dir>/logs/metrics.jsonl` and sends the same scalars to the trackers
+of the spec's `logging:` section (TensorBoard, W&B, MLflow), as the built-in loop does.
 """
 
 from __future__ import annotations
@@ -77,8 +81,10 @@ __all__ = [
     "Preempted",
     "RunEnv",
     "Strategy",
+    "close_metrics",
     "deepspeed_state",
     "init_distributed",
+    "log_metrics",
     "model_state",
     "run_env",
 ]
@@ -343,6 +349,7 @@ class Checkpointer:
             if self.run_dir is not None:
                 self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
             _say(f"preempted ({reason}): saved step {step}; exiting with code {EXIT_PREEMPTED}")
+            close_metrics("preempted")
         # Leave together, once the marker exists: a launcher tears down the other ranks
         # as soon as one exits, and a rank killed then reports a signal, not 42.
         if self._agree_group is not None:
@@ -456,3 +463,113 @@ def init_distributed(device: str | None = None) -> Any:
 
     kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return init(kind)
+
+
+# ------------------------------------------------------------------ metrics
+
+_metrics: Any = None  # rank 0's MetricsLogger, made by the first log_metrics
+_metrics_ready = False  # log_metrics has decided (a logger, or nothing on this rank)
+_metrics_started = 0.0
+_metrics_opened = False  # begin() ran and close_metrics is registered at exit
+
+
+def log_metrics(step: int, scalars: Mapping[str, Any] | None = None, /, **more: Any) -> None:
+    """Log scalars at `step`: rank 0 appends a line to `<run dir>/logs/metrics.jsonl`
+    (so `shardctl plot` works) and sends them to the spec's trackers (`logging:`:
+    TensorBoard under `<run dir>/tensorboard` by default, W&B, MLflow); other ranks
+    return at once. Values are numbers or one-element tensors; not a collective.
+
+        api.log_metrics(step, loss=loss.item(), lr=scheduler.get_last_lr()[0])
+
+    The first call reads the run contract (`SHARDCTL_RUN_DIR`, the spec at
+    `SHARDCTL_SPEC`) and opens the trackers; outside shardctl (no run dir) nothing is
+    written, with one warning. The trackers are closed at exit, or by `close_metrics`.
+    """
+    logger = _default_metrics()
+    if logger is None:
+        return
+    values: dict[str, float] = {}
+    for key, value in {**(scalars or {}), **more}.items():
+        try:
+            values[str(key)] = float(value)
+        except (TypeError, ValueError):
+            raise UsageError(
+                f"log_metrics: {key}={value!r} is not a number; accepted: int, float or a "
+                "one-element tensor"
+            ) from None
+    global _metrics_opened
+    if not _metrics_opened:  # the first line: the trackers continue after `step - 1`
+        _metrics_opened = True
+        logger.begin(max(step - 1, 0))
+        import atexit
+
+        # Registered after the trackers opened: atexit runs last-in first-out, so this
+        # drains the queue before W&B's own exit hook tears its run down.
+        atexit.register(close_metrics)
+    logger.log_scalars(step, values)
+
+
+def close_metrics(outcome: str | None = None) -> None:
+    """Flush and close `log_metrics`' file and trackers (at exit this happens by itself).
+    `outcome`: finished, preempted or failed (what MLflow and W&B record); by default
+    read from the run's markers (FAILED, PREEMPTED) written since the process started."""
+    global _metrics
+    logger, _metrics = _metrics, None
+    if logger is None:
+        return
+    if outcome is None:
+        outcome = _outcome_from_markers(logger.run_dir)
+    logger.close(outcome)
+
+
+def _outcome_from_markers(run_dir: Path) -> str:
+    from shardctl.orchestrator.rundir import FAILED_FILE
+
+    for name, outcome in ((FAILED_FILE, "failed"), (PREEMPTED_FILE, "preempted")):
+        try:
+            if (run_dir / name).stat().st_mtime >= _metrics_started - 1.0:
+                return outcome
+        except OSError:
+            continue
+    return "finished"
+
+
+def _metrics_rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _default_metrics() -> Any:
+    global _metrics, _metrics_ready, _metrics_started
+    if _metrics_ready:
+        return _metrics
+    _metrics_ready = True
+    _metrics_started = time.time()
+    env = run_env()
+    spec = _load_spec(env.spec_path) if env.spec_path else None
+    if spec is not None:  # every rank: a missing tracker package stops them all
+        from .trackers import check_installed
+
+        check_installed(spec.logging)
+    if _metrics_rank() != 0:
+        return None
+    run_dir = env.run_dir or (spec.run_dir if spec is not None else None)
+    if run_dir is None:
+        _say(
+            f"log_metrics: no run directory (${ENV_RUN_DIR} is unset outside shardctl); "
+            "metrics are not written"
+        )
+        return None
+    from .metrics import MetricsLogger
+
+    _metrics = MetricsLogger(
+        run_dir,
+        enabled=True,
+        total_steps=0,
+        logging=spec.logging if spec is not None else None,
+        job_name=(spec.name if spec is not None else None) or env.job_name,
+        console=False,
+    )
+    return _metrics

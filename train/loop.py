@@ -156,15 +156,23 @@ class Trainer:
         from .optim import lr_at
 
         spec, t, env = self.spec, self.spec.train, self.env
-        metrics = MetricsLogger(self.run_dir.root, enabled=env.is_main, total_steps=t.steps)
+        metrics = MetricsLogger(
+            self.run_dir.root,
+            enabled=env.is_main,
+            total_steps=t.steps,
+            logging=spec.logging,
+            job_name=spec.name,
+        )
         flag = PreemptionFlag()
         flag.install()
+        outcome = "failed"  # what the trackers record if the loop raises
         try:
             t_restore = time.perf_counter()
             restored = self.ckpt.restore(self.state)
             t_restore = time.perf_counter() - t_restore
             step = restored or 0
             self.state.step = step
+            metrics.begin(step)  # rank 0: the trackers continue from this step
             if env.is_main:
                 self.run_dir.preempted_file.unlink(missing_ok=True)
                 where = (
@@ -217,16 +225,18 @@ class Trainer:
                             f"preempted ({reason}): saved step {step}; "
                             f"exiting with code {EXIT_PREEMPTED}"
                         )
+                    outcome = "preempted"
                     return EXIT_PREEMPTED, step
                 # The next step's clock counts everything since this step's end (logging
                 # included) except the time spent saving a checkpoint.
                 t_last = time.perf_counter() - save_s
             self.ckpt.wait()
+            outcome = "finished"
             return EXIT_OK, step
         finally:
             flag.uninstall()
             self.ckpt.close()
-            metrics.close()
+            metrics.close(outcome)
 
 
 def _consolidate(spec: JobSpec, step: int) -> Path:
@@ -246,6 +256,10 @@ def run(spec: JobSpec) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{spec.name}: run complete (DONE in {spec.run_dir}); nothing to do", flush=True)
         return EXIT_OK
+    # Every rank, before anything is built: a tracker the spec asks for is installed.
+    from .trackers import check_installed
+
+    check_installed(spec.logging)
     env = distributed.init(spec.resources.device, spec.world_size)
     try:
         # `auto` becomes one concrete precision here, before anything is built from it.

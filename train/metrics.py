@@ -4,7 +4,9 @@ Only rank 0 writes, to `<run_dir>/logs/metrics.jsonl`, appending (a resumed run
 continues the same file; a step logged twice — after a crash between checkpoints —
 appears twice, and readers keep the last line of each step).
 Fields: step, loss, lr, grad_norm, tokens_per_s, elapsed (seconds since the process
-started), time (unix time).
+started), time (unix time); a user script's lines (`api.log_metrics`) hold its own
+scalars instead of loss ... tokens_per_s. The same scalars go to the trackers of the
+spec's `logging:` section (`train/trackers.py`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shardctl.orchestrator.spec import Logging
+
+    from .trackers import Trackers
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -40,49 +48,97 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path, *, enabled: bool, total_steps: int) -> None:
+    """Rank 0's metrics: `metrics.jsonl`, a console line and the spec's trackers.
+
+    `logging` (the spec's section, resolved or not) turns the trackers on; they open
+    in `begin(step)`, once the step training resumes from is known, and close in
+    `close(outcome)`. Without it (or on other ranks) only the file and console exist.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        enabled: bool,
+        total_steps: int,
+        logging: Logging | None = None,
+        job_name: str | None = None,
+        console: bool = True,
+    ) -> None:
         self.enabled = enabled
         self.total_steps = total_steps
         self.start = time.time()
+        self.run_dir = Path(run_dir)
+        self._logging = (
+            logging.resolved(job_name or self.run_dir.name, str(run_dir))
+            if logging is not None
+            else None
+        )
+        self.trackers: Trackers | None = None
         self._file = None
         self._console = None
         if enabled:
             path = metrics_path(run_dir)
             path.parent.mkdir(parents=True, exist_ok=True)
             self._file = path.open("a", encoding="utf-8", buffering=1)
-            from rich.console import Console
+            if console:
+                from rich.console import Console
 
-            self._console = Console(stderr=False, highlight=False, soft_wrap=True)
+                self._console = Console(stderr=False, highlight=False, soft_wrap=True)
+
+    def begin(self, step: int = 0) -> None:
+        """Open the trackers; `step` is the step training resumes from (0: fresh)."""
+        if self.enabled and self._logging is not None and self.trackers is None:
+            from .trackers import Trackers
+
+            self.trackers = Trackers(self._logging, self.run_dir, start_step=step)
 
     def log(
         self, step: int, *, loss: float, lr: float, grad_norm: float, tokens_per_s: float
     ) -> None:
         if not self.enabled:
             return
+        self.log_scalars(
+            step,
+            {
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
+                "tokens_per_s": round(tokens_per_s, 1),
+            },
+        )
+        if self._console is not None:
+            self._console.print(
+                f"step {step:>6}/{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  "
+                f"grad_norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s"
+            )
+
+    def log_scalars(self, step: int, scalars: Mapping[str, float | None]) -> None:
+        """One metrics.jsonl line (`step`, the scalars, `elapsed`, `time`) and the same
+        scalars to the trackers."""
+        if not self.enabled:
+            return
         now = time.time()
         row = {
             "step": step,
-            "loss": loss,
-            "lr": lr,
-            "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
-            "tokens_per_s": round(tokens_per_s, 1),
+            **scalars,
             "elapsed": round(now - self.start, 3),
             "time": round(now, 3),
         }
         assert self._file is not None
         self._file.write(json.dumps(row) + "\n")
-        assert self._console is not None
-        self._console.print(
-            f"step {step:>6}/{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  "
-            f"grad_norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s"
-        )
+        if self.trackers is not None:
+            self.trackers.log(step, scalars)
 
     def info(self, text: str) -> None:
-        if self.enabled:
-            assert self._console is not None
+        if self.enabled and self._console is not None:
             self._console.print(text)
 
-    def close(self) -> None:
+    def close(self, outcome: str = "finished") -> None:
+        """Close the file and the trackers (`outcome`: finished, preempted, failed)."""
+        if self.trackers is not None:
+            trackers, self.trackers = self.trackers, None
+            trackers.close(outcome)
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -19,6 +19,11 @@ launcher (torchrun, accelerate launch or deepspeed), which starts the node's
 ranks. Node rank and master address come from Slurm at run time (see
 `launch.py`), never from this file.
 
+Extra `#SBATCH` options (`slurm.sbatch_options`, validated by the spec) go to submitit
+as `additional_parameters` and into `job.sbatch` as they are. A pyxis container
+(`slurm.container`) becomes `--container-*` words of the one srun line both scripts
+run (`srun_args`): the ranks run in the image, the batch shell stays on the host.
+
 Two inputs are not in the spec: the Python that runs submitit's entry point on
 the nodes (`python`, default `python3`; the backend passes the interpreter that
 runs shardctl, as submitit itself does) and the run directory (default: the
@@ -29,12 +34,15 @@ makes its folder absolute).
 from __future__ import annotations
 
 import json
+import posixpath
 import shlex
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from ...errors import SpecError
 from ...rundir import LAUNCH_FILE, PREEMPTED_FILE
-from ...spec import JobSpec, slurm_time_minutes
+from ...spec import JobSpec, PyxisMount, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
 SBATCH_FILE = "sbatch.sh"
@@ -60,6 +68,14 @@ _NON_SLURM = frozenset(
 )  # fmt: skip
 
 
+# Stands for job.sbatch's own folder in its srun line, where the shell expands it. A
+# control character: no validated spec value holds one, so it cannot be forged.
+_HERE = "\x00here\x00"
+# The ranks' container has no Slurm client: the batch shell (on the host) finds the
+# rendezvous host, and launch.sh reads it from here (see SlurmCluster.runtime_env).
+MASTER_ADDR_VAR = "SHARDCTL_MASTER_ADDR"
+
+
 def submitit_folder(run_dir: str) -> str:
     """submitit's folder: one subfolder per job id (pickles, per-node logs)."""
     return str(PurePosixPath(run_dir) / SUBMITIT_DIR / "%j")
@@ -67,6 +83,9 @@ def submitit_folder(run_dir: str) -> str:
 
 def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     """The parameters given to `SlurmExecutor.update_parameters`, in submitit's names."""
+    problems = slurm_problems(spec)
+    if problems:
+        raise SpecError(problems)
     s, r = spec.slurm, spec.resources
     minutes = slurm_time_minutes(s.time)
     assert minutes is not None  # validated by the spec
@@ -88,6 +107,10 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     if s.signal != "USR2":
         # submitit always writes USR2; a spec that asks for another signal overrides it.
         params["additional_parameters"]["signal"] = f"{s.signal}@{s.signal_delay_s}"
+    # submitit's own spelling (`mail_type`); it writes `--mail-type` back. The spec
+    # refuses every option set above, so none is overridden here.
+    for name, value in s.sbatch_options.items():
+        params["additional_parameters"][name.replace("-", "_")] = value
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(s, key)
         if value is not None:
@@ -100,11 +123,127 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
         params["mem"] = r.memory.slurm()
     if s.exclusive:
         params["exclusive"] = True
-    if s.setup:
-        params["setup"] = list(s.setup)
-    if s.srun_args:
-        params["srun_args"] = list(s.srun_args)
+    setup = [*container_setup(spec), *s.setup]
+    if setup:
+        params["setup"] = setup
+    words = srun_args(spec)
+    if words:
+        params["srun_args"] = words
     return params
+
+
+def slurm_problems(spec: JobSpec) -> list[str]:
+    """What the Slurm section cannot mean together with the rest of the spec, one line
+    each. Checked at render (the spec's sections are validated one by one)."""
+    s, r = spec.slurm, spec.resources
+    problems: list[str] = []
+    given = s.sbatch_options
+    for name in ("mem-per-cpu", "mem-per-gpu"):
+        if name in given and r.memory is not None:
+            problems.append(
+                f"slurm.sbatch_options.{name} {given[name]!r} and resources.memory "
+                f"{str(r.memory)!r} both size the job's memory, and Slurm takes one of --mem, "
+                "--mem-per-cpu, --mem-per-gpu; accepted: one of the two"
+            )
+    gpus = given.get("gpus-per-task")
+    if gpus is not None and str(gpus) != str(r.procs_per_node):
+        problems.append(
+            f"slurm.sbatch_options.gpus-per-task {gpus!r}: shardctl runs one task per node, "
+            f"whose launcher starts resources.procs_per_node ({r.procs_per_node}) ranks with "
+            f"one GPU each; accepted: {r.procs_per_node}, or leave it out"
+        )
+    if s.container is not None:
+        problems += _mount_plan(spec).problems
+    return problems
+
+
+def _own_folders(spec: JobSpec) -> list[tuple[str, str, bool]]:
+    """The folders the ranks need inside a container: (path, what, written to)."""
+    folders = [(spec.run_dir, "the run directory", True)]
+    folders.append((spec.checkpoint_dir, "the checkpoint directory (checkpoint.dir)", True))
+    entry = spec.entrypoint
+    if entry is not None and (entry.code_dir or entry.script):
+        code = entry.code_dir or posixpath.dirname(entry.script or "")
+        folders.append((code, "your script's folder (entrypoint)", False))
+    return folders
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    """`entries`: the `--container-mounts` list, the user's mounts first; `added`: the
+    folders shardctl added at their own paths; `problems`: a user's mount that hides or
+    write-protects a folder the ranks need, one line each."""
+
+    entries: list[str]
+    added: list[str]
+    problems: list[str]
+
+
+def _mount_plan(spec: JobSpec) -> MountPlan:
+    """Every folder the ranks need is mounted at its own path unless a mount covers it."""
+    assert spec.slurm.container is not None
+    mine = spec.slurm.container.mounts
+    mounts = [PyxisMount.parse(m) for m in mine]
+    plan = MountPlan(entries=list(mine), added=[], problems=[])
+    for path, what, written in _own_folders(spec):
+        norm = posixpath.normpath(path)
+        cover = next(
+            (m for m in mounts if norm == m.target or norm.startswith(m.target.rstrip("/") + "/")),
+            None,
+        )
+        if cover is None:
+            mounts.append(PyxisMount(source=norm, target=norm))
+            plan.entries.append(norm)
+            plan.added.append(norm)
+        elif cover.source != cover.target:
+            plan.problems.append(
+                f"slurm.container.mounts {cover.text()!r} puts {cover.source} at "
+                f"{cover.target}, so {what} {norm!r} inside the container is another folder "
+                f"than on the host; accepted: mount {cover.source} at its own path, or elsewhere"
+            )
+        elif written and cover.read_only:
+            plan.problems.append(
+                f"slurm.container.mounts {cover.text()!r} is read-only, but the ranks write "
+                f"{what} {norm!r} beneath it; accepted: the mount without ro"
+            )
+    return plan
+
+
+def container_setup(spec: JobSpec) -> list[str]:
+    """Lines of the batch shell (on the host) before srun when the ranks run in a
+    container: say what is mounted, and find the rendezvous host for them."""
+    c = spec.slurm.container
+    if c is None:
+        return []
+    added = _mount_plan(spec).added
+    mounted = f"; mounted at their own paths by shardctl: {', '.join(added)}" if added else ""
+    return [
+        f"# pyxis runs every node's launcher in {c.image}{mounted}",
+        "# No scontrol in the container: the first node, the rendezvous host, is found here.",
+        f'{MASTER_ADDR_VAR}="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?}}")"',
+        f'export {MASTER_ADDR_VAR}="${{{MASTER_ADDR_VAR}%%[[:space:]]*}}"',
+    ]
+
+
+def srun_args(spec: JobSpec, *, standalone: bool = False) -> list[str]:
+    """The words after `srun --unbuffered` (and submitit's --output/--error) in both
+    scripts: the pyxis container's, then `slurm.srun_args`. `standalone` (job.sbatch)
+    also mounts the script's own folder, which holds launch.sh and job.yaml."""
+    s = spec.slurm
+    words: list[str] = []
+    c = s.container
+    if c is not None:
+        mounts = _mount_plan(spec).entries + ([f"{_HERE}:{_HERE}"] if standalone else [])
+        words += [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]
+        if c.workdir is not None:
+            words.append(f"--container-workdir={c.workdir}")
+        if c.mount_home is not None:
+            words.append("--container-mount-home" if c.mount_home else "--no-container-mount-home")
+        if c.writable is not None:
+            words.append("--container-writable" if c.writable else "--container-readonly")
+        if c.env:
+            words.append(f"--container-env={','.join(c.env)}")
+    return words + list(s.srun_args)
 
 
 def submitit_command(python: str, folder: str) -> str:
@@ -190,6 +329,7 @@ def standalone_batch(spec: JobSpec) -> str:
     flags["signal"] = f"USR2@{spec.slurm.signal_delay_s}"
     flags["requeue"] = True
     flags["open-mode"] = "append"
+    flags.update(spec.slurm.sbatch_options)
     lines = [
         "#!/bin/bash",
         f"# Batch script of job {spec.name}, rendered by shardctl, for `sbatch` by hand:",
@@ -198,9 +338,15 @@ def standalone_batch(spec: JobSpec) -> str:
         *[_sbatch_flag(k, flags[k]) for k in sorted(flags)],
         "set -uo pipefail",
     ]
-    if spec.slurm.setup:
-        lines += ["", "# setup (slurm.setup)", *spec.slurm.setup]
-    srun = ["srun", "--unbuffered", *spec.slurm.srun_args]
+    setup = [*container_setup(spec), *spec.slurm.setup]
+    if setup:
+        lines += ["", "# setup (slurm.setup)", *setup]
+    srun = ["srun", "--unbuffered", *srun_args(spec, standalone=True)]
+    mounts_here = (
+        ["# pyxis also mounts this script's folder (launch.sh, job.yaml) at its own path."]
+        if spec.slurm.container is not None
+        else []
+    )
     marker = str(PurePosixPath(spec.run_dir) / PREEMPTED_FILE)
     lines += [
         "",
@@ -211,9 +357,10 @@ def standalone_batch(spec: JobSpec) -> str:
         f"marker={shlex.quote(marker)}",
         'started="$(date +%s)"',
         "rc=0",
+        *mounts_here,
         "# The launcher must outlive USR2 (its default action kills); the ranks catch it.",
         "# shellcheck disable=SC2016  # $1 is expanded by the inner bash, on purpose",
-        " ".join(shlex.quote(w) for w in srun)
+        " ".join(shlex.quote(w).replace(_HERE, "'\"${here}\"'") for w in srun)
         + ' bash -c \'trap "" USR2; exec bash "$1"\' shardctl-node "${here}/'
         + LAUNCH_FILE
         + '" || rc=$?',
