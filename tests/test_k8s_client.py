@@ -383,3 +383,92 @@ def test_cli_submit_status_logs_cancel(server: KMockServer, tmp_path: Path) -> N
     assert server.objects(PYTORCHJOBS) == {}
     wrong = shardctl("submit", str(spec), "--replace", check=False)
     assert wrong.exit_code == 2 and "--replace works with --cluster k8s" in wrong.stderr
+
+
+# ------------------------------------------------------------------- logs -f, ls
+
+
+def stream_log(server: KMockServer, pod: str, *chunks: bytes, pause_s: float = 0.3) -> None:
+    """Serve `pod`'s log as a real stream: raw bytes (text/plain, as an API server sends
+    them), chunk by chunk with pauses, the connection closing after the last one (the
+    container ended). `kmock.text` would send a JSON string instead."""
+    import asyncio
+
+    async def gen() -> Any:
+        for i, chunk in enumerate(chunks):
+            if i:
+                await asyncio.sleep(pause_s)
+            yield chunk
+
+    slot = server.handler[
+        kmock.method.GET, kmock.resource("v1/pods"), kmock.name(pod), kmock.subresource("log")
+    ]
+    slot << (lambda: gen())
+
+
+def test_follow_logs_streams_every_pod_with_a_prefix_until_the_job_ends(
+    server: KMockServer,
+) -> None:
+    backend = k8s_backend.K8sCluster()
+    ref = backend.submit(make(resources__nodes=2))
+    set_conditions(server, ("Running", "True"))
+    add_pod(server, f"{NAME}-master-0", NAME, "master", 0)
+    add_pod(server, f"{NAME}-worker-0", NAME, "worker", 0)
+    add_pod(server, "other-master-0", "other", "master", 0)
+    # A line split across chunks, and no newline at the very end.
+    stream_log(server, f"{NAME}-master-0", b"step 1 loss 5.5\nstep 2", b" loss 5.1")
+    stream_log(server, f"{NAME}-worker-0", b"worker zero\n")
+    stream_log(server, "other-master-0", b"not ours\n")
+    timer = threading.Timer(
+        1.0, set_conditions, (server, ("Running", "False"), ("Succeeded", "True"))
+    )
+    timer.start()
+    out: list[str] = []
+    try:
+        backend.follow_logs(ref, out.append, poll_s=0.05)
+    finally:
+        timer.cancel()
+    lines = "".join(out).splitlines()
+    assert sorted(lines) == sorted([
+        f"[pod/{NAME}-master-0/pytorch] step 1 loss 5.5",
+        f"[pod/{NAME}-master-0/pytorch] step 2 loss 5.1",
+        f"[pod/{NAME}-worker-0/pytorch] worker zero",
+    ])  # fmt: skip
+    reads = [r for r in server.requests() if r.subresource == "log"]
+    assert {r.params["follow"] for r in reads} == {"true"}
+    assert len(reads) == 2  # one stream per pod, not one per poll
+
+    only: list[str] = []
+    backend.follow_logs(ref, only.append, node=1, poll_s=0.05)  # worker 0 is node 1
+    assert "".join(only) == f"[pod/{NAME}-worker-0/pytorch] worker zero\n"
+    assert backend.procs_per_node(ref) == make().resources.procs_per_node
+
+
+def test_cli_logs_follow_rank_and_ls_on_k8s(server: KMockServer, tmp_path: Path) -> None:
+    import json
+
+    spec = write_spec(tmp_path)
+    shardctl("submit", str(spec), "--cluster", "k8s")
+    set_conditions(server, ("Created", "True"), ("Running", "True"))
+    res = shardctl("ls", "-o", "json")
+    (row,) = json.loads(res.stdout)["jobs"]
+    assert (row["name"], row["cluster"], row["state"], row["stale"]) == (
+        NAME,
+        "k8s",
+        "RUNNING",
+        False,
+    )
+    assert row["progress"] is None and "PersistentVolumeClaim" in row["why"]
+    assert "RUNNING" in shardctl("ls", "--cluster", "k8s").stdout
+    add_pod(server, f"{NAME}-master-0", NAME, "master", 0)
+    stream_log(server, f"{NAME}-master-0", b"hello from rank 0\n")
+    set_conditions(server, ("Running", "False"), ("Succeeded", "True"))
+    res = shardctl("logs", NAME, "-f", "--rank", "0")
+    assert res.stdout == f"[pod/{NAME}-master-0/pytorch] hello from rank 0\n"
+    assert "rank 0 runs on node 0" in res.stderr
+    res = shardctl("status", NAME, "--watch")
+    assert "SUCCEEDED" in res.stdout
+    shardctl("cancel", NAME)
+    res = shardctl("ls", "-o", "json")
+    (row,) = json.loads(res.stdout)["jobs"]
+    assert row["stale"] and "no longer knows the job" in row["why_stale"]

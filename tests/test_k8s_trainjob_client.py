@@ -288,3 +288,30 @@ def test_cli_submit_status_logs_cancel_for_a_trainjob(server: KMockServer, tmp_p
     assert "hello from node 0" in shardctl("logs", NAME).stdout
     shardctl("cancel", NAME)
     assert server.objects(TRAINJOBS) == {}
+
+
+def test_follow_logs_of_a_trainjob_by_node_and_rank(server: KMockServer) -> None:
+    from test_k8s_client import stream_log
+
+    install_runtime(server)
+    backend = k8s_backend.K8sCluster()
+    spec = trainjob(resources__nodes=3)
+    ref = backend.submit(spec)
+    pods = {i: f"{NAME}-node-0-{i}-{s}" for i, s in enumerate(("fghij", "klmno", "abcde"))}
+    for i, pod in pods.items():
+        add_pod(server, pod, NAME, i)
+        stream_log(server, pod, f"node {i} says hi\n".encode(), b"bye\n", pause_s=0.1)
+    done = {"type": "Complete", "status": "True", "reason": "AllJobsCompleted", "message": "done"}
+    set_status(server, {"conditions": [done]})
+    out: list[str] = []
+    backend.follow_logs(ref, out.append, poll_s=0.05)
+    assert sorted("".join(out).splitlines()) == sorted(
+        f"[pod/{pod}/node] {text}" for i, pod in pods.items()
+        for text in (f"node {i} says hi", "bye")
+    )  # fmt: skip
+    # --rank R → the node whose block holds it (numProcPerNode from the TrainJob).
+    per_node = backend.procs_per_node(ref)
+    assert per_node == spec.resources.procs_per_node
+    only: list[str] = []
+    backend.follow_logs(ref, only.append, node=2, poll_s=0.05)
+    assert "".join(only) == f"[pod/{pods[2]}/node] node 2 says hi\n[pod/{pods[2]}/node] bye\n"

@@ -16,7 +16,7 @@ from helpers.train_run import metrics, tiny_spec
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.local import LocalCluster
-from shardctl.orchestrator.errors import ClusterError
+from shardctl.orchestrator.errors import ClusterError, UsageError
 from shardctl.orchestrator.spec import load_spec
 
 SHARDCTL = str(Path(sys.executable).parent / "shardctl")
@@ -186,3 +186,22 @@ def test_a_two_node_hybrid_shard_spec_runs_both_nodes_here(
         (tmp_path / "hsdp" / "checkpoints" / "step-00000002" / "manifest.json").read_text()
     )
     assert (manifest["sharding"], manifest["world_size"]) == ("hybrid_shard", 2)
+
+
+def test_follow_logs_of_an_ended_run_prints_this_attempt_and_returns(tmp_path: Path) -> None:
+    run = tmp_path / "ended"
+    (run / "logs").mkdir(parents=True)
+    (run / "job.yaml").write_text("resources: {nodes: 1, procs_per_node: 2}\n")
+    (run / "logs" / "launcher.out").write_text("old attempt\nnew 1\nnew 2")
+    (run / "logs" / "launcher.err").write_text("warning: x\n")
+    (run / "local.exit").write_text("0\n")
+    offsets = {"launcher.out": len("old attempt\n"), "launcher.err": 0}
+    ref = JobRef("local", "1", "ended", str(run), {"log_offsets": offsets})
+    out: list[str] = []
+    LocalCluster().follow_logs(ref, out.append, poll_s=0.01)
+    assert "".join(out) == "new 1\nnew 2\nwarning: x\n"
+    out.clear()
+    LocalCluster().follow_logs(ref, out.append, node=0, tail=1, poll_s=0.01)
+    assert "".join(out) == "new 2\nwarning: x\n"
+    with pytest.raises(UsageError, match=r"--node 1: a local run writes every node"):
+        LocalCluster().follow_logs(ref, out.append, node=1)

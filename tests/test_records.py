@@ -62,3 +62,17 @@ def test_an_unknown_job_name_is_cut_in_the_message() -> None:
     with pytest.raises(JobNotFoundError) as info:
         recall("x" * 100_000)
     assert len(str(info.value)) < 400
+
+
+def test_scan_records_keeps_the_unreadable_ones_with_the_reason(tmp_path: Path) -> None:
+    from shardctl.orchestrator.clusters.records import scan_records
+
+    remember(JobRef(cluster="local", job_id="1", name="ok", run_dir=str(tmp_path)))
+    _write_bad("bad", BAD_RECORDS["missing-keys"])
+    recs = {r.path.stem: r for r in scan_records()}
+    assert recs["ok"].ref is not None and recs["ok"].error == ""
+    assert recs["bad"].ref is None and "missing" in recs["bad"].error
+    assert all(r.submitted is not None for r in recs.values())
+    # `ls` shows both, the bad one marked, and exits 0.
+    result = CliRunner().invoke(cli, ["ls"])
+    assert result.exit_code == 0 and "bad" in result.stdout and "unreadable record" in result.stdout

@@ -142,65 +142,10 @@ def submit(
         if not wait:
             click.echo(f"follow it with: shardctl status {ref.name}  /  shardctl logs {ref.name}")
     if wait:
-        code = backend.follow(ref)
-        # The last word is what happened, not the last line a launcher printed.
-        st = backend.status(ref)
-        detail = f": {st.detail}" if st.detail else ""
-        click.echo(f"{ref.name}: {st.state.value}{detail}", err=True)
-        sys.exit(code)
+        from .jobs import follow_submitted
 
-
-@cli.command()
-@click.argument("job")
-@output_option
-@handle_errors
-def status(job: str, output: str) -> None:
-    """State of a submitted JOB (name or id)."""
-    from ..clusters import get_cluster
-    from ..clusters.records import recall
-
-    ref = recall(job)
-    st = get_cluster(ref.cluster).status(ref)
-    if output == "json":
-        echo_json(
-            {
-                **ref.to_json(),
-                "state": st.state.value,
-                "native_state": st.native_state,
-                "detail": st.detail,
-            }
-        )
-    else:
-        detail = f" — {st.detail}" if st.detail else ""
-        click.echo(
-            f"{ref.name} ({ref.cluster} {ref.job_id}): {st.state.value} [{st.native_state}]{detail}"
-        )
-
-
-@cli.command()
-@click.argument("job")
-@click.option("--tail", type=click.IntRange(min=1), default=None, help="Last N lines only.")
-@handle_errors
-def logs(job: str, tail: int | None) -> None:
-    """Logs of every node/rank of a submitted JOB."""
-    from ..clusters import get_cluster
-    from ..clusters.records import recall
-
-    ref = recall(job)
-    click.echo(get_cluster(ref.cluster).logs(ref, tail=tail), nl=False)
-
-
-@cli.command()
-@click.argument("job")
-@handle_errors
-def cancel(job: str) -> None:
-    """Cancel a submitted JOB on every node."""
-    from ..clusters import get_cluster
-    from ..clusters.records import recall
-
-    ref = recall(job)
-    get_cluster(ref.cluster).cancel(ref)
-    click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
+        # A progress bar on a terminal, plain lines otherwise; the last word on stderr.
+        sys.exit(follow_submitted(backend, ref, job))
 
 
 from .convert import convert_cmd  # noqa: E402

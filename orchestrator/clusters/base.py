@@ -11,7 +11,8 @@ clusters:
   submission, the PyTorchJob and Helm values);
 - `dryrun(spec)`: pure; renders exactly what will be sent and talks to no
   cluster. `shardctl render` writes the dry run's artifacts.
-- `schedule(dryrun)`: sends that and nothing else; `status`, `logs`, `cancel`.
+- `schedule(dryrun)`: sends that and nothing else; `status`, `logs`, `cancel`;
+  `follow_logs` (`logs -f`), `has_ended` and `exit_code_of` (`status --watch`).
 
 Backend states map to `JobState` through one explicit table per backend, with
 UNKNOWN as the default. This module imports no cluster module.
@@ -21,14 +22,15 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import RenderError, SpecError, UsageError
+from ..errors import RenderError, ShardctlError, SpecError, UsageError
 from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
 from ..render import common_artifacts
-from ..rundir import SPEC_FILE
+from ..rundir import EXIT_PREEMPTED, SPEC_FILE
 from ..spec import JobSpec
 
 
@@ -175,7 +177,105 @@ class Cluster(ABC):
 
     can_follow: ClassVar[bool] = False  # submit --wait
     supports_replace: ClassVar[bool] = False  # submit --replace
+    # The run dir (logs/metrics.jsonl, job.yaml) is on a file system this machine reads:
+    # `ls`, `status` and `submit --wait` show step and loss from it.
+    run_dir_here: ClassVar[bool] = True
+    # Why not, when it is not (`ls -o json` says it).
+    run_dir_elsewhere: ClassVar[str] = ""
+    # How often `status --watch` and `logs -f` ask the cluster.
+    poll_s: ClassVar[float] = 2.0
+    # `follow` takes `write=` and `tick=` (the `submit --wait` progress bar).
+    follow_ticks: ClassVar[bool] = False
 
     def follow(self, ref: JobRef) -> int:
         """`submit --wait`: follow the job until it ends and return its exit code."""
         raise UsageError(f"--wait is not supported with --cluster {self.name}")
+
+    def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
+        """Whether the job will change no more (`status --watch`, `logs -f` stop then)."""
+        return st.state.is_terminal
+
+    def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:
+        """The code `status --watch` exits with once the job ended, like `submit --wait`:
+        0 succeeded, 42 preempted (a checkpoint is saved: submit again), else 1."""
+        if st.state is JobState.SUCCEEDED:
+            return 0
+        return EXIT_PREEMPTED if st.state is JobState.PREEMPTED else 1
+
+    def procs_per_node(self, ref: JobRef) -> int | None:
+        """Processes per node of a submitted job (`logs --rank` → node), from the job.yaml
+        in its run dir; None when that cannot be read."""
+        return run_resources(ref.run_dir).get("procs_per_node")
+
+    def follow_logs(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None],
+        *,
+        node: int | None = None,
+        tail: int | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        """`logs -f`: every node's output as it comes, each line prefixed with where it
+        came from, until the job ends. `node`: that node only."""
+        raise UsageError(f"logs -f is not supported with --cluster {self.name}")
+
+
+def run_resources(run_dir: str | Path) -> dict[str, int]:
+    """`resources.nodes` and `procs_per_node` of the job.yaml a run was started with (the
+    integers found; none when the file is missing or unreadable)."""
+    from ..yamlio import read_yaml_file
+
+    try:
+        data = read_yaml_file(Path(run_dir) / SPEC_FILE)
+    except ShardctlError:
+        return {}
+    res = data.get("resources") if isinstance(data, dict) else None
+    if not isinstance(res, dict):
+        return {}
+    return {
+        k: v
+        for k in ("nodes", "procs_per_node")
+        if isinstance(v := res.get(k), int) and not isinstance(v, bool) and v > 0
+    }
+
+
+class FileTail:
+    """A log file read as it grows, one complete line at a time, each line prefixed.
+
+    `tail`: start with the last N lines already there (None: from `offset`)."""
+
+    def __init__(
+        self, path: Path, prefix: str = "", offset: int = 0, tail: int | None = None
+    ) -> None:
+        self.path, self.prefix, self.offset = path, prefix, offset
+        self._partial = b""
+        self._tail = tail
+
+    def poll(self, final: bool = False) -> str:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self.offset:  # truncated or replaced: start again
+                    self.offset, self._partial = 0, b""
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            chunk = b""
+        self.offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        if final and self._partial:
+            lines.append(self._partial)
+            self._partial = b""
+        if self._tail is not None:
+            lines, self._tail = lines[-self._tail :] if self._tail else [], None
+        return "".join(
+            f"{self.prefix}{line.decode('utf-8', errors='replace').rstrip(chr(13))}\n"
+            for line in lines
+        )
+
+
+def prefix_lines(prefix: str, text: str) -> str:
+    """Every line of `text` (complete lines) with `prefix` in front, like `kubectl logs
+    --prefix`."""
+    return "".join(f"{prefix}{line}" for line in text.splitlines(keepends=True))

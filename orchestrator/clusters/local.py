@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..durable import write_text_atomic
-from ..errors import ClusterError
+from ..errors import ClusterError, UsageError
 from ..launch import EnvLine, export
 from ..launcher_output import PreemptionReport, readable
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
@@ -57,7 +57,16 @@ from ..rundir import (
     RunDir,
 )
 from ..spec import JobSpec
-from .base import Cluster, DryRun, JobRef, JobState, JobStatus, require_script
+from .base import (
+    Cluster,
+    DryRun,
+    FileTail,
+    JobRef,
+    JobState,
+    JobStatus,
+    require_script,
+    run_resources,
+)
 from .writer import write_rendered
 
 PID_FILE = "local.pid"
@@ -108,6 +117,8 @@ class LocalCluster(Cluster):
     name = "local"
     next_step = "start it here: bash {out}/launch.sh"
     can_follow = True
+    follow_ticks = True
+    poll_s = 0.5
 
     def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
         r = spec.resources
@@ -363,16 +374,66 @@ class LocalCluster(Cluster):
 
     # -- foreground ------------------------------------------------------------------------
 
+    def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
+        # Nothing restarts a local run by itself: once the supervisor is gone, it ended.
+        return st.state is not JobState.RUNNING
+
+    def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:
+        return self.exit_code(ref)
+
+    def follow_logs(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None],
+        *,
+        node: int | None = None,
+        tail: int | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        """`logs -f`: launcher.out and .err of this attempt as they grow, until the run
+        ends. Every node of a local run writes to the same two files (the launchers do
+        not tell ranks apart), so `node` must be 0 of a one-node run."""
+        nodes = run_resources(ref.run_dir).get("nodes")
+        if node is not None and (nodes != 1 or node != 0):
+            raise UsageError(
+                f"--node {node}: a local run writes every node and rank to the same "
+                f"logs/launcher.out and .err (this one has {nodes or 'an unknown number of'} "
+                "node(s)); accepted: --node 0 for a one-node run, or no --node"
+            )
+        logs = Path(ref.run_dir) / LOGS_DIR
+        offsets = ref.extra.get("log_offsets", {})
+        tails = {
+            name: FileTail(logs / name, offset=int(offsets.get(name, 0)), tail=tail)
+            for name in LOG_FILES
+        }
+        reports = {name: PreemptionReport() for name in LOG_FILES}
+        wait = self.poll_s if poll_s is None else poll_s
+
+        def pump(final: bool = False) -> None:
+            for name in LOG_FILES:
+                text = reports[name].feed(tails[name].poll(final=final))
+                if final:
+                    text += reports[name].close()
+                if text:
+                    write(text)
+
+        while not self.has_ended(ref, self.status(ref)):
+            pump()
+            time.sleep(wait)
+        pump(final=True)
+
     def follow(
         self,
         ref: JobRef,
         write: Callable[[str], None] | None = None,
         poll_s: float = 0.5,
+        tick: Callable[[], None] | None = None,
     ) -> int:
         """Stream the job's logs until it ends; return its exit code (see `exit_code`).
 
         Ctrl-C cancels the run gracefully (the ranks checkpoint) and keeps following
-        until it has stopped; submitting the spec again resumes it.
+        until it has stopped; submitting the spec again resumes it. `tick` is called
+        after each read (the progress bar reads metrics.jsonl then).
         """
         out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
         logs = Path(ref.run_dir) / LOGS_DIR
@@ -402,10 +463,14 @@ class LocalCluster(Cluster):
         while pid_info is not None and alive(*pid_info):
             try:
                 pump()
+                if tick is not None:
+                    tick()
                 time.sleep(poll_s)
             except KeyboardInterrupt:
                 out("\nshardctl: stopping the run (ranks checkpoint first) ...\n")
                 with contextlib.suppress(ClusterError):  # it may have ended meanwhile
                     self.cancel(ref)
         pump(final=True)
+        if tick is not None:
+            tick()
         return self.exit_code(ref)

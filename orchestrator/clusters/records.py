@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,32 @@ def load_records(warn: bool = True) -> list[JobRef]:
                     file=sys.stderr,
                 )
     return refs
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record file as `shardctl ls` sees it: the job, or why it cannot be read."""
+
+    path: Path
+    ref: JobRef | None
+    error: str  # "" when `ref` was read
+    submitted: float | None  # the record's mtime: when the job was (last) submitted
+
+
+def scan_records() -> list[Record]:
+    """Every record file, readable or not, sorted by name (`ls` shows the bad ones)."""
+    folder = jobs_dir()
+    out: list[Record] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            mtime: float | None = path.stat().st_mtime
+        except OSError:
+            mtime = None
+        try:
+            out.append(Record(path, parse_record(path.read_text()), "", mtime))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            out.append(Record(path, None, str(exc) or type(exc).__name__, mtime))
+    return out
 
 
 def recall(name_or_id: str) -> JobRef:

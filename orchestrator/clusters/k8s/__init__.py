@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
 LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
 REQUEST_TIMEOUT_S = 30
+# How long `logs -f` waits for the pods' streams to end once the job has ended.
+STREAM_DRAIN_S = 30.0
 REPLACE_TIMEOUT_S = 180.0
 
 
@@ -148,6 +151,28 @@ class JobKind:
             f"{pod_labels.get(LABEL_REPLICA_TYPE, '?')} {pod_labels.get(LABEL_REPLICA_INDEX, '?')}"
         )
 
+    def node(self, pod: dict[str, Any]) -> int | None:
+        """The node rank a pod runs: master 0, worker i → i + 1 (PyTorchJob); the
+        completion index (TrainJob). None when the labels do not say."""
+        first, index, _ = self.pod_order(pod)
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        if self.api == "trainjob":
+            raw = labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(LABEL_INDEX)
+            return index if str(raw).isdigit() else None
+        if not str(labels.get(LABEL_REPLICA_INDEX, "")).isdigit():
+            return None
+        return index + first
+
+    def procs_per_node(self, job: dict[str, Any]) -> int | None:
+        """Processes per node, from the job object (`--rank` → node)."""
+        spec = job.get("spec") or {}
+        if self.api == "trainjob":
+            raw = (spec.get("trainer") or {}).get("numProcPerNode")
+        else:
+            raw = spec.get("nprocPerNode")
+        return int(raw) if str(raw).isdigit() and int(raw) > 0 else None
+
 
 KINDS = {
     "pytorchjob": JobKind(
@@ -190,6 +215,8 @@ class K8sCluster(Cluster):
 
     can_follow = True
     supports_replace = True
+    run_dir_here = False
+    run_dir_elsewhere = "the run dir is on the job's PersistentVolumeClaim, not on this machine"
 
     def __init__(self, replace: bool | None = None, api_client: Any = None) -> None:
         # --replace (or SHARDCTL_K8S_REPLACE=1): delete a job of the same name first.
@@ -436,6 +463,124 @@ class K8sCluster(Cluster):
             out.append(text or "")
         return "".join(out)
 
+    def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
+        return st.state.is_terminal or st.native_state == "NotFound"
+
+    def procs_per_node(self, ref: JobRef) -> int | None:
+        ns, name = _where(ref)
+        kind = kind_of(ref)
+        try:
+            return kind.procs_per_node(self._get_job(kind, self._custom(), ns, name))
+        except JobNotFoundError:
+            return None
+
+    def follow_logs(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None],
+        *,
+        node: int | None = None,
+        tail: int | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        """`logs -f`: the training container of every pod, streamed (`follow=True`), one
+        thread per pod, each line prefixed `[pod/NAME/CONTAINER]` like `kubectl logs
+        --prefix`. Pods that appear later (a restart, a recreated pod) join; the command
+        ends when the job has ended and the streams drained (at most STREAM_DRAIN_S)."""
+        ns, _ = _where(ref)
+        kind = kind_of(ref)
+        core = self._core()
+        lock = threading.Lock()
+        stop = threading.Event()
+        streams: dict[tuple[str, int], threading.Thread] = {}
+        wait = self.poll_s if poll_s is None else poll_s
+
+        def emit(text: str) -> None:
+            with lock:
+                write(text)
+
+        while True:
+            ended = self.has_ended(ref, self.status(ref))
+            for pod in self.pods(ref):
+                if node is not None and kind.node(pod) != node:
+                    continue
+                key = (str(pod["metadata"].get("uid") or pod["metadata"]["name"]),
+                       _restarts(pod, kind.container))  # fmt: skip
+                if key in streams:
+                    continue
+                thread = threading.Thread(
+                    target=self._stream_pod_reported,
+                    args=(core, ns, kind, pod["metadata"]["name"], tail, emit, stop),
+                    name=f"logs-{pod['metadata']['name']}",
+                    daemon=True,  # a stream that never ends must not keep shardctl alive
+                )
+                streams[key] = thread
+                thread.start()
+            if ended:
+                break
+            time.sleep(wait)
+        deadline = time.monotonic() + STREAM_DRAIN_S
+        for thread in streams.values():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stop.set()
+
+    def _stream_pod_reported(self, *args: Any) -> None:
+        """`_stream_pod`, with any error of the client library shown as a line of that
+        pod's output instead of a thread's traceback."""
+        try:
+            self._stream_pod(*args)
+        except Exception as exc:
+            pod, kind, emit = args[3], args[2], args[5]
+            emit(f"[pod/{pod}/{kind.container}] (log stream failed: {type(exc).__name__}: {exc})\n")
+
+    def _stream_pod(
+        self,
+        core: Any,
+        ns: str,
+        kind: JobKind,
+        pod: str,
+        tail: int | None,
+        emit: Callable[[str], None],
+        stop: threading.Event,
+    ) -> None:
+        """Stream one pod's log until its container ends; wait while it is being created."""
+        prefix = f"[pod/{pod}/{kind.container}] "
+        while not stop.is_set():
+            try:
+                resp = self._call(
+                    "get",
+                    "pods/log",
+                    ns,
+                    lambda: core.read_namespaced_pod_log(
+                        pod, ns, container=kind.container, follow=True, tail_lines=tail,
+                        # No timeout: a quiet training step is not a dead stream, and
+                        # the thread is a daemon that ends with the command.
+                        _preload_content=False,
+                    ),
+                    bad_request_ok=True,
+                )  # fmt: skip
+            except _BadRequest:  # the container is still being created
+                stop.wait(self.poll_s)
+                continue
+            except ClusterError as exc:  # the pod is gone, or reading logs is forbidden
+                emit(f"{prefix}(no log: {exc})\n")
+                return
+            partial = b""
+            try:
+                for chunk in resp.stream(64 * 1024, decode_content=True):
+                    *lines, partial = (partial + chunk).split(b"\n")
+                    if lines:
+                        emit("".join(_decoded(prefix, line) for line in lines))
+                    if stop.is_set():
+                        return
+            except (OSError, _urllib3_errors()) as exc:
+                emit(f"{prefix}(log stream broke: {exc})\n")
+            finally:
+                resp.release_conn()
+            if partial:
+                emit(_decoded(prefix, partial))
+            return
+
     def cancel(self, ref: JobRef) -> None:
         ns, name = _where(ref)
         self._delete_everything(kind_of(ref), ns, name, wait=False, missing_ok=False)
@@ -589,6 +734,18 @@ def _urllib3_errors() -> type[Exception]:
     import urllib3.exceptions
 
     return urllib3.exceptions.HTTPError
+
+
+def _restarts(pod: dict[str, Any], container: str) -> int:
+    """How often the training container of a pod restarted (a new log each time)."""
+    for cs in (pod.get("status") or {}).get("container_statuses") or []:
+        if cs.get("name") == container:
+            return int(cs.get("restart_count") or 0)
+    return 0
+
+
+def _decoded(prefix: str, line: bytes) -> str:
+    return f"{prefix}{line.decode('utf-8', errors='replace').rstrip(chr(13))}\n"
 
 
 def _where(ref: JobRef) -> tuple[str, str]:

@@ -61,27 +61,30 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ClusterError, MissingDependencyError
+from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import EnvLine, export, export_from
-from ...launcher_output import readable
+from ...launcher_output import PreemptionReport, readable
 from ...proctree import catches, descendants
 from ...rundir import ENV_ATTEMPT, EXIT_PREEMPTED, FAILED_FILE, PREEMPTED_FILE
 from ...spec import JobSpec, parse_spec
 from ..base import (
     Cluster,
     DryRun,
+    FileTail,
     JobRef,
     JobState,
     JobStatus,
     NodeView,
+    prefix_lines,
     require_script,
 )
 from ..writer import LEDGER, write_rendered
-from .sbatch import SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
+from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +144,33 @@ class SlurmCluster(Cluster):
 
     def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
         where = "run this script inside a Slurm allocation (srun)"
+        if spec.slurm.container is not None:
+            # In a pyxis container there is no scontrol: the batch shell found the host.
+            master = [
+                EnvLine(
+                    f'export MASTER_ADDR="${{{MASTER_ADDR_VAR}:?set by the batch script on '
+                    'the host (slurm.container: no scontrol in the image)}"',
+                    "the first node of the allocation, found by the batch script",
+                )
+            ]
+        else:
+            # The first host of the allocation hosts the rendezvous. No pipe into
+            # `head`: with pipefail, scontrol's SIGPIPE on a long list would fail.
+            master = [
+                EnvLine(
+                    f'MASTER_ADDR="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?{where}}}")"',
+                    "the first node of the allocation",
+                ),
+                EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
+                EnvLine("export MASTER_ADDR"),
+            ]
         return [
             export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
             export_from(
                 "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
             ),
             export("SHARDCTL_NPROC_PER_NODE", str(spec.resources.procs_per_node)),
-            # The first host of the allocation hosts the rendezvous. No pipe into
-            # `head`: with pipefail, scontrol's SIGPIPE on a long list would fail.
-            EnvLine(
-                f'MASTER_ADDR="$(scontrol show hostnames "${{SLURM_JOB_NODELIST:?{where}}}")"',
-                "the first node of the allocation",
-            ),
-            EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
-            EnvLine("export MASTER_ADDR"),
+            *master,
             export("MASTER_PORT", str(spec.slurm.master_port)),
             EnvLine(
                 f'export {ENV_ATTEMPT}="${{SLURM_RESTART_COUNT:-0}}"',
@@ -168,7 +184,10 @@ class SlurmCluster(Cluster):
     def dryrun(self, spec: JobSpec) -> DryRun:
         require_script(spec, "every node sees at this path (a shared file system)")
         node_spec = _absolute_run_dir(spec)
-        python = self.python or shlex.quote(sys.executable)
+        # submitit's entry point runs where the ranks run: in a container that is the
+        # image's python3 (this interpreter's path means nothing there).
+        here = "python3" if spec.slurm.container is not None else shlex.quote(sys.executable)
+        python = self.python or here
         files = SlurmCluster(python=python).artifacts(node_spec)
         request = submission(node_spec, python=python, run_dir=node_spec.run_dir)
         text = (
@@ -238,7 +257,7 @@ class SlurmCluster(Cluster):
         return JobStatus(map_state(native), native, f"exit code {exit_code}, nodes {nodes}")
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
-        folder = Path(ref.extra.get("folder") or Path(ref.run_dir) / "submitit" / ref.job_id)
+        folder = _log_folder(ref)
         nodes = int(ref.extra.get("nodes", 1))
         parts: list[str] = []
         for node in range(nodes):
@@ -254,6 +273,49 @@ class SlurmCluster(Cluster):
                 parts.append(text if text.endswith("\n") or not text else text + "\n")
         return "".join(parts)
 
+    def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
+        # UNKNOWN: neither the controller nor the accounting database knows the job.
+        return st.state.is_terminal or st.state is JobState.UNKNOWN
+
+    def follow_logs(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None],
+        *,
+        node: int | None = None,
+        tail: int | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        """`logs -f`: every node's stdout and stderr (submitit's per-task files on the
+        shared run dir) as they grow, each line prefixed `[node N/out]` or `[node N/err]`,
+        until Slurm says the job ended; a requeued job keeps writing to the same files."""
+        nodes = int(ref.extra.get("nodes", 1))
+        if node is not None and not 0 <= node < nodes:
+            raise UsageError(
+                f"--node {node}: job {ref.name!r} has {nodes} node(s); accepted: 0..{nodes - 1}"
+            )
+        folder = _log_folder(ref)
+        tails = [
+            (FileTail(folder / f"{ref.job_id}_{n}_log.{kind}", tail=tail), PreemptionReport(),
+             f"[node {n}/{kind}] ")
+            for n in range(nodes) if node is None or n == node
+            for kind in ("out", "err")
+        ]  # fmt: skip
+        wait = self.poll_s if poll_s is None else poll_s
+
+        def pump(final: bool = False) -> None:
+            for file_tail, report, prefix in tails:
+                text = report.feed(file_tail.poll(final=final))
+                if final:
+                    text += report.close()
+                if text:
+                    write(prefix_lines(prefix, text))
+
+        while not self.has_ended(ref, self.status(ref)):
+            pump()
+            time.sleep(wait)
+        pump(final=True)
+
     def cancel(self, ref: JobRef) -> None:
         _require_slurm()
         # scancel of a job that ended, or one Slurm forgot, says nothing and exits 0:
@@ -267,6 +329,11 @@ class SlurmCluster(Cluster):
             )
         # scancel signals every step on every node (SIGTERM, then SIGKILL after KillWait).
         _run(["scancel", ref.job_id], what=f"cancel job {ref.job_id}")
+
+
+def _log_folder(ref: JobRef) -> Path:
+    """submitit's folder of the job, which holds `<id>_<node>_log.out|err`."""
+    return Path(ref.extra.get("folder") or Path(ref.run_dir) / "submitit" / ref.job_id)
 
 
 # ------------------------------------------------------------- submit-side helpers
@@ -528,9 +595,17 @@ class NodeTask:
             )
         _say(f"node 0: preempted ({what}); requeueing job {job_id} ({restarts + 1} of at most "
              f"{self.max_requeues})")  # fmt: skip
-        proc = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-        )
+        try:
+            proc = subprocess.run(
+                ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+            )
+        except OSError as exc:
+            # A pyxis image without the Slurm client: the job cannot requeue itself.
+            # Failing says so in its state; resubmitting resumes from the saved step.
+            raise RuntimeError(
+                f"job {job_id} was preempted ({what}) but cannot requeue itself: {exc} "
+                "(slurm.container: this image has no Slurm client). Resubmit to resume."
+            ) from None
         if proc.returncode != 0:
             # E.g. a Slurm preemption already requeues it: say so, do not fail the node.
             _say(f"node 0: scontrol requeue {job_id}: {proc.stderr.strip()}")

@@ -1,0 +1,400 @@
+"""Submitted jobs: `ls` (alias `ps`), `status [--watch]`, `logs [-f]`, `cancel`, and the
+`submit --wait` display.
+
+Every command finds a job through its record (clusters/records.py). `ls` asks every
+job's cluster at once, one thread per job, and waits at most `--timeout` seconds in
+all: a slow or unreachable cluster marks its rows stale instead of holding the table.
+Step, total and loss come from the run's logs/metrics.jsonl where this machine can
+read the run dir (local; Slurm's shared run dir), see orchestrator/progress.py.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from ..clusters import CLUSTER_NAMES
+from .common import echo_json, handle_errors, output_option
+
+if TYPE_CHECKING:
+    from ..clusters.base import Cluster, JobRef, JobStatus
+    from ..progress import Progress
+    from ..spec import JobSpec
+
+EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C
+LS_TIMEOUT_S = 10.0
+
+
+def _interrupted(message: str) -> None:
+    click.echo(f"\n{message}", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+def _progress(backend: Cluster, ref: JobRef) -> tuple[Progress | None, str]:
+    """(the newest logged step, "") or (None, why not)."""
+    if not backend.run_dir_here:
+        where = f" ({ref.extra['pvc']!s})" if ref.extra.get("pvc") else ""
+        return None, f"{backend.run_dir_elsewhere}{where}"
+    from ..progress import read_progress
+
+    return read_progress(ref.run_dir)
+
+
+def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
+    detail = f" — {st.detail}" if st.detail else ""
+    step = f"; {prog.short()}" if prog is not None else ""
+    return f"{ref.name} ({ref.cluster} {ref.job_id}): {st.state.value} [{st.native_state}]" + (
+        f"{detail}{step}"
+    )
+
+
+def _status_json(ref: JobRef, st: JobStatus, prog: Progress | None, why: str) -> dict[str, Any]:
+    return {
+        **ref.to_json(),
+        "state": st.state.value,
+        "native_state": st.native_state,
+        "detail": st.detail,
+        "progress": prog.to_json() if prog is not None else None,
+        "why": why if prog is None else "",
+    }
+
+
+# ------------------------------------------------------------------------ status
+
+
+@click.command()
+@click.argument("job")
+@click.option(
+    "--watch",
+    "-w",
+    is_flag=True,
+    help="Print the state (and step/loss) again on every change until the job ends; exit "
+    "like `submit --wait` (0 succeeded, 42 preempted: submit again to resume, 1 failed).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=None,
+    help="--watch: seconds between looks (default: 0.5 local, 2 Slurm and k8s).",
+)
+@output_option
+@handle_errors
+def status(job: str, watch: bool, interval: float | None, output: str) -> None:
+    """State of a submitted JOB (name or id), with its step and loss where known."""
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
+
+    ref = recall(job)
+    backend = get_cluster(ref.cluster)
+    wait = backend.poll_s if interval is None else interval
+    last: tuple[Any, ...] | None = None
+    try:
+        while True:
+            st = backend.status(ref)
+            prog, why = _progress(backend, ref)
+            seen = (st, prog.step if prog else None)
+            if seen != last:
+                if output == "json":
+                    data = _status_json(ref, st, prog, why)
+                    if watch:  # one JSON document per line, one line per change
+                        import json
+
+                        click.echo(json.dumps(data, sort_keys=True))
+                    else:
+                        echo_json(data)
+                else:
+                    click.echo(_status_line(ref, st, prog))
+                last = seen
+            if not watch:
+                return
+            if backend.has_ended(ref, st):
+                sys.exit(backend.exit_code_of(ref, st))
+            time.sleep(wait)
+    except KeyboardInterrupt:
+        _interrupted(f"stopped watching; {ref.name} goes on (shardctl cancel {ref.name} stops it)")
+
+
+# -------------------------------------------------------------------------- logs
+
+
+@click.command()
+@click.argument("job")
+@click.option("--tail", type=click.IntRange(min=0), default=None, help="Last N lines only.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing as the job writes, every node's lines prefixed with where they come "
+    "from, until the job ends (Ctrl-C stops following; the job goes on).",
+)
+@click.option(
+    "--node", type=click.IntRange(min=0), default=None, help="With -f: node N only (0-based)."
+)
+@click.option(
+    "--rank",
+    type=click.IntRange(min=0),
+    default=None,
+    help="With -f: the node that runs global rank R (its other ranks' lines come with it).",
+)
+@handle_errors
+def logs(job: str, tail: int | None, follow: bool, node: int | None, rank: int | None) -> None:
+    """Logs of every node/rank of a submitted JOB."""
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
+    from ..errors import UsageError
+
+    if not follow and (node is not None or rank is not None):
+        what = "--node" if node is not None else "--rank"
+        raise UsageError(f"{what} works with --follow/-f; accepted: logs JOB -f {what} N")
+    if node is not None and rank is not None:
+        raise UsageError("--node and --rank pick the same thing; accepted: one of them")
+    ref = recall(job)
+    backend = get_cluster(ref.cluster)
+    if not follow:
+        if tail != 0:  # --tail 0: nothing (with -f: only what comes from now on)
+            click.echo(backend.logs(ref, tail=tail), nl=False)
+        return
+    if rank is not None:
+        per_node = backend.procs_per_node(ref)
+        if per_node is None:
+            raise UsageError(
+                f"--rank {rank}: cannot tell which node of {ref.name!r} runs it (its "
+                "processes per node are unknown here); accepted: --node N"
+            )
+        node = rank // per_node
+        first = node * per_node
+        click.echo(
+            f"rank {rank} runs on node {node} (ranks {first}..{first + per_node - 1}, in "
+            "launch order); showing that node",
+            err=True,
+        )
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        backend.follow_logs(ref, write, node=node, tail=tail)
+    except KeyboardInterrupt:
+        _interrupted(f"stopped following; {ref.name} goes on")
+
+
+# ------------------------------------------------------------------------ cancel
+
+
+@click.command()
+@click.argument("job")
+@handle_errors
+def cancel(job: str) -> None:
+    """Cancel a submitted JOB on every node."""
+    from ..clusters import get_cluster
+    from ..clusters.records import recall
+
+    ref = recall(job)
+    get_cluster(ref.cluster).cancel(ref)
+    click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
+
+
+# ---------------------------------------------------------------------------- ls
+
+
+@dataclass
+class Row:
+    name: str
+    cluster: str
+    job_id: str
+    run_dir: str
+    record: str
+    submitted: float | None
+    state: str = "?"
+    native_state: str = ""
+    detail: str = ""
+    stale: str = ""  # why the record no longer describes a job ("" when it does)
+    progress: Progress | None = None
+    why: str = ""  # why there is no progress
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cluster": self.cluster,
+            "job_id": self.job_id,
+            "run_dir": self.run_dir,
+            "record": self.record,
+            "state": self.state,
+            "native_state": self.native_state,
+            "detail": self.detail,
+            "stale": bool(self.stale),
+            "why_stale": self.stale,
+            "progress": self.progress.to_json() if self.progress is not None else None,
+            "why": self.why if self.progress is None else "",
+            "submitted": self.submitted,
+            "age_s": round(now - self.submitted, 1) if self.submitted is not None else None,
+        }
+
+
+def _look(backend: Cluster, ref: JobRef, row: Row) -> None:
+    """Fill `row` from the cluster and the run dir (in a worker thread)."""
+    from ..clusters.base import JobState
+    from ..errors import ShardctlError
+
+    try:
+        st = backend.status(ref)
+    except ShardctlError as exc:
+        row.state, row.stale = "?", f"cluster {ref.cluster} did not answer: {exc}"
+    except Exception as exc:  # a client library's own error: shown, never a traceback
+        row.state, row.stale = "?", f"cluster {ref.cluster} failed: {type(exc).__name__}: {exc}"
+    else:
+        row.state, row.native_state, row.detail = st.state.value, st.native_state, st.detail
+        if st.state is JobState.UNKNOWN:
+            row.stale = f"{ref.cluster} no longer knows the job: {st.detail or st.native_state}"
+    try:
+        row.progress, row.why = _progress(backend, ref)
+    except OSError as exc:
+        row.why = f"cannot read the run dir: {exc}"
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(max(seconds, 0))}s"
+
+
+def _table(rows: list[Row], now: float) -> str:
+    head = ("NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "AGE")
+    lines = [head]
+    for r in rows:
+        p = r.progress
+        step = "—" if p is None else (f"{p.step}/{p.total}" if p.total is not None else str(p.step))
+        loss = "—" if p is None or p.loss is None else f"{p.loss:.4g}"
+        state = r.state + ("*" if r.stale else "")
+        age = _age(now - r.submitted if r.submitted is not None else None)
+        lines.append((r.name, r.cluster, r.job_id or "-", state, step, loss, age))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = [
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    ]
+    stale = [r for r in rows if r.stale]
+    if stale:
+        out.append("")
+        out += [f"* {r.name}: {r.stale}" for r in stale]
+    return "\n".join(out)
+
+
+def _ls(cluster: str | None, timeout: float, output: str) -> None:
+    from ..clusters import get_cluster
+    from ..clusters.records import scan_records
+
+    now = time.time()
+    rows: list[Row] = []
+    work: list[tuple[Cluster, JobRef, Row]] = []
+    backends: dict[str, Cluster | Exception] = {}
+    for rec in scan_records():
+        ref = rec.ref
+        if ref is None:
+            if cluster is None:
+                rows.append(
+                    Row(rec.path.stem, "?", "?", "", str(rec.path), rec.submitted,
+                        stale=f"unreadable record {rec.path} ({rec.error}); delete it if the "
+                        "job is gone")
+                )  # fmt: skip
+            continue
+        if cluster is not None and ref.cluster != cluster:
+            continue
+        row = Row(ref.name, ref.cluster, ref.job_id, ref.run_dir, str(rec.path), rec.submitted)
+        rows.append(row)
+        if ref.cluster not in backends:
+            try:  # an unknown cluster name (a record from another version) is one bad row
+                backends[ref.cluster] = get_cluster(ref.cluster)
+            except Exception as exc:
+                backends[ref.cluster] = exc
+        backend = backends[ref.cluster]
+        if isinstance(backend, Exception):
+            row.stale = f"cannot use cluster {ref.cluster!r}: {backend}"
+            continue
+        work.append((backend, ref, row))
+    threads = []
+    for backend, ref, row in work:
+        # Daemon threads: a cluster that never answers cannot keep shardctl from exiting.
+        t = threading.Thread(target=_look, args=(backend, ref, row), daemon=True)
+        t.start()
+        threads.append((t, row))
+    deadline = time.monotonic() + timeout
+    for t, row in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            row.state = "?"
+            row.stale = row.stale or f"cluster {row.cluster} gave no answer within {timeout:g} s"
+    if output == "json":
+        echo_json({"jobs": [r.to_json(now) for r in rows]})
+    elif not rows:
+        where = f" on {cluster}" if cluster else ""
+        click.echo(f"no submitted jobs{where}; submit one with `shardctl submit SPEC`")
+    else:
+        click.echo(_table(rows, now))
+
+
+def _ls_command(name: str, help_text: str) -> click.Command:
+    @click.command(name, help=help_text)
+    @click.option(
+        "--cluster",
+        type=click.Choice(CLUSTER_NAMES),
+        default=None,
+        help="Only the jobs of this cluster.",
+    )
+    @click.option(
+        "--timeout",
+        type=click.FloatRange(min=0.1),
+        default=LS_TIMEOUT_S,
+        show_default=True,
+        help="Seconds to wait for the clusters in all; jobs of a cluster that has not "
+        "answered by then are marked stale.",
+    )
+    @output_option
+    @handle_errors
+    def command(cluster: str | None, timeout: float, output: str) -> None:
+        _ls(cluster, timeout, output)
+
+    return command
+
+
+LS_HELP = (
+    "Every submitted job on every cluster: state, step/total, loss, age.\n\n"
+    "Stale records (the cluster no longer knows the job, the record is unreadable, the "
+    "cluster did not answer) are marked * and explained below the table."
+)
+ls_cmd = _ls_command("ls", LS_HELP)
+ps_cmd = _ls_command("ps", "Alias of `ls`.")
+
+
+# ----------------------------------------------------------------- submit --wait
+
+
+def follow_submitted(backend: Cluster, ref: JobRef, job: JobSpec, console: Any = None) -> int:
+    """`submit --wait`: follow the job until it ends, say what happened on stderr, and
+    return its exit code. On a terminal, a run of the built-in loop whose run dir is
+    here shows a progress bar (step/total, loss, tokens/s, ETA) from metrics.jsonl
+    instead of the per-step lines; otherwise (a pipe, a file, a user script, k8s) the
+    output is plain lines. `console`: a rich Console to draw on (tests)."""
+    total = job.train.steps if job.train is not None else None
+    terminal = console is not None or sys.stdout.isatty()
+    if terminal and total and backend.follow_ticks:
+        from ..progress import ProgressDisplay
+
+        with ProgressDisplay(ref.run_dir, ref.name, total, console=console) as display:
+            code = backend.follow(ref, write=display.write, tick=display.tick)  # type: ignore[call-arg]
+    else:
+        code = backend.follow(ref)
+    # The last word is what happened, not the last line a launcher printed.
+    st = backend.status(ref)
+    detail = f": {st.detail}" if st.detail else ""
+    click.echo(f"{ref.name}: {st.state.value}{detail}", err=True)
+    return code

@@ -1,0 +1,446 @@
+"""`ls`, `status --watch`, `logs -f` and the `submit --wait` progress bar.
+
+The fast tests build run dirs and records by hand; the slow ones run the real loop
+(tiny specs, 2 CPU ranks) on the local cluster and drive the CLI in subprocesses, each
+in its own session, killed by process group on a timeout.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from helpers.ckpt_run import ROOT, kill_group
+from helpers.train_run import tiny_spec
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.clusters.base import JobRef, JobState, JobStatus
+from shardctl.orchestrator.clusters.local import LocalCluster
+from shardctl.orchestrator.clusters.records import jobs_dir, remember
+from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from shardctl.orchestrator.errors import UsageError
+from shardctl.orchestrator.progress import (
+    MetricsTail,
+    ProgressDisplay,
+    read_progress,
+    total_steps,
+)
+from shardctl.orchestrator.spec import load_spec
+from test_slurm_cluster import slurm_cluster  # noqa: F401  (the dev cluster fixture)
+
+SHARDCTL = [sys.executable, "-m", "shardctl.orchestrator.cli"]
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(cli, list(args))
+
+
+def fake_run(root: Path, steps: int = 20, rows: int = 3, nodes: int = 1) -> Path:
+    """A run dir as the loop leaves it: job.yaml and `rows` logged steps."""
+    (root / "logs").mkdir(parents=True)
+    (root / "job.yaml").write_text(
+        yaml.safe_dump(
+            {"name": root.name, "resources": {"nodes": nodes, "procs_per_node": 2},
+             "train": {"steps": steps}}
+        )
+    )  # fmt: skip
+    with (root / "logs" / "metrics.jsonl").open("w") as f:
+        for step in range(1, rows + 1):
+            row = {"step": step, "loss": 5.0 - step / 10, "tokens_per_s": 1234.5, "time": 1.0}
+            f.write(json.dumps(row) + "\n")
+    return root
+
+
+# ------------------------------------------------------------------ progress
+
+
+def test_progress_reads_the_last_complete_line_and_the_total(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "r", steps=20, rows=3)
+    with (run / "logs" / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 4, "loss": 1.')  # cut short by a kill: ignored
+    prog, why = read_progress(run)
+    assert why == "" and prog is not None
+    assert (prog.step, prog.total, prog.loss) == (3, 20, pytest.approx(4.7))
+    assert prog.short() == "step 3/20 loss 4.7"
+    assert total_steps(tmp_path) is None
+    assert read_progress(tmp_path / "gone") == (
+        None,
+        f"run dir {tmp_path / 'gone'} is not on this machine",
+    )
+    (tmp_path / "empty").mkdir()
+    assert "no step logged yet" in read_progress(tmp_path / "empty")[1]
+
+
+def test_metrics_tail_returns_only_new_complete_lines(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "r", rows=2)
+    tail = MetricsTail(run)
+    assert [r["step"] for r in tail.poll()] == [1, 2]
+    assert tail.poll() == []
+    path = run / "logs" / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"step": 3, "lo')
+    assert tail.poll() == []  # half a line waits for its newline
+    with path.open("a") as f:
+        f.write('ss": 1.0}\nnot json\n{"step": "x"}\n')
+    assert [r["step"] for r in tail.poll()] == [3]
+
+
+def test_the_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    run = fake_run(tmp_path / "r", steps=20, rows=7)
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=120, color_system=None)
+    with ProgressDisplay(run, "r", 20, console=console) as display:
+        display.write("step      7/20  loss 4.3000  lr 1e-03  grad_norm 1.0  1,234 tok/s\n")
+        display.write("resumed at step 5 (fr")
+        display.write("om checkpoints)\nno newline at the end")
+    text = buf.getvalue()
+    assert "7/20" in text and "loss 4.3000" in text and "1,234 tok/s" in text and "ETA" in text
+    assert "resumed at step 5 (from checkpoints)" in text
+    assert "no newline at the end" in text
+    assert "grad_norm" not in text  # the per-step line is left to the bar
+
+
+def test_submit_wait_without_a_terminal_prints_plain_lines(tmp_path: Path) -> None:
+    """The CLI under a pipe never builds the bar (CliRunner's stdout is not a TTY)."""
+    from shardctl.orchestrator.cli import jobs
+
+    calls: list[dict[str, Any]] = []
+
+    class Fake(LocalCluster):
+        def follow(self, ref: JobRef, **kw: Any) -> int:  # type: ignore[override]
+            calls.append(kw)
+            return 0
+
+        def status(self, ref: JobRef) -> JobStatus:
+            return JobStatus(JobState.SUCCEEDED, "exit 0", "finished step 4")
+
+    spec = load_spec(tiny_spec(tmp_path, "plain"))
+    ref = JobRef("local", "1", "plain", str(tmp_path / "plain"))
+    assert jobs.follow_submitted(Fake(), ref, spec) == 0
+    assert calls == [{}]  # plain: no write/tick hooks
+
+
+# ------------------------------------------------------------------------ ls
+
+
+def test_ls_marks_stale_and_unreadable_records_and_never_crashes(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "done", steps=20, rows=20)
+    (run / "local.exit").write_text("0\n")
+    remember(JobRef("local", "123", "done", str(run)))
+    remember(JobRef("local", "124", "gone", str(tmp_path / "gone")))
+    remember(JobRef("mars", "1", "alien", "/nowhere"))
+    jobs_dir().joinpath("broken.json").write_text('{"cluster": "lo')
+    res = invoke("ls")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "AGE"]
+    row = {line.split()[0]: line.split() for line in lines[1:] if line and line[0] != "*"}
+    assert row["done"][3:6] == ["SUCCEEDED", "20/20", "3"]
+    assert row["gone"][3] == "UNKNOWN*" and row["gone"][4] == "—"
+    assert row["broken"][3] == "?*" and row["alien"][3] == "?*"
+    notes = "\n".join(line for line in lines if line.startswith("*"))
+    assert "gone: local no longer knows the job" in notes
+    assert "unreadable record" in notes and "broken.json" in notes
+    assert "alien: cannot use cluster 'mars'" in notes and "accepted: local, slurm, k8s" in notes
+    assert "Traceback" not in res.output
+
+    data = json.loads(invoke("ls", "-o", "json").stdout)["jobs"]
+    by = {j["name"]: j for j in data}
+    assert by["done"]["progress"]["step"] == 20 and by["done"]["progress"]["total"] == 20
+    assert by["done"]["stale"] is False and by["done"]["age_s"] >= 0
+    assert by["gone"]["stale"] is True and by["gone"]["progress"] is None
+    assert "not on this machine" in by["gone"]["why"]
+    only = json.loads(invoke("ls", "--cluster", "local", "-o", "json").stdout)["jobs"]
+    assert sorted(j["name"] for j in only) == ["done", "gone"]
+    assert invoke("ps", "--cluster", "mars").exit_code == 2  # not a cluster: click says so
+
+
+def test_ls_with_no_records() -> None:
+    res = invoke("ls")
+    assert res.exit_code == 0 and "no submitted jobs" in res.stdout
+
+
+def test_a_cluster_that_does_not_answer_does_not_hold_the_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardctl.orchestrator.clusters.slurm import SlurmCluster
+
+    release = threading.Event()
+
+    def hang(self: SlurmCluster, ref: JobRef) -> JobStatus:
+        release.wait(60)
+        return JobStatus(JobState.RUNNING, "RUNNING")
+
+    monkeypatch.setattr(SlurmCluster, "status", hang)
+    remember(JobRef("slurm", "7", "stuck", str(tmp_path / "stuck")))
+    remember(JobRef("local", "8", "here", str(tmp_path / "here")))
+    try:
+        started = time.monotonic()
+        res = invoke("ls", "--timeout", "0.5", "-o", "json")
+        took = time.monotonic() - started
+    finally:
+        release.set()
+    assert res.exit_code == 0, res.output
+    assert took < 30  # the hang lasts 60 s
+    by = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
+    assert by["stuck"]["stale"] and "gave no answer within 0.5 s" in by["stuck"]["why_stale"]
+    assert by["here"]["state"] == "UNKNOWN"  # the other cluster answered
+
+
+def test_an_unreachable_k8s_cluster_is_a_stale_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "c",
+        })
+    )  # fmt: skip
+    monkeypatch.setenv("SHARDCTL_KUBECONFIG", str(kubeconfig))
+    remember(JobRef("k8s", "ns/far", "far", "/shardctl/runs/far", {"pvc": "runs"}))
+    res = invoke("ls", "-o", "json", "--timeout", "60")
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)["jobs"]
+    assert row["stale"] and "cannot reach the Kubernetes API server" in row["why_stale"]
+    assert row["progress"] is None and "PersistentVolumeClaim" in row["why"]
+
+
+# --------------------------------------------------------------- bad input
+
+
+def test_logs_filters_need_follow_and_one_of_them(tmp_path: Path) -> None:
+    remember(JobRef("local", "1", "j", str(fake_run(tmp_path / "j"))))
+    res = invoke("logs", "j", "--node", "0")
+    assert res.exit_code == 2 and "--node works with --follow/-f" in res.stderr
+    res = invoke("logs", "j", "-f", "--node", "0", "--rank", "1")
+    assert res.exit_code == 2 and "one of them" in res.stderr
+    res = invoke("logs", "j", "-f", "--node", "-1")
+    assert res.exit_code == 2 and "-1" in res.output
+    res = invoke("status", "nope", "--watch")
+    assert res.exit_code == 1 and "no submitted job named or with id 'nope'" in res.stderr
+
+
+def test_status_watch_of_an_ended_job_exits_with_its_code(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "pre", steps=20, rows=4)
+    (run / "local.exit").write_text("1\n")
+    (run / "PREEMPTED").write_text('{"step": 4, "reason": "signal SIGUSR2"}\n')
+    remember(JobRef("local", "9", "pre", str(run)))
+    res = invoke("status", "pre", "--watch")
+    assert res.exit_code == 42, res.output
+    assert "PREEMPTED" in res.stdout and "step 4/20 loss 4.6" in res.stdout
+    (run / "PREEMPTED").unlink()
+    (run / "local.exit").write_text("0\n")
+    res = invoke("status", "pre", "--watch", "-o", "json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout.splitlines()[-1])["state"] == "SUCCEEDED"
+
+
+# ------------------------------------------------------------ real local runs
+
+
+def _start(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SHARDCTL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, cwd=cwd, start_new_session=True,
+    )  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"{proc.args} timed out:\n{out[-3000:]}\n{err[-3000:]}") from None
+    return proc.returncode, out, err
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SHARDCTL_STOP_AFTER_STEP", None)
+    return env
+
+
+@pytest.mark.slow
+def test_a_real_run_with_the_bar_logs_follow_status_watch_and_ls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+    from shardctl.orchestrator.cli.jobs import follow_submitted
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(tiny_spec(tmp_path, "run", train={"steps": 6}, checkpoint={"every_steps": 6}))
+    local = LocalCluster()
+    ref = local.submit(spec)
+    remember(ref)
+    env = _env()
+    follow = _start(["logs", "run", "-f"], env, tmp_path)
+    watch = _start(["status", "run", "--watch", "--interval", "0.3"], env, tmp_path)
+    buf = io.StringIO()
+    try:
+        code = follow_submitted(
+            local, ref, spec, console=Console(file=buf, force_terminal=True, width=120)
+        )
+    finally:
+        if local.status(ref).state == JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+    assert code == 0, local.logs(ref)[-4000:]
+    bar = buf.getvalue()
+    assert "6/6" in bar and "tok/s" in bar and "loss" in bar
+    assert "finished 6 steps" in bar  # other lines still shown above the bar
+
+    rc, out, err = _finish(follow, 120)
+    assert rc == 0, err
+    assert "step      6/6" in out and "finished 6 steps" in out
+    rc, out, err = _finish(watch, 120)
+    assert rc == 0, err
+    assert out.splitlines()[0].startswith("run (local ")
+    assert "SUCCEEDED" in out.splitlines()[-1] and "step 6/6" in out.splitlines()[-1]
+
+    data = json.loads(invoke("ls", "-o", "json").stdout)["jobs"]
+    (row,) = data
+    assert (row["state"], row["progress"]["step"], row["progress"]["total"]) == ("SUCCEEDED", 6, 6)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_logs_f_cleanly_and_watch_reports_the_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(
+        tiny_spec(tmp_path, "long", train={"steps": 5000}, checkpoint={"every_steps": 5000})
+    )
+    local = LocalCluster()
+    ref = local.submit(spec)
+    remember(ref)
+    env = _env()
+    follow = _start(["logs", "long", "-f", "--rank", "1"], env, tmp_path)
+    watch = None
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # blocks until the run printed something
+        assert first, "logs -f ended before the run printed anything"
+        follow.send_signal(signal.SIGINT)
+        rc, _, err = _finish(follow, 60)
+        assert rc == 130 and "Traceback" not in err, err
+        assert "rank 1 runs on node 0" in err and "stopped following" in err
+        watch = _start(["status", "long", "--watch", "--interval", "0.3"], env, tmp_path)
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "long" / "logs" / "metrics.jsonl").is_file():
+            assert time.monotonic() < deadline, "no step logged"
+            time.sleep(0.3)
+        res = invoke("cancel", "long")
+        assert res.exit_code == 0, res.output
+        rc, out, err = _finish(watch, 180)
+        assert rc == 42, out + err
+        assert "CANCELLED" in out.splitlines()[-1]
+    finally:
+        if local.status(ref).state == JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+        for proc in (follow, watch):
+            if proc is not None and proc.poll() is None:
+                kill_group(proc)
+
+
+# ------------------------------------------------------------------ real Slurm
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.usefixtures("slurm_cluster")
+def test_ls_and_logs_follow_on_slurm(tmp_path: Path) -> None:
+    from test_slurm_cluster import _spec, _submitted
+
+    spec = _spec(
+        "jobs-follow",
+        train={"steps": 10},
+        checkpoint={"every_steps": 10, "keep": 2, "consolidate_on_finish": False},
+    )
+    ref = _submitted(tmp_path, spec)
+    env = _env()
+    follow = _start(["logs", ref.name, "-f"], env, tmp_path)
+    node1 = None
+    try:
+        rc, out, err = _finish(follow, 300)
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert any(x.startswith("[node 0/out] step     10/10") for x in lines), out[-3000:]
+        assert any(x.startswith("[node 1/") for x in lines), out[-3000:]
+        assert all(x.startswith(("[node 0/", "[node 1/")) for x in lines if x)
+        node1 = _start(["logs", ref.name, "-f", "--node", "1"], env, tmp_path)
+        rc, out, err = _finish(node1, 120)  # the job ended: prints and returns
+        assert rc == 0 and out and all(x.startswith("[node 1/") for x in out.splitlines()), err
+        res = _start(["logs", ref.name, "-f", "--node", "2"], env, tmp_path)
+        rc, _, err = _finish(res, 60)
+        assert rc == 2 and "has 2 node(s); accepted: 0..1" in err
+        res = _start(["ls", "--cluster", "slurm", "-o", "json"], env, tmp_path)
+        rc, out, err = _finish(res, 120)
+        assert rc == 0, err
+        (row,) = json.loads(out)["jobs"]
+        assert (row["state"], row["stale"]) == ("SUCCEEDED", False)
+        assert (row["progress"]["step"], row["progress"]["total"]) == (10, 10)
+        watch = _start(["status", ref.name, "--watch"], env, tmp_path)
+        rc, out, err = _finish(watch, 120)
+        assert rc == 0 and "SUCCEEDED" in out, out + err
+    finally:
+        for proc in (follow, node1):
+            if proc is not None and proc.poll() is None:
+                kill_group(proc)
+        if not SlurmCluster().status(ref).state.is_terminal:
+            SlurmCluster().cancel(ref)
+
+
+def test_ls_of_local_jobs_imports_no_heavy_client(tmp_path: Path) -> None:
+    remember(JobRef("local", "1", "j", str(fake_run(tmp_path / "j"))))
+    code = (
+        "import sys\n"
+        "from shardctl.orchestrator.cli import cli\n"
+        "try:\n    cli(['ls'])\nexcept SystemExit:\n    pass\n"
+        "heavy = ('torch', 'kubernetes', 'submitit', 'deepspeed', 'transformers')\n"
+        "print('HEAVY', sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout and "j " in out.stdout
+
+
+def test_slurm_follow_logs_reads_the_per_node_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file side of Slurm's `logs -f`, without a cluster (with one: the test above)."""
+    answers = iter([JobState.RUNNING, JobState.SUCCEEDED])
+    monkeypatch.setattr(
+        SlurmCluster, "status", lambda self, ref: JobStatus(next(answers, JobState.SUCCEEDED), "x")
+    )
+    folder = tmp_path / "submitit" / "5"
+    folder.mkdir(parents=True)
+    (folder / "5_0_log.out").write_text("a\nb")
+    (folder / "5_1_log.err").write_text("warn\n")
+    ref = JobRef("slurm", "5", "s", str(tmp_path), {"folder": str(folder), "nodes": 2})
+    out: list[str] = []
+    SlurmCluster().follow_logs(ref, out.append, poll_s=0.01)
+    assert "".join(out) == "[node 0/out] a\n[node 1/err] warn\n[node 0/out] b\n"
+    out.clear()
+    SlurmCluster().follow_logs(ref, out.append, node=1, poll_s=0.01)
+    assert "".join(out) == "[node 1/err] warn\n"
+    with pytest.raises(UsageError, match=r"--node 2: job 's' has 2 node\(s\); accepted: 0..1"):
+        SlurmCluster().follow_logs(ref, out.append, node=2)
