@@ -472,3 +472,20 @@ def test_cli_logs_follow_rank_and_ls_on_k8s(server: KMockServer, tmp_path: Path)
     res = shardctl("ls", "-o", "json")
     (row,) = json.loads(res.stdout)["jobs"]
     assert row["stale"] and "no longer knows the job" in row["why_stale"]
+
+
+def test_cli_status_watch_follows_the_operator_to_the_end(
+    server: KMockServer, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    shardctl("submit", str(spec), "--cluster", "k8s")
+    set_conditions(server, ("Created", "True"), ("Running", "True"))
+    timer = threading.Timer(1.0, set_conditions, (server, ("Running", "False"), ("Failed", "True")))
+    timer.start()
+    try:
+        res = shardctl("status", NAME, "--watch", "--interval", "0.1", check=False)
+    finally:
+        timer.cancel()
+    lines = res.stdout.splitlines()
+    assert "RUNNING [Running]" in lines[0] and "FAILED [Failed]" in lines[-1], res.stdout
+    assert res.exit_code == 1  # like submit --wait: the job failed
