@@ -19,4 +19,7 @@ if os.environ.get("SHARDCTL_ACCELERATE_CONFIG"):
 if os.environ.get("SHARDCTL_DEEPSPEED_CONFIG"):
     with open(os.environ["SHARDCTL_DEEPSPEED_CONFIG"]) as f:
         report["zero_stage"] = json.load(f)["zero_optimization"]["stage"]
-print("PROBE " + json.dumps(report), flush=True)
+# One write per line: the ranks share the launcher's stdout, and print() writes the
+# text and the newline separately, so two ranks' lines could run together.
+sys.stdout.write("PROBE " + json.dumps(report) + "\n")
+sys.stdout.flush()
