@@ -136,6 +136,17 @@ Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS, strict=True)]
 PositiveSeconds = Annotated[int, Field(gt=0, le=MAX_SECONDS, strict=True)]
 
 
+def _shell_lines(v: list[str]) -> list[str]:
+    """`slurm.setup` / `k8s.setup`: one shell line per item (tabs allowed, no newline)."""
+    for line in v:
+        if CONTROL_RE.search(line.replace("\t", " ")):
+            raise ValueError(
+                f"{_show(line)}: one shell line per list item, no newlines or other "
+                "control characters"
+            )
+    return v
+
+
 def _path_text(v: str | None) -> str | None:
     if v is None:
         return v
@@ -1058,13 +1069,7 @@ class SlurmCluster(_Section):
     @field_validator("setup")
     @classmethod
     def _setup(cls, v: list[str]) -> list[str]:
-        for line in v:
-            if CONTROL_RE.search(line.replace("\t", " ")):
-                raise ValueError(
-                    f"{_show(line)}: one shell line per list item, no newlines or other "
-                    "control characters"
-                )
-        return v
+        return _shell_lines(v)
 
     @field_validator("srun_args")
     @classmethod
@@ -1472,13 +1477,7 @@ class K8sCluster(_Section):
     @field_validator("setup")
     @classmethod
     def _setup(cls, v: list[str]) -> list[str]:
-        for line in v:
-            if CONTROL_RE.search(line.replace("\t", " ")):
-                raise ValueError(
-                    f"{_show(line)}: one shell line per list item, no newlines or other "
-                    "control characters"
-                )
-        return v
+        return _shell_lines(v)
 
     @field_validator("runtime", "scheduler_name")
     @classmethod
@@ -1550,16 +1549,15 @@ class K8sCluster(_Section):
     }
     TRAINJOB_ONLY: ClassVar[tuple[str, ...]] = ("runtime", "runtime_kind")
 
+    def is_set(self, field: str) -> bool:
+        """The field holds something other than its default (how "the spec sets it" is
+        told apart: a spec written back by to_yaml_dict spells every field)."""
+        default = type(self).model_fields[field].get_default(call_default_factory=True)
+        return bool(getattr(self, field) != default)
+
     @model_validator(mode="after")
     def _api_fields(self) -> K8sCluster:
-        # "Given" means "not the default": a spec written back by to_yaml_dict spells
-        # every field, and must parse the same.
-        defaults = K8sCluster.model_fields
-        given = {
-            k
-            for k in (*self.PYTORCHJOB_ONLY, *self.TRAINJOB_ONLY)
-            if getattr(self, k) != defaults[k].get_default(call_default_factory=True)
-        }
+        given = {k for k in (*self.PYTORCHJOB_ONLY, *self.TRAINJOB_ONLY) if self.is_set(k)}
         if self.api == "trainjob":
             wrong = [f"{k} ({why})" for k, why in self.PYTORCHJOB_ONLY.items() if k in given]
             if wrong:

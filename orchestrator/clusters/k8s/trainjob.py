@@ -105,9 +105,8 @@ def trainjob_problems(spec: JobSpec) -> list[str]:
             "default): every node starts its own ranks, as on a PyTorchJob"
         )
     if name in STOCK_RUNTIMES:
-        defaults = type(k).model_fields
         for field, what in RUNTIME_ONLY.items():
-            if getattr(k, field) != defaults[field].get_default(call_default_factory=True):
+            if k.is_set(field):
                 problems.append(
                     f"k8s.{field}: a TrainJob cannot set {what} on the stock runtime {name!r} "
                     "(Trainer v2.3's runtimePatches do not reach it); set k8s.runtime to a "
