@@ -29,7 +29,9 @@ from pathlib import PurePosixPath
 from .rundir import (
     ENV_ACCELERATE_CONFIG,
     ENV_CHECKPOINT_DIR,
+    ENV_COLLECTIVE_TIMEOUT,
     ENV_DEEPSPEED_CONFIG,
+    ENV_HANG_TIMEOUT,
     ENV_JOB_NAME,
     ENV_RUN_DIR,
     ENV_SPEC,
@@ -48,6 +50,9 @@ RUNTIME_VARS: tuple[str, ...] = (
 RENDER_DIR_VAR = "SHARDCTL_RENDER_DIR"
 TRAIN_MODULE = "shardctl.train"
 ENTRY_MODULE = "shardctl.train.entry"  # runs an entrypoint: the user's script
+# Runs the launcher as its child and ends the node's ranks when they stop advancing.
+WATCHDOG_MODULE = "shardctl.train.watchdog"
+PYTHON_VAR = "SHARDCTL_PYTHON"  # the interpreter that runs the watchdog
 
 # File names of the artifacts the launchers read, beside launch.sh.
 HOSTFILE = "hostfile"
@@ -166,6 +171,10 @@ def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
         lines.append(export_beside(ENV_ACCELERATE_CONFIG, ACCELERATE_CONFIG))
     if spec.strategy.backend == "deepspeed":
         lines.append(export_beside(ENV_DEEPSPEED_CONFIG, DS_CONFIG))
+    w = spec.watchdog
+    hang = "" if w.hang_timeout_s is None else str(w.hang_timeout_s)
+    lines.append(export(ENV_HANG_TIMEOUT, hang, "watchdog: empty = derived while the job runs"))
+    lines.append(export(ENV_COLLECTIVE_TIMEOUT, str(w.collective_timeout)))
     return lines
 
 
@@ -310,6 +319,12 @@ def launch_script(
     """
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
+    if spec.watchdog.enabled:
+        # The watchdog starts the launcher as its child, passes signals on, and ends
+        # the ranks (with their stacks in the log) when none of them advances. Its
+        # Python: the one `shardctl submit` ran under (the local and Slurm clusters
+        # export it), else the node's python3 (a container image, a plain sbatch).
+        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {WATCHDOG_MODULE} --')
     return render_template(
         "launch.sh.j2",
         job_name=spec.name,

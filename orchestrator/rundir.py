@@ -14,10 +14,16 @@ A run directory (`spec.run_dir`, default `runs/<name>`) holds:
     DONE                               JSON {"step"}: every step ran, final save exists
     PREEMPTED                          JSON {"step", "reason"}: saved on a signal;
                                        submit again (or requeue) to resume
+    HUNG                               JSON {"step", "node", "ranks", ...}: the node
+                                       watchdog found no rank advancing and ended
+                                       the ranks (shardctl.train.watchdog)
+    logs/hang-*.txt                    that watchdog's report and every rank's stack
 
 Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
 `EXIT_FAILED`, `EXIT_SPEC` (bad input) and `EXIT_PREEMPTED` (saved a checkpoint
-because of a preemption signal: resume me). torchrun and accelerate turn any
+because of a preemption signal: resume me). A node's watchdog exits `EXIT_HUNG` when
+it ended ranks that stopped advancing (nothing was saved: resume from the newest
+complete checkpoint). torchrun and accelerate turn any
 non-zero rank exit into their own 1, which is why the markers exist.
 """
 
@@ -34,6 +40,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_SPEC = 2
 EXIT_PREEMPTED = 42
+# `timeout(1)`'s code for "ran out of time". Kubeflow's ExitCode restart policy counts
+# 1-127 as permanent: restart_policy OnFailure (the default) restarts a hung pod.
+EXIT_HUNG = 124
 
 # The run contract: what every rank finds in its environment, beside the launcher's
 # RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (README: "Your own
@@ -45,6 +54,11 @@ ENV_ATTEMPT = "SHARDCTL_ATTEMPT"  # 0 on the first start, +1 on each requeue or 
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
+# Hang detection (the spec's `watchdog:`): the node watchdog makes a folder for the
+# ranks' heartbeats and exports it; the timeouts are rendered into env.sh.
+ENV_HEARTBEAT_DIR = "SHARDCTL_HEARTBEAT_DIR"
+ENV_HANG_TIMEOUT = "SHARDCTL_HANG_TIMEOUT_S"  # empty: derived (shardctl.train.watchdog)
+ENV_COLLECTIVE_TIMEOUT = "SHARDCTL_COLLECTIVE_TIMEOUT_S"  # the process group's timeout
 CONTRACT_ENV = (
     ENV_RUN_DIR, ENV_CHECKPOINT_DIR, ENV_JOB_NAME, ENV_ATTEMPT, ENV_SPEC,
     ENV_ACCELERATE_CONFIG, ENV_DEEPSPEED_CONFIG,
@@ -53,6 +67,7 @@ CONTRACT_ENV = (
 DONE_FILE = "DONE"
 PREEMPTED_FILE = "PREEMPTED"
 FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
+HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job hung
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

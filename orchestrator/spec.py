@@ -664,6 +664,67 @@ class Logging(_Section):
         )
 
 
+# ----------------------------------------------------------------------- watchdog
+
+# A heartbeat per step is cheap, but a timeout shorter than this cannot tell a slow
+# step from a stuck one on any real cluster; the tests use short ones.
+MIN_HANG_TIMEOUT_S = 5
+# torch's own default for a process group; what a collective waits without an
+# explicit `collective_timeout_s` or `hang_timeout_s`.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
+# With an explicit hang_timeout_s the collectives wait this much longer, so the
+# watchdog (stacks, retry) ends a hang before a collective fails it (a plain failure).
+COLLECTIVE_MARGIN_S = 120
+HangSeconds = Annotated[int, Field(ge=MIN_HANG_TIMEOUT_S, le=MAX_SECONDS, strict=True)]
+
+
+class Watchdog(_Section):
+    """Hang detection: a watchdog beside each node's launcher ends a job whose ranks
+    stopped advancing (README: Hangs).
+
+    Every rank writes a heartbeat per step (the built-in loop, the checkpoint library
+    of your own script, the Hugging Face callback). When no rank of a node advanced
+    for the hang timeout, the node's watchdog writes every rank's Python stack to the
+    logs, ends every process and exits 124; Slurm requeues the job (up to
+    `slurm.max_requeues`), Kubernetes restarts the pods, and locally `status` says HUNG
+    and `submit` resumes."""
+
+    enabled: bool = True
+    """`false`: the launcher runs without a watchdog (no heartbeats are read)."""
+    hang_timeout_s: HangSeconds | None = None
+    """Seconds without a heartbeat from any rank of a node before the job is declared
+    hung; 5 to 31622400. Unset: derived while the job runs — the largest of 300 s, 10×
+    the median step time and 3× the longest checkpoint save seen (this attempt's and
+    the `save_s` of earlier ones); start-up, restore and saves get at least 900 s until
+    a save has been measured."""
+    collective_timeout_s: HangSeconds | None = None
+    """The process group's timeout: a collective waiting longer fails its rank; 5 to
+    31622400. Unset: `hang_timeout_s` + 120 when that is set, else 1800 (torch's
+    default). It must exceed `hang_timeout_s`: a collective that fails first ends the
+    job as FAILED, without the stacks and the retry of a hang."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Watchdog:
+        hang, coll = self.hang_timeout_s, self.collective_timeout_s
+        if hang is not None and coll is not None and coll <= hang:
+            raise ValueError(
+                f"collective_timeout_s {coll} is not above hang_timeout_s {hang}: a collective "
+                "would fail its rank (FAILED, no stacks, no retry) before the watchdog ends the "
+                f"hang; accepted: collective_timeout_s > hang_timeout_s (e.g. {hang + 120}), "
+                "or leave collective_timeout_s unset"
+            )
+        return self
+
+    @property
+    def collective_timeout(self) -> int:
+        """The process group's timeout in seconds (see `collective_timeout_s`)."""
+        if self.collective_timeout_s is not None:
+            return self.collective_timeout_s
+        if self.hang_timeout_s is not None:
+            return self.hang_timeout_s + COLLECTIVE_MARGIN_S
+        return DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
 # ------------------------------------------------------------------------ clusters
 
 
@@ -1652,6 +1713,8 @@ class JobSpec(_Section):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
     logging: Logging = Field(default_factory=Logging)
     """Metrics trackers beside `logs/metrics.jsonl` (see `Logging`)."""
+    watchdog: Watchdog = Field(default_factory=Watchdog)
+    """Hang detection and the collectives' timeout (see `Watchdog`)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every rank; values of at most 131072 characters (Linux's
     MAX_ARG_STRLEN: execve refuses a longer variable)."""

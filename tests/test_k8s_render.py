@@ -243,6 +243,7 @@ def test_launch_script_runs_with_operator_env(tmp_path: Any) -> None:
     command = [w.replace("/etc/shardctl", str(folder)) for w in command]
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SHARDCTL_PYTHON": sys.executable,
         "RANK": "1",
         "WORLD_SIZE": "2",
         "PET_NODE_RANK": "1",
@@ -455,7 +456,7 @@ def test_what_k8s_users_ask_for_reaches_the_job_and_its_pods() -> None:
     # k8s.setup runs in every pod, before the launcher.
     launch = objects["configmap"]["data"]["launch.sh"]
     assert launch.index("python -m pip install --user 'shardctl[train]'") < launch.index(
-        "exec torchrun"
+        "shardctl.train.watchdog -- \\\n    torchrun"
     )
 
 

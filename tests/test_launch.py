@@ -129,7 +129,7 @@ def _env_after_sourcing(text: str, env: dict[str, str], tmp_path: Path) -> dict[
         f'set -euo pipefail; source "$1"; '
         f'for v in {names}; do printf "%s=%s\\n" "$v" "${{!v}}"; done'
     )
-    base = {"PATH": os.environ["PATH"]}
+    base = {"PATH": os.environ["PATH"], "SHARDCTL_PYTHON": sys.executable}
     done = subprocess.run(
         ["bash", "-c", code, "bash", str(path)],
         env={**base, **env},
@@ -168,7 +168,7 @@ def _scontrol_on_path(tmp_path: Path) -> dict[str, str]:
     fake = bin_dir / "scontrol"
     fake.write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr , "\\n" <<<"$3"\n')
     fake.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SHARDCTL_PYTHON": sys.executable}
 
 
 def test_slurm_env_keeps_slurm_variables_until_the_node_runs_it(tmp_path: Path) -> None:
@@ -262,7 +262,7 @@ def test_launch_script_shape() -> None:
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
     assert text.rstrip().splitlines()[-1].endswith('"${SHARDCTL_RENDER_DIR}"/job.yaml')
-    assert text.count("exec torchrun") == 1 and text.endswith("\n")
+    assert text.count("shardctl.train.watchdog -- \\\n    torchrun ") == 1 and text.endswith("\n")
 
 
 # ----------------------------------------------------- real launchers (slow)

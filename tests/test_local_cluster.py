@@ -33,7 +33,7 @@ def test_dryrun_is_pure_and_shows_the_script_and_command(tmp_path: Path) -> None
     assert "logs/launcher.out" in plan.text
     assert LocalCluster().dryrun(spec).text == plan.text  # deterministic
     res = CliRunner().invoke(cli, ["submit", str(tmp_path / "dry.yaml"), "--dry-run"])
-    assert res.exit_code == 0 and "exec torchrun" in res.output
+    assert res.exit_code == 0 and "shardctl.train.watchdog -- \\\n    torchrun" in res.output
     assert not (tmp_path / "dry").exists()
 
 

@@ -42,7 +42,8 @@ def test_launcher_runs_the_loop_on_cpu(
     )
     local = LocalCluster()
     plan = local.dryrun(spec)
-    first_word = {"accelerate": "exec accelerate launch", "deepspeed": "exec deepspeed"}[launcher]
+    first_word = {"accelerate": "accelerate launch", "deepspeed": "deepspeed"}[launcher]
+    first_word = f"shardctl.train.watchdog -- \\\n    {first_word}"
     assert first_word in plan.artifacts["launch.sh"]
     ref = local.schedule(plan)
     try:

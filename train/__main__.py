@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if rank == "0" else logging.WARNING,
         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s",
     )
+    # SIGQUIT prints every thread's stack (the watchdog asks for it on a hang).
+    from .heartbeat import install_stack_dump
+
+    install_stack_dump()
     try:
         from shardctl.orchestrator.spec import load_spec
 

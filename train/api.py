@@ -53,6 +53,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ from shardctl.orchestrator.rundir import (
     RunDir,
 )
 
+from . import heartbeat as _heartbeat
 from .api_states import DeepSpeedEngineState, RankState, Strategy, deepspeed_state, model_state
 from .backends.base import Stateful
 from .preemption import PreemptionFlag
@@ -82,7 +84,9 @@ __all__ = [
     "RunEnv",
     "Strategy",
     "close_metrics",
+    "collective_timeout",
     "deepspeed_state",
+    "heartbeat",
     "init_distributed",
     "log_metrics",
     "model_state",
@@ -313,6 +317,7 @@ class Checkpointer:
         self._agree_group = _own_gloo_group()
         step = self._manager.restore(self._rank_state) or 0
         self._rank_state.step = step
+        _heartbeat.beat(step, "step")
         self._saved_step = step or None  # finish(step) right away need not save again
         if self.rank == 0:
             if self.run_dir is not None:  # this start supersedes the last preemption
@@ -328,6 +333,7 @@ class Checkpointer:
         manager = self._need_manager("step_done")
         self._rank_state.step = step  # type: ignore[union-attr]
         stop, signum = self._agree_to_stop(step)
+        _heartbeat.beat(step)  # the node's watchdog: this rank advanced
         if stop:
             self.stop(step, reason=self.flag.reason(signum))
         if step % self.config.every_steps == 0:
@@ -368,6 +374,7 @@ class Checkpointer:
             manager.save(step, self._rank_state, final=True)
             self._saved_step = step
         manager.wait()
+        _heartbeat.beat(step, "finish")
         if self.rank == 0:
             if self.run_dir is not None:
                 self.run_dir.write_marker(DONE_FILE, {"step": step, "time": time.time()})
@@ -451,6 +458,24 @@ def _rank_and_world() -> tuple[int, int]:
 def _say(text: str) -> None:
     # Scripts rarely configure logging; these few lines must reach the job log.
     print(f"[shardctl] {text}", file=sys.stderr, flush=True)
+
+
+def heartbeat(step: int | None = None, phase: str = "step") -> None:
+    """Tell the node's watchdog this rank is alive and advancing, outside `step_done`:
+    call it in a long evaluation (`phase="eval"`) or any phase that runs longer than the
+    hang timeout without steps. `step`: the last finished step (None: unchanged).
+    A no-op outside shardctl."""
+    _heartbeat.beat(step, phase)
+
+
+def collective_timeout() -> timedelta:
+    """The spec's `watchdog.collective_timeout_s` as a timedelta (30 minutes outside
+    shardctl): pass it to your own `init_process_group(timeout=...)`, or to
+    `TrainingArguments(ddp_timeout=int(collective_timeout().total_seconds()))`.
+    `init_distributed` uses it already."""
+    from .distributed import collective_timeout as timeout
+
+    return timeout()
 
 
 def init_distributed(device: str | None = None) -> Any:

@@ -71,6 +71,7 @@ import torch.distributed as dist
 
 from ..orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ..orchestrator.errors import CheckpointError
+from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
     FORMAT_VERSION,
@@ -294,6 +295,7 @@ class CheckpointManager:
         replaced atomically (e.g. a final save right after resuming from it).
         """
         self.wait()
+        heartbeat.beat(step, "save")  # the watchdog allows a save its own time
         t0 = time.perf_counter()
         self.timings = {}
         name = step_dirname(step)
@@ -322,6 +324,7 @@ class CheckpointManager:
             self.timings["write"] = time.perf_counter() - t0
             self._finalize(step, tmp, final_dir, t0)
         self.timings["blocked"] = time.perf_counter() - t0
+        heartbeat.beat(step, "step")  # saved (or staged): training goes on
 
     def _finish_async(self, future: Any, step: int, tmp: Path, final_dir: Path, t0: float) -> None:
         try:
@@ -435,6 +438,7 @@ class CheckpointManager:
         """Load the checkpoint `checkpoint.resume` designates; return its step, or
         None when training starts from scratch. A collective: every rank loads the
         same checkpoint (rank 0 lists, every rank verifies a share of the files)."""
+        heartbeat.beat(None, "restore")
         mode = self.config.resume
         if mode == "never":
             return None

@@ -16,6 +16,10 @@ from datetime import timedelta
 from typing import Any
 
 from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.rundir import ENV_COLLECTIVE_TIMEOUT
+
+# Without shardctl's launch script (plain torchrun): torch's own default.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,26 @@ def init(device_kind: str, expected_world_size: int | None = None) -> DistEnv:
             "backend": backend,
             "rank": rank,
             "world_size": world,
-            # Checkpoint saves and consolidation can keep one rank busy for long.
-            "timeout": timedelta(minutes=60),
+            # The spec's watchdog.collective_timeout_s: a collective waiting longer
+            # fails its rank instead of holding the allocation.
+            "timeout": collective_timeout(),
         }
         if device.type == "cuda":
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
     return DistEnv(rank, world, local_rank, local_world, device)
+
+
+def collective_timeout() -> timedelta:
+    """The process group's timeout: `$SHARDCTL_COLLECTIVE_TIMEOUT_S` (the spec's
+    `watchdog.collective_timeout_s`, rendered into env.sh), else torch's 30 minutes."""
+    seconds = _int_env(ENV_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT_S)
+    if seconds <= 0:
+        raise ShardctlError(
+            f"environment variable {ENV_COLLECTIVE_TIMEOUT}={seconds} is not a positive "
+            "number of seconds; it comes from the spec's watchdog.collective_timeout_s"
+        )
+    return timedelta(seconds=seconds)
 
 
 def _free_port() -> int:

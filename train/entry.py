@@ -37,6 +37,8 @@ from shardctl.orchestrator.rundir import (
     RunDir,
 )
 
+from .heartbeat import install_stack_dump
+
 USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
 
 
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     started = time.time()
+    # SIGQUIT prints every thread's stack (the watchdog asks for it on a hang).
+    install_stack_dump()
     code = run(words[0], words[1], words[2:])
     sys.stdout.flush()
     sys.stderr.flush()

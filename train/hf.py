@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from shardctl.orchestrator.rundir import ENV_RUN_DIR, EXIT_PREEMPTED, PREEMPTED_FILE, RunDir
+from shardctl.train import heartbeat
 from shardctl.train.preemption import SIGNALS, PreemptionFlag
 from transformers.trainer_callback import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -306,11 +307,20 @@ class PreemptionCallback(TrainerCallback):
             self._installed = True
         if state.is_world_process_zero:  # this start supersedes the last preemption
             self._marker_dir(args).preempted_file.unlink(missing_ok=True)
+        heartbeat.beat(state.global_step, "step")
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        heartbeat.beat(None, "eval")  # an evaluation batch: alive, though no step
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        heartbeat.beat(None, "step")
 
     def on_step_end(self, args, state, control, **kwargs):
         # Runs on every rank after every optimizer step, so the all-reduce is a
         # collective all of them reach; agreeing here keeps the ranks on one step.
         stop, signum = self._agree(self._flag.local(state.global_step), args.device)
+        # The node's watchdog: this rank advanced (and a save that follows gets its time).
+        heartbeat.beat(state.global_step, "save" if control.should_save or stop else "step")
         if not stop:
             return
         self._stopping_at = state.global_step
@@ -322,6 +332,7 @@ class PreemptionCallback(TrainerCallback):
         control.should_evaluate = False
 
     def on_save(self, args, state, control, **kwargs):
+        heartbeat.beat(state.global_step, "step")
         if self._stopping_at is None:
             return
         step = state.global_step
@@ -347,6 +358,7 @@ class PreemptionCallback(TrainerCallback):
         sys.exit(self.exit_code)
 
     def on_train_end(self, args, state, control, **kwargs):
+        heartbeat.beat(state.global_step, "finish")
         if not self._installed:
             return
         self._flag.uninstall()

@@ -41,7 +41,7 @@ from shardctl.orchestrator.rundir import (
 )
 from shardctl.orchestrator.spec import JobSpec
 
-from . import distributed
+from . import distributed, heartbeat
 from .backends import TrainingBackend, build_backend
 from .distributed import DistEnv
 from .precision import resolve as resolve_precision
@@ -172,6 +172,7 @@ class Trainer:
             t_restore = time.perf_counter() - t_restore
             step = restored or 0
             self.state.step = step
+            heartbeat.beat(step, "step")
             metrics.begin(step)  # rank 0: the trackers continue from this step
             if env.is_main:
                 self.run_dir.preempted_file.unlink(missing_ok=True)
@@ -206,6 +207,7 @@ class Trainer:
                 step += 1
                 self.state.step = step
                 loss_avg, stop = self._agree_on(loss_sum / t.grad_accum, flag, step)
+                heartbeat.beat(step)  # the node's watchdog: this rank advanced
                 now = time.perf_counter()
                 if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
                     tps = self.tokens_per_step / max(now - t_last, 1e-9)
@@ -231,6 +233,7 @@ class Trainer:
                 # included) except the time spent saving a checkpoint.
                 t_last = time.perf_counter() - save_s
             self.ckpt.wait()
+            heartbeat.beat(step, "finish")  # consolidation (rank 0) is not a step
             outcome = "finished"
             return EXIT_OK, step
         finally:
@@ -261,6 +264,7 @@ def run(spec: JobSpec) -> int:
 
     check_installed(spec.logging)
     env = distributed.init(spec.resources.device, spec.world_size)
+    heartbeat.beat(None, "start")
     try:
         # `auto` becomes one concrete precision here, before anything is built from it.
         spec = resolve_precision(spec, env)

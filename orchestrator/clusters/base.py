@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 from ..errors import RenderError, ShardctlError, SpecError, UsageError
 from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
 from ..render import common_artifacts
-from ..rundir import EXIT_PREEMPTED, SPEC_FILE
+from ..rundir import EXIT_HUNG, EXIT_PREEMPTED, SPEC_FILE
 from ..spec import JobSpec
 
 
@@ -41,11 +41,33 @@ class JobState(enum.StrEnum):
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     PREEMPTED = "PREEMPTED"  # stopped by the cluster; will resume (requeue/restart)
+    HUNG = "HUNG"  # ended by its watchdog (no rank advanced); resumes like PREEMPTED
     UNKNOWN = "UNKNOWN"
 
     @property
     def is_terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+def hung_detail(hung: dict[str, Any] | None, name: str) -> str:
+    """What `status` says of a run its watchdog declared hung (the HUNG marker)."""
+    if not hung:
+        return (
+            f"hung: ended by its watchdog (exit 124); see `shardctl logs {name}`; submit the "
+            "spec again to resume from the newest complete checkpoint"
+        )
+    first = hung.get("first") or []
+    ranks = {r.get("rank"): r for r in hung.get("ranks") or [] if isinstance(r, dict)}
+    who = (
+        ", ".join(f"rank {r} at step {ranks.get(r, {}).get('step', '?')}" for r in first)
+        or f"every rank of node {hung.get('node', '?')} waiting at step {hung.get('step', '?')}"
+    )
+    report = f"; stacks in {hung['report']}" if hung.get("report") else ""
+    return (
+        f"hung: no rank advanced for {hung.get('idle_s', '?')} s (timeout "
+        f"{hung.get('timeout_s', '?')} s); stopped first: {who}{report}; submit the spec "
+        "again to resume from the newest complete checkpoint"
+    )
 
 
 @dataclass(frozen=True)
@@ -197,9 +219,12 @@ class Cluster(ABC):
 
     def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:
         """The code `status --watch` exits with once the job ended, like `submit --wait`:
-        0 succeeded, 42 preempted (a checkpoint is saved: submit again), else 1."""
+        0 succeeded, 42 preempted (a checkpoint is saved: submit again), 124 hung (ended
+        by its watchdog: submit again), else 1."""
         if st.state is JobState.SUCCEEDED:
             return 0
+        if st.state is JobState.HUNG:
+            return EXIT_HUNG
         return EXIT_PREEMPTED if st.state is JobState.PREEMPTED else 1
 
     def procs_per_node(self, ref: JobRef) -> int | None:

@@ -19,7 +19,9 @@ Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
 Status comes from those files: RUNNING while the supervisor lives; then SUCCEEDED
 (exit 0), PREEMPTED (a `PREEMPTED` marker: the ranks saved a checkpoint on a signal;
 submit again to resume — torchrun reports that as exit 1, so the marker decides),
-CANCELLED, or FAILED. Submitting a spec again resumes from its newest complete
+HUNG (the node watchdog ended ranks that stopped advancing: exit 124 and a `HUNG`
+marker; submit again to resume from the newest complete checkpoint), CANCELLED, or
+FAILED. Submitting a spec again resumes from its newest complete
 checkpoint, or does nothing when the run is already complete (`DONE`).
 
 `cancel` sends SIGTERM to the supervisor's process group and to every process
@@ -42,14 +44,16 @@ from pathlib import Path
 
 from ..durable import write_text_atomic
 from ..errors import ClusterError, UsageError
-from ..launch import EnvLine, export
+from ..launch import PYTHON_VAR, EnvLine, export
 from ..launcher_output import PreemptionReport, readable
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
 from ..rundir import (
     DONE_FILE,
     ENV_ATTEMPT,
+    EXIT_HUNG,
     EXIT_PREEMPTED,
     FAILED_FILE,
+    HUNG_FILE,
     LAUNCH_FILE,
     LOGS_DIR,
     MODEL_DIR,
@@ -64,6 +68,7 @@ from .base import (
     JobRef,
     JobState,
     JobStatus,
+    hung_detail,
     require_script,
     run_resources,
 )
@@ -199,13 +204,14 @@ class LocalCluster(Cluster):
         write_rendered(dryrun.artifacts, run_dir)
         logs.mkdir(parents=True, exist_ok=True)
         offsets = {n: (logs / n).stat().st_size if (logs / n).is_file() else 0 for n in LOG_FILES}
-        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE, PREEMPTED_FILE, FAILED_FILE):
+        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE, PREEMPTED_FILE, FAILED_FILE, HUNG_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         attempt = self._next_attempt(run_dir)
         env = dict(os.environ)
         env[ENV_ATTEMPT] = str(attempt)
         # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env[PYTHON_VAR] = sys.executable  # the node watchdog's interpreter
         proc = subprocess.Popen(
             [
                 "bash",
@@ -274,6 +280,9 @@ class LocalCluster(Cluster):
         if (run_dir / CANCELLED_FILE).exists() and (rc is None or rc != 0 or preempted):
             step = f"; checkpoint at step {preempted['step']}" if preempted else ""
             return JobStatus(JobState.CANCELLED, "cancelled", f"cancelled by the user{step}")
+        hung = RunDir(run_dir).read_marker(HUNG_FILE)
+        if rc is not None and rc != 0 and (rc == EXIT_HUNG or hung is not None):
+            return JobStatus(JobState.HUNG, f"exit {rc}", hung_detail(hung, ref.name))
         if preempted is not None and rc != 0:
             step = preempted.get("step")
             at = f" at step {step}" if step is not None else ""
@@ -312,6 +321,8 @@ class LocalCluster(Cluster):
         st = self.status(ref)
         if st.state in (JobState.PREEMPTED, JobState.CANCELLED):
             return EXIT_PREEMPTED
+        if st.state is JobState.HUNG:
+            return EXIT_HUNG
         rc = self._exit_code(Path(ref.run_dir))
         if st.state == JobState.FAILED:
             code = self._failed_code(Path(ref.run_dir))

@@ -74,6 +74,7 @@ def stub_launchers(bin_dir: Path, record: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
     env.pop("SHARDCTL_NODE_RANK", None)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("SHARDCTL_PYTHON", sys.executable)  # the node watchdog's interpreter
     return env
 
 

@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ClusterError, MissingDependencyError, UsageError
-from ...launch import EnvLine, export, export_from
+from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
 from ...proctree import catches, descendants
 from ...rundir import ENV_ATTEMPT, EXIT_PREEMPTED, FAILED_FILE, PREEMPTED_FILE
@@ -521,6 +521,7 @@ class NodeTask:
         # The launchers of the environment that runs this task (torchrun, accelerate,
         # deepspeed live beside its python), whatever PATH the job inherited.
         child_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        child_env.setdefault(PYTHON_VAR, sys.executable)  # the node watchdog's interpreter
         # submitit's own variables would make a rank's submitit think it is a task.
         for key in ("SUBMITIT_FOLDER", "SUBMITIT_EXECUTOR"):
             child_env.pop(key, None)

@@ -10,6 +10,9 @@ export SHARDCTL_RUN_DIR=runs/deepspeed-zero3
 export SHARDCTL_CHECKPOINT_DIR=runs/deepspeed-zero3/checkpoints
 export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 export SHARDCTL_DEEPSPEED_CONFIG="${SHARDCTL_RENDER_DIR:-.}"/ds_config.json
+# watchdog: empty = derived while the job runs
+export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 # this host is every node
 export SHARDCTL_NNODES=1
 # preset it to start another node of a multi-node spec on this host

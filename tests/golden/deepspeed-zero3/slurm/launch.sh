@@ -16,6 +16,9 @@ export SHARDCTL_RUN_DIR=runs/deepspeed-zero3
 export SHARDCTL_CHECKPOINT_DIR=runs/deepspeed-zero3/checkpoints
 export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 export SHARDCTL_DEEPSPEED_CONFIG="${SHARDCTL_RENDER_DIR:-.}"/ds_config.json
+# watchdog: empty = derived while the job runs
+export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
 # this node's index, set by Slurm
 export SHARDCTL_NODE_RANK="${SLURM_NODEID:?run this script inside a Slurm allocation (srun)}"
@@ -28,7 +31,8 @@ export MASTER_PORT=29500
 # requeues of this job so far
 export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 
-exec torchrun \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    torchrun \
     --standalone \
     --nnodes 1 \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \

@@ -14,6 +14,9 @@ export SHARDCTL_JOB_NAME=k8s-tiny
 export SHARDCTL_RUN_DIR=/shardctl/runs/k8s-tiny
 export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/k8s-tiny/checkpoints
 export SHARDCTL_SPEC=/etc/shardctl/job.yaml
+# watchdog: empty = derived while the job runs
+export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 export SHARDCTL_NNODES="${PET_NNODES:?set by the Kubeflow training operator in PyTorchJob pods}"
 export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the Kubeflow training operator in PyTorchJob pods}"
 export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the Kubeflow training operator in PyTorchJob pods}"
@@ -27,7 +30,8 @@ SHARDCTL_ATTEMPT="$((previous + 1))"
 printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
 export SHARDCTL_ATTEMPT
 
-exec torchrun \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
     --rdzv-backend c10d \

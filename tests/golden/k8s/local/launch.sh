@@ -14,6 +14,9 @@ export SHARDCTL_JOB_NAME=k8s-tiny
 export SHARDCTL_RUN_DIR=runs/k8s-tiny
 export SHARDCTL_CHECKPOINT_DIR=runs/k8s-tiny/checkpoints
 export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+# watchdog: empty = derived while the job runs
+export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 # this host is every node
 export SHARDCTL_NNODES=2
 # preset it to start another node of a multi-node spec on this host
@@ -24,7 +27,8 @@ export MASTER_PORT=29500
 # starts of this run so far, counted by `shardctl submit`
 export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"
 
-exec torchrun \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
     --rdzv-backend c10d \

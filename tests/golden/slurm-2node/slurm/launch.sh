@@ -14,6 +14,9 @@ export SHARDCTL_JOB_NAME=slurm-2node
 export SHARDCTL_RUN_DIR=runs/slurm-2node
 export SHARDCTL_CHECKPOINT_DIR=runs/slurm-2node/checkpoints
 export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
+# watchdog: empty = derived while the job runs
+export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
 # this node's index, set by Slurm
 export SHARDCTL_NODE_RANK="${SLURM_NODEID:?run this script inside a Slurm allocation (srun)}"
@@ -26,7 +29,8 @@ export MASTER_PORT=29511
 # requeues of this job so far
 export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 
-exec torchrun \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
     --rdzv-backend c10d \

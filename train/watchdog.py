@@ -1,0 +1,525 @@
+"""`python3 -m shardctl.train.watchdog -- LAUNCHER ARGS...`: one node's hang watchdog.
+
+The rendered launch script execs this instead of the launcher (unless the spec says
+`watchdog.enabled: false`). It starts the launcher as its child with
+`$SHARDCTL_HEARTBEAT_DIR` pointing at a fresh folder on this node, passes on the
+signals it receives, and reads the ranks' heartbeats (`shardctl.train.heartbeat`)
+every few seconds. It exits with the launcher's code, except:
+
+- **hung**: when no rank of this node advanced for the hang timeout, it writes
+  `<run dir>/HUNG`, asks every rank for its Python stack (SIGQUIT; a stopped rank
+  also gets SIGCONT so it can answer), prints the report and the stacks to its
+  stderr (the node's log) and to `<run dir>/logs/hang-attempt<A>-node<N>.txt`,
+  SIGKILLs the launcher and everything below it, and exits `EXIT_HUNG` (124);
+- **another node hung**: the launcher failed after another node's watchdog wrote a
+  fresh HUNG (its ranks lost their peers): this node exits 124 too, so the whole
+  job is retried as a hang and not failed.
+
+The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
+(`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest
+checkpoint save seen (this attempt's, and the `save_s` that earlier attempts
+recorded in the checkpoint manifests); while no save has been measured, start-up,
+restore and saves get at least 900 s. The clock starts at a rank's first heartbeat:
+before it, the launcher's rendezvous timeout and the collectives' timeout apply.
+
+Only this node's ranks are watched: every node decides alone, without a network of
+its own, and in a hang every rank stops (the others wait in a collective for the
+stuck one). Torch-free; imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from shardctl.orchestrator.proctree import catches, descendants, signal_all
+from shardctl.orchestrator.rundir import (
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_HANG_TIMEOUT,
+    ENV_HEARTBEAT_DIR,
+    ENV_RUN_DIR,
+    EXIT_HUNG,
+    HUNG_FILE,
+    RunDir,
+)
+
+from .heartbeat import STACK_SIGNAL, Beat, read_beats, stack_path
+
+USAGE = "usage: python3 -m shardctl.train.watchdog -- LAUNCHER [ARGS...]"
+
+FLOOR_S = 300.0  # never below a few minutes when derived
+STEP_FACTOR = 10.0  # × the median step time
+SAVE_FACTOR = 3.0  # × the longest checkpoint save
+UNMEASURED_FLOOR_S = 900.0  # start-up, restore, saves before any save was measured
+STACK_WAIT_S = 5.0  # how long the ranks get to write their stacks
+OTHER_NODE_WAIT_S = 10.0  # for another node's HUNG after this node's launcher failed
+MAX_POLL_S = 5.0
+# Signals passed on: TERM, INT and HUP to the launcher, as if it had received them
+# (it stops its ranks its own way); USR1 and USR2 (preemption) to every process
+# below that catches them — the ranks; a launcher would die of one. A signal ignored
+# when the watchdog started stays ignored (Slurm's node task ignores the preemption
+# signal for the launcher and sends it to the ranks itself).
+TO_LAUNCHER = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+TO_RANKS = (signal.SIGUSR1, signal.SIGUSR2)
+SLOW_PHASES = ("start", "restore", "save")
+
+
+def _say(text: str) -> None:
+    print(f"[shardctl watchdog] {text}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ the rule
+
+
+@dataclass
+class HangRule:
+    """The hang timeout: fixed (`explicit`), or derived from what the run shows."""
+
+    explicit: float | None = None
+    earlier_saves: list[float] = field(default_factory=list)
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
+    save_times: list[float] = field(default_factory=list)
+
+    def limit(self, phase: str) -> float:
+        if self.explicit is not None:
+            return self.explicit
+        saves = self.earlier_saves + self.save_times
+        limit = FLOOR_S
+        if self.step_times:
+            limit = max(limit, STEP_FACTOR * statistics.median(self.step_times))
+        if saves:
+            limit = max(limit, SAVE_FACTOR * max(saves))
+        elif phase in SLOW_PHASES:
+            limit = max(limit, UNMEASURED_FLOOR_S)
+        return limit
+
+    def describe(self) -> str:
+        if self.explicit is not None:
+            return f"{self.explicit:g} s (watchdog.hang_timeout_s)"
+        median = f"{statistics.median(self.step_times):.3g} s" if self.step_times else "unknown"
+        saves = self.earlier_saves + self.save_times
+        longest = f"{max(saves):.3g} s" if saves else "none measured"
+        return (
+            f"{self.limit('step'):g} s (derived: max({FLOOR_S:g} s, {STEP_FACTOR:g} × median "
+            f"step {median}, {SAVE_FACTOR:g} × longest save {longest}))"
+        )
+
+
+def earlier_save_times(checkpoint_dir: str | None) -> list[float]:
+    """`save_s` of the complete checkpoints in `checkpoint_dir` (earlier attempts)."""
+    found: list[float] = []
+    if not checkpoint_dir:
+        return found
+    with contextlib.suppress(OSError):
+        for entry in Path(checkpoint_dir).iterdir():
+            if not entry.name.startswith("step-") or entry.name.endswith(".tmp"):
+                continue
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                value = json.loads((entry / "manifest.json").read_text()).get("save_s")
+                if isinstance(value, int | float) and value > 0:
+                    found.append(float(value))
+    return found
+
+
+# ------------------------------------------------------------------ the monitor
+
+
+@dataclass
+class RankView:
+    beat: Beat
+    changed: float  # monotonic time at which this beat was first seen
+
+
+@dataclass
+class Verdict:
+    idle_s: float  # since the most recent advance of any watched rank
+    limit_s: float
+    ranks: list[RankView]
+
+
+class Monitor:
+    """What the watchdog knows of this node's ranks, fed one poll at a time."""
+
+    def __init__(self, rule: HangRule) -> None:
+        self.rule = rule
+        self.ranks: dict[int, RankView] = {}
+
+    def observe(self, beats: Sequence[Beat], now: float) -> None:
+        for b in beats:
+            old = self.ranks.get(b.rank)
+            if old is not None and old.beat == b:
+                continue
+            self.ranks[b.rank] = RankView(b, now)
+            if old is None or old.beat.pid != b.pid:
+                continue
+            prev = old.beat
+            if b.phase == "step" and prev.phase == "step" and b.step > prev.step:
+                self.rule.step_times.append((b.time - prev.time) / (b.step - prev.step))
+            elif prev.phase == "save" and b.phase != "save" and b.time > prev.time:
+                self.rule.save_times.append(b.time - prev.time)
+
+    def watched(self, alive: set[int]) -> list[RankView]:
+        """Ranks that still run and have not finished their steps."""
+        return [v for v in self.ranks.values() if v.beat.phase != "finish" and v.beat.pid in alive]
+
+    def verdict(self, now: float, alive: set[int]) -> Verdict | None:
+        """A Verdict when every watched rank has been idle past its phase's limit."""
+        watched = self.watched(alive)
+        if not watched:
+            return None
+        if any(now - v.changed <= self.rule.limit(v.beat.phase) for v in watched):
+            return None
+        idle = now - max(v.changed for v in watched)
+        limit = max(self.rule.limit(v.beat.phase) for v in watched)
+        return Verdict(idle, limit, sorted(watched, key=lambda v: v.beat.rank))
+
+
+# ------------------------------------------------------------------ processes
+
+
+def proc_state(pid: int) -> str:
+    """`R`, `S`, `D` (uninterruptible, e.g. a stuck file system), `T` (stopped), ..."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return text[text.rfind(")") + 2 :].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+STATE_WORDS = {
+    "R": "running",
+    "S": "sleeping (waiting, e.g. in a collective)",
+    "D": "uninterruptible wait in the kernel (file system or device)",
+    "T": "stopped (SIGSTOP)",
+    "t": "stopped by a debugger",
+    "Z": "exited (zombie)",
+}
+
+
+def _wchan(pid: int) -> str:
+    try:
+        word = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if word in ("", "0") else f", kernel wait {word}"
+
+
+def _alive_pids(root: int) -> set[int]:
+    return {p.pid for p in descendants(root)}
+
+
+def collect_stacks(folder: Path, ranks: list[RankView]) -> dict[int, str]:
+    """Ask every rank for its Python stack; what each wrote (or why nothing)."""
+    states = {v.beat.rank: proc_state(v.beat.pid) for v in ranks}
+    for v in ranks:
+        path = stack_path(folder, v.beat.rank)
+        with contextlib.suppress(OSError):
+            path.write_text("")  # the rank appends; start from nothing
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(v.beat.pid, STACK_SIGNAL)
+            if states[v.beat.rank] in ("T", "t"):
+                # A stopped process runs its handler only once continued.
+                os.kill(v.beat.pid, signal.SIGCONT)
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + STACK_WAIT_S
+    while time.monotonic() < deadline:
+        now = {v.beat.rank: _size(stack_path(folder, v.beat.rank)) for v in ranks}
+        if all(now.values()) and now == sizes:
+            break  # every rank wrote, and nothing grew since the last look
+        sizes = now
+        time.sleep(0.5)
+    stacks: dict[int, str] = {}
+    for v in ranks:
+        try:
+            text = stack_path(folder, v.beat.rank).read_text(errors="replace")
+        except OSError:
+            text = ""
+        if not text.strip():
+            state = states[v.beat.rank]
+            text = (
+                f"(no stack: the process did not answer SIGQUIT within {STACK_WAIT_S:g} s; "
+                f"state {state}: {STATE_WORDS.get(state, 'unknown')}{_wchan(v.beat.pid)})\n"
+            )
+        stacks[v.beat.rank] = text
+    return stacks
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+# ------------------------------------------------------------------ the report
+
+
+def report_lines(verdict: Verdict, rule: HangRule, node: int, now_wall: float) -> list[str]:
+    lines = [
+        f"node {node}: HUNG — no rank of this node advanced for {verdict.idle_s:.0f} s "
+        f"(hang timeout {rule.describe()})"
+    ]
+    culprits = first_stopped(verdict.ranks)
+    for v in verdict.ranks:
+        b = v.beat
+        state = proc_state(b.pid)
+        first = "  ← stopped advancing first" if b.rank in culprits else ""
+        lines.append(
+            f"  rank {b.rank} (pid {b.pid}): last at step {b.step} ({b.phase}), "
+            f"{now_wall - b.time:.0f} s ago; process {STATE_WORDS.get(state, state)}"
+            f"{_wchan(b.pid)}{first}"
+        )
+    if not culprits:
+        lines.append(
+            "  no rank of this node stands out: all wait (for a rank of another node, the "
+            "network, or each other); the other nodes' logs name theirs"
+        )
+    return lines
+
+
+STUCK_STATES = ("T", "t", "D")
+
+
+def first_stopped(ranks: Sequence[RankView]) -> list[int]:
+    """The ranks that stopped advancing first: stopped or in an uninterruptible wait
+    if any is; else those whose last beat is older than the others' by over a second
+    (none when all beat together: they wait for something outside this node)."""
+    stuck = [v.beat.rank for v in ranks if proc_state(v.beat.pid) in STUCK_STATES]
+    if stuck:
+        return sorted(stuck)
+    times = [v.beat.time for v in ranks]
+    oldest = min(times)
+    first = [v.beat.rank for v in ranks if v.beat.time - oldest < 1.0]
+    return sorted(first) if len(first) < len(ranks) else []
+
+
+def write_hung_marker(
+    run_dir: str | None, verdict: Verdict, rule: HangRule, node: int, attempt: int, report: str
+) -> None:
+    if not run_dir:
+        return
+    data = {
+        "step": min(v.beat.step for v in verdict.ranks),
+        "node": node,
+        "attempt": attempt,
+        "idle_s": round(verdict.idle_s, 1),
+        "timeout_s": round(verdict.limit_s, 1),
+        "rule": rule.describe(),
+        "ranks": [
+            {
+                "rank": v.beat.rank,
+                "step": v.beat.step,
+                "phase": v.beat.phase,
+                "state": proc_state(v.beat.pid),
+            }
+            for v in verdict.ranks
+        ],
+        "first": first_stopped(verdict.ranks),
+        "report": report,
+        "time": time.time(),
+    }
+    with contextlib.suppress(OSError):
+        RunDir.of(run_dir).write_marker(HUNG_FILE, data)
+
+
+def fresh_hung_marker(run_dir: str | None, since: float) -> dict | None:
+    """Another node's HUNG, written during this attempt."""
+    if not run_dir:
+        return None
+    path = Path(run_dir) / HUNG_FILE
+    try:
+        if path.stat().st_mtime < since - 1.0:
+            return None
+    except OSError:
+        return None
+    return RunDir.of(run_dir).read_marker(HUNG_FILE)
+
+
+# ------------------------------------------------------------------ main
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def _explicit_timeout() -> float | None:
+    raw = os.environ.get(ENV_HANG_TIMEOUT, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        _say(f"{ENV_HANG_TIMEOUT}={raw!r} is not a positive number of seconds; deriving it")
+        return None
+    return value
+
+
+class Watchdog:
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.node = _env_int("SHARDCTL_NODE_RANK", 0)
+        self.nnodes = _env_int("SHARDCTL_NNODES", 1)
+        self.attempt = _env_int(ENV_ATTEMPT, 0)
+        self.run_dir = os.environ.get(ENV_RUN_DIR) or None
+        self.rule = HangRule(
+            explicit=_explicit_timeout(),
+            earlier_saves=earlier_save_times(os.environ.get(ENV_CHECKPOINT_DIR)),
+        )
+        self.monitor = Monitor(self.rule)
+        self.received: list[int] = []
+        self.signalled = False  # a stop was asked for: a failure then is not a hang
+        self.started = time.time()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        self.signalled = True
+
+    def run(self) -> int:
+        folder = Path(tempfile.mkdtemp(prefix="shardctl-heartbeat-"))
+        try:
+            return self._run(folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _run(self, folder: Path) -> int:
+        handled = []
+        for sig in (*TO_LAUNCHER, *TO_RANKS):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
+                handled.append(sig)
+        env = dict(os.environ)
+        env[ENV_HEARTBEAT_DIR] = str(folder)
+        try:
+            child = subprocess.Popen(self.command, env=env)
+        except OSError as exc:
+            _say(f"cannot start {self.command[0]!r}: {exc}")
+            return 127
+        _say(f"node {self.node}: watching the ranks of {self.command[0]} (pid {child.pid}); "
+             f"hang timeout {self.rule.describe()}")  # fmt: skip
+        forwarded: set[tuple[int, int]] = set()
+        next_look = time.monotonic()
+        while True:
+            try:
+                # Short waits: a signal is passed on within a quarter second.
+                rc = child.wait(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            while self.received:
+                signum = self.received.pop(0)
+                if signum in TO_LAUNCHER:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(signum)
+                else:
+                    forwarded |= _forward(child.pid, signum, forwarded)
+            now = time.monotonic()
+            if now < next_look:
+                continue
+            next_look = now + min(MAX_POLL_S, max(0.5, self.rule.limit("step") / 10))
+            self.monitor.observe(read_beats(folder), now)
+            alive = _alive_pids(os.getpid())
+            verdict = self.monitor.verdict(now, alive)
+            if verdict is not None:
+                self._end_hung(verdict, folder, child)
+                return EXIT_HUNG
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
+        code = rc if rc >= 0 else 128 - rc
+        if code != 0 and self.nnodes > 1 and not self.signalled:
+            other = self._wait_for_other_node()
+            if other is not None:
+                _say(f"node {self.node}: the launcher exited with code {code} after node "
+                     f"{other.get('node')} declared the job hung (ranks of this node lost "
+                     f"their peers); exiting with {EXIT_HUNG}")  # fmt: skip
+                return EXIT_HUNG
+        return code
+
+    def _wait_for_other_node(self) -> dict | None:
+        deadline = time.monotonic() + OTHER_NODE_WAIT_S
+        while True:
+            found = fresh_hung_marker(self.run_dir, self.started)
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
+
+    def _end_hung(self, verdict: Verdict, folder: Path, child: subprocess.Popen) -> None:
+        lines = report_lines(verdict, self.rule, self.node, time.time())
+        report_name = f"hang-attempt{self.attempt}-node{self.node}.txt"
+        report_path = Path(self.run_dir or ".") / "logs" / report_name
+        # The marker first: another node whose ranks fail once these are killed must
+        # find it and count the end as a hang too.
+        write_hung_marker(
+            self.run_dir, verdict, self.rule, self.node, self.attempt,
+            str(report_path) if self.run_dir else "",
+        )  # fmt: skip
+        for line in lines:
+            _say(line)
+        _say(f"node {self.node}: collecting every rank's Python stack (SIGQUIT)")
+        stacks = collect_stacks(folder, verdict.ranks)
+        text = "\n".join(lines) + "\n"
+        for v in verdict.ranks:
+            b = v.beat
+            header = (
+                f"---- rank {b.rank} (pid {b.pid}), last at step {b.step} ({b.phase}): "
+                "Python stack, most recent call first ----"
+            )
+            text += f"\n{header}\n{stacks[b.rank]}"
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        sys.stderr.flush()
+        if self.run_dir:
+            with contextlib.suppress(OSError):
+                report_path.parent.mkdir(parents=True, exist_ok=True)
+                report_path.write_text(text)
+        procs = descendants(os.getpid())
+        signal_all(procs, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=30)
+        where = f"; report in {report_path}" if self.run_dir else ""
+        _say(f"node {self.node}: ended the launcher and {len(procs) - 1} process(es) below "
+             f"it; exiting with {EXIT_HUNG} (hung: nothing saved, resume from the newest "
+             f"complete checkpoint){where}")  # fmt: skip
+
+
+def _forward(root: int, signum: int, done: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Send `signum` once to each process below `root` (and `root`) that catches it."""
+    sent: set[tuple[int, int]] = set()
+    for pid in [root, *(p.pid for p in descendants(root))]:
+        if (pid, signum) in done or not catches(pid, signum):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+            sent.add((pid, signum))
+    return sent
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    if not words or words[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    return Watchdog(words).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
