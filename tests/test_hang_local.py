@@ -1,0 +1,180 @@
+"""A real hang on the local cluster: `shardctl submit`, a rank stopped with SIGSTOP
+after the first checkpoint, the watchdog ends the job within its timeout with both
+ranks' stacks, `status` says HUNG, and `submit` again resumes and finishes. A rank
+stopped for less than the timeout (alive but slow) is never ended."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from helpers.ckpt_run import ROOT
+from helpers.train_run import tiny_spec
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.rundir import EXIT_HUNG, HUNG_FILE
+
+pytestmark = pytest.mark.slow
+
+HANG_TIMEOUT_S = 15
+PAUSE_S = 8  # a pause shorter than the timeout: a slow rank, not a hung one
+
+
+def rank_pids(run_dir: Path, attempt: int) -> dict[int, int]:
+    """{global rank: pid} of the ranks of `run_dir`'s attempt, found in /proc."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = dict(
+                w.split(b"=", 1) for w in (entry / "environ").read_bytes().split(b"\0") if b"=" in w
+            )
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (
+            env.get(b"SHARDCTL_RUN_DIR") == str(run_dir).encode()
+            and env.get(b"SHARDCTL_ATTEMPT") == str(attempt).encode()
+            and b"RANK" in env
+            and b"shardctl.train" in cmd
+            and b"watchdog" not in cmd
+            and b"torch.distributed.run" not in cmd
+            and not cmd.startswith(b"torchrun")
+        ):
+            found[int(env[b"RANK"])] = int(entry.name)
+    return found
+
+
+def _status(name: str) -> dict:
+    res = CliRunner().invoke(cli, ["status", name, "-o", "json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)
+
+
+def _wait_for(what: str, check, timeout: float) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
+        time.sleep(0.3)
+    return time.monotonic() - started
+
+
+def _last_step(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
+        return max(json.loads(line)["step"] for line in lines if line.strip())
+    except (OSError, ValueError):
+        return 0
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    spec = tiny_spec(
+        tmp_path, "hang",
+        train={"steps": 3000, "log_every": 1},
+        checkpoint={"every_steps": 4},
+        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
+    )  # fmt: skip
+    run_dir = tmp_path / "hang"
+    ckpts = run_dir / "checkpoints"
+    res = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert res.exit_code == 0, res.output
+    stopped: list[int] = []
+    try:
+        _wait_for("the first checkpoint", lambda: any(ckpts.glob("step-*[0-9]")), 240)
+        ranks = rank_pids(run_dir, 0)
+        assert sorted(ranks) == [0, 1], ranks
+
+        # Alive but slow: rank 1 paused for less than the timeout, then continued.
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped.append(ranks[1])
+        time.sleep(PAUSE_S)
+        os.kill(ranks[1], signal.SIGCONT)
+        before = _last_step(run_dir)
+        _wait_for("a step after the pause", lambda: _last_step(run_dir) > before + 2, 60)
+        assert _status("hang")["state"] == "RUNNING"
+        assert not (run_dir / HUNG_FILE).exists()
+
+        # Hung: rank 1 stopped for good.
+        os.kill(ranks[1], signal.SIGSTOP)
+        took = _wait_for("the end", lambda: _status("hang")["state"] != "RUNNING", 180)
+    finally:
+        for pid in stopped:  # by PID: continue and end what this test stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if _status("hang")["state"] == "RUNNING":
+            CliRunner().invoke(cli, ["cancel", "hang"])
+    # The timeout, a poll, the stacks (≤ 5 s) and the kill; generous on a busy box.
+    assert took < HANG_TIMEOUT_S + 40, took
+    st = _status("hang")
+    assert st["state"] == "HUNG", st
+    assert "stopped first: rank 1 at step" in st["detail"]
+
+    marker = json.loads((run_dir / HUNG_FILE).read_text())
+    step = marker["step"]
+    assert marker["first"] == [1] and step >= 4
+    report = Path(marker["report"]).read_text()
+    assert report.count("Python stack, most recent call first") == 2
+    for rank in (0, 1):
+        assert f"---- rank {rank} (pid {ranks[rank]}), last at step" in report
+    assert "loop.py" in report and "stopped (SIGSTOP)" in report
+    err = (run_dir / "logs" / "launcher.err").read_text()
+    assert "HUNG" in err and "Python stack" in err  # the node's log has them too
+    assert not any(rank_pids(run_dir, 0).values())  # every rank of attempt 0 ended
+
+    res = CliRunner().invoke(cli, ["status", "hang", "--watch"])
+    assert res.exit_code == EXIT_HUNG, res.output
+
+    # Submit again: resumes from the newest complete checkpoint and finishes.
+    newest = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*[0-9]"))
+    res = CliRunner().invoke(cli, ["submit", str(spec), "--set", "train.steps=" + str(newest + 6)])
+    assert res.exit_code == 0, res.output
+    try:
+        _wait_for("the resumed run", lambda: _status("hang")["state"] != "RUNNING", 300)
+    finally:
+        if _status("hang")["state"] == "RUNNING":
+            CliRunner().invoke(cli, ["cancel", "hang"])
+    st = _status("hang")
+    out = (run_dir / "logs" / "launcher.out").read_text()
+    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
+    assert f"resumed at step {newest}" in out
+    assert not (run_dir / HUNG_FILE).exists()
+    assert json.loads((run_dir / "DONE").read_text())["step"] == newest + 6
+
+
+def test_watchdog_off_runs_the_launcher_itself(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "nowd", watchdog={"enabled": False})
+    res = CliRunner().invoke(cli, ["submit", str(spec), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "shardctl.train.watchdog" not in res.output and "exec torchrun" in res.output
+
+
+def test_collective_timeout_reaches_the_process_group(tmp_path: Path) -> None:
+    spec = tiny_spec(tmp_path, "coll", watchdog={"hang_timeout_s": 60})
+    res = CliRunner().invoke(cli, ["render", str(spec), "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    env_sh = (tmp_path / "r" / "env.sh").read_text()
+    assert "export SHARDCTL_HANG_TIMEOUT_S=60" in env_sh
+    assert "export SHARDCTL_COLLECTIVE_TIMEOUT_S=180" in env_sh  # 60 + 120
+    probe = (
+        "import datetime, shardctl.train.distributed as d; "
+        "assert d.collective_timeout() == datetime.timedelta(seconds=180)"
+    )
+    script = f'source {tmp_path / "r" / "env.sh"} && "$0" -c "$1"'
+    done = subprocess.run(
+        ["bash", "-c", script, sys.executable, probe],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
