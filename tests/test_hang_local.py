@@ -178,3 +178,73 @@ def test_collective_timeout_reaches_the_process_group(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------ your own training code
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("script", "args", "progress"),
+    [
+        # A plain FSDP2 loop: heartbeats from the checkpoint library's step_done.
+        ("fsdp2_script.py", ["--steps", "3000", "--log-every", "1"], r"^step \d+ loss"),
+        # A Hugging Face Trainer: heartbeats from shardctl's callback.
+        ("hf_trainer_script.py", ["--max-steps", "3000", "--save-steps", "1000"], r"'epoch'"),
+    ],
+)  # fmt: skip
+def test_your_script_stopped_rank_is_ended_with_its_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str, args: list[str], progress: str
+) -> None:
+    import re
+
+    import yaml
+    from helpers.ckpt_run import free_port
+
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "own.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "name": "own",
+                "run_dir": str(tmp_path / "own"),
+                "resources": {"procs_per_node": 2},
+                "entrypoint": {"script": str(ROOT / "examples" / script), "args": args},
+                "local": {"master_port": free_port()},
+                "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S},
+            }
+        )
+    )
+    run_dir = tmp_path / "own"
+    res = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert res.exit_code == 0, res.output
+    stopped: list[int] = []
+
+    def logged() -> str:
+        return "".join(
+            (run_dir / "logs" / n).read_text() if (run_dir / "logs" / n).exists() else ""
+            for n in ("launcher.out", "launcher.err")
+        )
+
+    try:
+        _wait_for("3 steps", lambda: len(re.findall(progress, logged(), re.M)) >= 3, 300)
+        ranks = rank_pids(run_dir, 0)
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped.append(ranks[1])
+        took = _wait_for("the end", lambda: _status("own")["state"] != "RUNNING", 180)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if _status("own")["state"] == "RUNNING":
+            CliRunner().invoke(cli, ["cancel", "own"])
+    assert took < HANG_TIMEOUT_S + 40, took
+    st = _status("own")
+    assert st["state"] == "HUNG", (st, logged()[-3000:])
+    marker = json.loads((run_dir / HUNG_FILE).read_text())
+    assert marker["first"] == [1]
+    report = Path(marker["report"]).read_text()
+    assert report.count("Python stack, most recent call first") == 2
+    assert report.count(script) >= 2  # each rank's stack names the user's script
+    assert not any(rank_pids(run_dir, 0).values())

@@ -363,6 +363,22 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         spec(train=DELETE, entrypoint={"module": "m", "code_dir": "."}),
         ["code_dir goes with entrypoint.script"],
     ),
+    # watchdog: hang detection
+    (
+        "watchdog-typo",
+        spec(watchdog={"hang_timout_s": 60}),
+        ["'watchdog.hang_timout_s'", "did you mean 'hang_timeout_s'"],
+    ),
+    ("watchdog-huge", spec(watchdog__hang_timeout_s=1e30), ["watchdog.hang_timeout_s", "1e+30"]),
+    ("watchdog-short", spec(watchdog__hang_timeout_s=4), ["watchdog.hang_timeout_s", "4", "5"]),
+    ("watchdog-text", spec(watchdog__hang_timeout_s="\t60"), ["watchdog.hang_timeout_s"]),
+    (
+        "watchdog-order",
+        spec(watchdog={"hang_timeout_s": 600, "collective_timeout_s": 300}),
+        ["collective_timeout_s 300 is not above hang_timeout_s 600", "e.g. 720"],
+    ),
+    ("watchdog-enabled", spec(watchdog__enabled="sometimes"), ["watchdog.enabled", "sometimes"]),
+    ("watchdog-not-a-map", spec(watchdog=[1]), ["watchdog"]),
 ]
 
 assert len(CASES) >= 40

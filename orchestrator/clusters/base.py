@@ -56,13 +56,16 @@ def hung_detail(hung: dict[str, Any] | None, name: str) -> str:
             f"hung: ended by its watchdog (exit 124); see `shardctl logs {name}`; submit the "
             "spec again to resume from the newest complete checkpoint"
         )
-    first = hung.get("first") or []
-    ranks = {r.get("rank"): r for r in hung.get("ranks") or [] if isinstance(r, dict)}
+    # Read defensively: a marker edited or cut short by hand must not break `status`.
+    raw_first, raw_ranks = hung.get("first"), hung.get("ranks")
+    first = [r for r in raw_first if isinstance(r, int)] if isinstance(raw_first, list) else []
+    rows = raw_ranks if isinstance(raw_ranks, list) else []
+    ranks = {r.get("rank"): r for r in rows if isinstance(r, dict)}
     who = (
         ", ".join(f"rank {r} at step {ranks.get(r, {}).get('step', '?')}" for r in first)
         or f"every rank of node {hung.get('node', '?')} waiting at step {hung.get('step', '?')}"
     )
-    report = f"; stacks in {hung['report']}" if hung.get("report") else ""
+    report = f"; stacks in {hung['report']}" if isinstance(hung.get("report"), str) else ""
     return (
         f"hung: no rank advanced for {hung.get('idle_s', '?')} s (timeout "
         f"{hung.get('timeout_s', '?')} s); stopped first: {who}{report}; submit the spec "
