@@ -304,3 +304,25 @@ def test_a_missing_launcher_is_named(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 127
     assert "cannot start" in done.stderr and "no-such" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_a_stack_asked_for_by_hand_reaches_the_nodes_log(tmp_path: Path) -> None:
+    proc = _watchdog(tmp_path, "wait", "30")
+    try:
+        pids = _rank_pids(tmp_path)
+        time.sleep(1.0)  # past the stack-dump install
+        os.kill(pids[0], signal.SIGQUIT)  # `kill -QUIT <rank pid>`
+        time.sleep(6.0)  # a few polls (every 3 s with a 30 s timeout)
+        assert alive(pids[0])  # the rank goes on
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        code, err = _finish(proc, tmp_path)
+    finally:
+        for pid in _rank_pids(tmp_path, 0.1):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert "rank 0 (pid" in err and "Python stack on SIGQUIT" in err
+    assert "fake_rank.py" in err and "rank 1 (pid" not in err

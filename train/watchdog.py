@@ -387,6 +387,7 @@ class Watchdog:
         self.monitor = Monitor(self.rule)
         self.received: list[int] = []
         self.signalled = False  # a stop was asked for: a failure then is not a hang
+        self.stack_seen: dict[int, int] = {}  # bytes of each rank's stack file passed on
         self.started = time.time()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -435,7 +436,9 @@ class Watchdog:
             if now < next_look:
                 continue
             next_look = now + min(MAX_POLL_S, max(0.5, self.rule.limit("step") / 10))
-            self.monitor.observe(read_beats(folder), now)
+            beats = read_beats(folder)
+            self.monitor.observe(beats, now)
+            self._pass_on_stacks(folder, beats)
             alive = _alive_pids(os.getpid())
             verdict = self.monitor.verdict(now, alive)
             if verdict is not None:
@@ -452,6 +455,24 @@ class Watchdog:
                      f"their peers); exiting with {EXIT_HUNG}")  # fmt: skip
                 return EXIT_HUNG
         return code
+
+    def _pass_on_stacks(self, folder: Path, beats: Sequence[Beat]) -> None:
+        """Stacks a rank wrote on someone's `kill -QUIT` go to the node's log."""
+        for b in beats:
+            path = stack_path(folder, b.rank)
+            size, seen = _size(path), self.stack_seen.get(b.rank, 0)
+            if size <= seen:
+                continue
+            try:
+                with path.open("rb") as f:
+                    f.seek(seen)
+                    text = f.read(size - seen).decode(errors="replace")
+            except OSError:
+                continue
+            self.stack_seen[b.rank] = size
+            _say(f"rank {b.rank} (pid {b.pid}, step {b.step}): Python stack on SIGQUIT")
+            sys.stderr.write(text if text.endswith("\n") else text + "\n")
+            sys.stderr.flush()
 
     def _wait_for_other_node(self) -> dict | None:
         deadline = time.monotonic() + OTHER_NODE_WAIT_S
