@@ -324,5 +324,18 @@ def test_a_stack_asked_for_by_hand_reaches_the_nodes_log(tmp_path: Path) -> None
         for pid in _rank_pids(tmp_path, 0.1):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+    assert code == 7, err  # the stand-in launcher stops on TERM with 7
     assert "rank 0 (pid" in err and "Python stack on SIGQUIT" in err
     assert "fake_rank.py" in err and "rank 1 (pid" not in err
+
+
+def test_the_watchdog_and_the_heartbeat_import_nothing_heavy() -> None:
+    # The watchdog starts before every launcher, the heartbeat inside every rank.
+    probe = (
+        "import sys, shardctl.train.watchdog, shardctl.train.heartbeat, shardctl.train.entry; "
+        "print(sorted(m for m in ('torch', 'numpy', 'yaml', 'pydantic', 'transformers') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
