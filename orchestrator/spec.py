@@ -1448,6 +1448,9 @@ class K8sCluster(_Section):
     tolerations: list[Toleration] = Field(default_factory=list)
     priority_class: str | None = None
     restart_policy: Literal["OnFailure", "ExitCode", "Never", "Always"] = "OnFailure"
+    """The PyTorchJob's replica restart policy. `OnFailure` restarts a pod after a
+    preemption (exit 42 → torchrun's 1) and a hang (the watchdog's 124); under
+    `ExitCode` the operator restarts only 128-255 and counts both as permanent."""
     backoff_limit: Retries = 6
     """Pod restarts before the job fails; 0 to 1000."""
     clean_pod_policy: Literal["None", "All", "Running"] = "None"
