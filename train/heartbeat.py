@@ -95,7 +95,9 @@ def beat(step: int | None = None, phase: str = "step") -> None:
     given), or entered `phase` (one of PHASES). Costs one small write."""
     global _last_step
     if step is not None:
-        _last_step = int(step)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"heartbeat step {step!r}; accepted: an int (the last finished step)")
+        _last_step = step
     writer = _get_writer()
     if writer is None:
         return

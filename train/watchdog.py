@@ -395,7 +395,18 @@ class Watchdog:
         self.signalled = True
 
     def run(self) -> int:
-        folder = Path(tempfile.mkdtemp(prefix="shardctl-heartbeat-"))
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="shardctl-heartbeat-"))
+        except OSError as exc:
+            # No writable temporary folder (TMPDIR): train without hang detection
+            # rather than not at all.
+            _say(f"cannot make a heartbeat folder ({exc}); running {self.command[0]} "
+                 "without hang detection (set TMPDIR to a writable folder)")  # fmt: skip
+            try:
+                os.execvp(self.command[0], self.command)
+            except OSError as err:
+                _say(f"cannot start {self.command[0]!r}: {err}")
+                return 127
         try:
             return self._run(folder)
         finally:
