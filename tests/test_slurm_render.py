@@ -380,6 +380,52 @@ def test_node_task_requeues_after_the_ranks_saved_without_a_signal(tmp_path):
     assert "RESULT terminated" in _run_task(tmp_path, term, node=0)
 
 
+HUNG = {"step": 9, "node": 1, "attempt": 0, "first": [1], "ranks": [{"rank": 1, "step": 9}]}
+
+
+def test_node_task_counts_a_hang_as_a_retryable_fault(tmp_path):
+    # The node's watchdog exited 124: node 1 leaves the requeue to node 0 and does not
+    # fail; node 0 out of requeues fails naming the step the HUNG marker names.
+    (tmp_path / "HUNG").write_text(json.dumps(HUNG))
+    assert "RESULT hung" in _run_task(tmp_path, "exit 124\n", node=1)
+    out = _run_task(tmp_path, "exit 124\n", node=0, restarts=2)
+    assert "ERROR job 123 hung at step 9 (node 1's watchdog) after 2 requeue(s)" in out, out
+    assert "slurm.max_requeues (2); not requeued. Resubmit" in out, out
+    # Another node's fresh HUNG makes any failure of this node a hang, not a failure.
+    assert "RESULT hung" in _run_task(tmp_path, "sleep 0.2; exit 1\n", node=1)
+    # A HUNG of an earlier attempt does not.
+    os.utime(tmp_path / "HUNG", (time.time() - 3600,) * 2)
+    out = _run_task(tmp_path, "exit 7\n", node=1)
+    assert "ERROR node 1 of job 123: the launcher exited with code 7" in out, out
+
+
+def test_status_says_the_last_attempt_hung(tmp_path, monkeypatch):
+    from shardctl.orchestrator.clusters.base import JobRef
+
+    info = {"JobState": "RUNNING", "Restarts": "1", "NodeList": "n[1-2]", "Reason": "None"}
+    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
+    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    ref = JobRef("slurm", "5", "hangs", str(tmp_path))
+    report = tmp_path / "logs" / "hang-attempt0-node1.txt"
+    (tmp_path / "HUNG").write_text(json.dumps({**HUNG, "report": str(report)}))
+    st = backend.SlurmCluster().status(ref)
+    assert st.state is JobState.RUNNING
+    assert st.detail == (
+        "requeued 1 time(s), nodes n[1-2], "
+        "last attempt hung at step 9 (see logs/hang-attempt0-node1.txt)"
+    )
+    # Out of requeues: the job FAILED and the attempt that failed is the one that hung.
+    info.update(JobState="FAILED", Restarts="0")
+    st = backend.SlurmCluster().status(ref)
+    assert st.state is JobState.FAILED and "hung: no rank advanced" in st.detail
+    assert "rank 1 at step 9" in st.detail
+    # A hang of an earlier attempt says nothing about a later failure or a plain run.
+    info.update(Restarts="1")
+    assert "hung" not in backend.SlurmCluster().status(ref).detail
+    info.update(JobState="RUNNING", Restarts="2")
+    assert "hung" not in backend.SlurmCluster().status(ref).detail
+
+
 def test_without_slurm_submit_and_status_say_how_to_get_one(tmp_path, monkeypatch) -> None:
     from shardctl.orchestrator.clusters.base import JobRef
     from shardctl.orchestrator.errors import ClusterError

@@ -1,4 +1,5 @@
-"""The Slurm backend: submitit submits; every node runs its launcher; preemption requeues.
+"""The Slurm backend: submitit submits; every node runs its launcher; preemption and
+hangs requeue.
 
 Submission. `dryrun(spec)` is pure: it makes the run directory absolute (the
 nodes read it from `job.yaml`), renders every file the nodes need (`launch.sh`,
@@ -47,10 +48,24 @@ and counts signals that come late in a job as time-outs against
   (a dead node, a crash), and resubmitting resumes from the newest complete
   checkpoint. SIGTERM alone (`scancel`, `shardctl cancel`, or a Slurm
   preemption that requeues by itself) is forwarded but never requeues.
+
+Hangs. `launch.sh` runs the launcher under the node watchdog
+(`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
+that watchdog writes `HUNG` in the run directory, dumps every rank's stack to
+`logs/hang-attempt<A>-node<N>.txt`, kills the ranks and exits `EXIT_HUNG` (124);
+the other nodes' ranks lose their peers and their watchdogs exit 124 as well. A
+hang is treated as a fault a retry may clear: a launch script that exits 124, or
+any failure with a `HUNG` written during this attempt, makes node 0 requeue the
+job exactly as after a preemption, counted against `slurm.max_requeues` (the
+other nodes return "hung"). Nothing was saved: the next attempt resumes from the
+newest complete checkpoint. A SIGTERM the task received is a cancel, never a
+hang. `status` names the step the last attempt hung at, and says when a job that
+FAILED (out of requeues) hung.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -63,6 +78,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +86,15 @@ from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
 from ...proctree import catches, descendants
-from ...rundir import ENV_ATTEMPT, EXIT_PREEMPTED, FAILED_FILE, PREEMPTED_FILE
+from ...rundir import (
+    ENV_ATTEMPT,
+    EXIT_HUNG,
+    EXIT_PREEMPTED,
+    FAILED_FILE,
+    HUNG_FILE,
+    PREEMPTED_FILE,
+    RunDir,
+)
 from ...spec import JobSpec, parse_spec
 from ..base import (
     Cluster,
@@ -80,6 +104,7 @@ from ..base import (
     JobState,
     JobStatus,
     NodeView,
+    hung_detail,
     prefix_lines,
     require_script,
 )
@@ -247,14 +272,24 @@ class SlurmCluster(Cluster):
                 detail.append(f"requeued {restarts} time(s)")
             if info.get("NodeList") not in (None, "(null)", ""):
                 detail.append(f"nodes {info['NodeList']}")
-            return JobStatus(map_state(native), native, ", ".join(detail))
+            state = map_state(native)
+            # The last attempt's HUNG: the one before this on a job that runs again, this
+            # one on a job that failed (out of requeues).
+            last = restarts if state is JobState.FAILED else restarts - 1
+            hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
+            return JobStatus(state, native, ", ".join([*detail, hung] if hung else detail))
         # Gone from the controller's memory (MinJobAge): ask the accounting database.
-        out = _run(["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,NodeList"])
+        out = _run(
+            ["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,NodeList,Start"]
+        )
         line = next((x for x in out.splitlines() if x.strip()), "")
         if not line:
             return JobStatus(JobState.UNKNOWN, "", f"Slurm knows no job {ref.job_id}")
-        native, exit_code, nodes = ([*line.split("|"), "", ""])[:3]
-        return JobStatus(map_state(native), native, f"exit code {exit_code}, nodes {nodes}")
+        native, exit_code, nodes, start = ([*line.split("|"), "", "", ""])[:4]
+        state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
+        began = _slurm_time(start)
+        hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
+        return JobStatus(state, native, ", ".join([*detail, hung] if hung else detail))
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         folder = _log_folder(ref)
@@ -329,6 +364,37 @@ class SlurmCluster(Cluster):
             )
         # scancel signals every step on every node (SIGTERM, then SIGKILL after KillWait).
         _run(["scancel", ref.job_id], what=f"cancel job {ref.job_id}")
+
+
+def _hang_of(ref: JobRef, state: JobState, of_interest: Callable[[dict[str, Any]], bool]) -> str:
+    """What `status` adds about a HUNG marker in the run dir (a shared file system):
+    on a job requeued (PENDING, RUNNING again), that its last attempt hung; on a job
+    that FAILED, that it hung; nothing when `of_interest` says the marker is older."""
+    if state not in (JobState.FAILED, JobState.PENDING, JobState.RUNNING, JobState.PREEMPTED):
+        return ""
+    marker = RunDir.of(ref.run_dir).read_marker(HUNG_FILE) if ref.run_dir else None
+    if marker is None or not of_interest(marker):
+        return ""
+    if state is JobState.FAILED:
+        return hung_detail(marker, ref.name)
+    report = str(marker.get("report") or "")
+    with contextlib.suppress(ValueError):
+        report = str(Path(report).relative_to(ref.run_dir))
+    see = f" (see {report})" if report else ""
+    return f"last attempt hung at step {marker.get('step', '?')}{see}"
+
+
+def _slurm_time(text: str) -> float | None:
+    """A Slurm timestamp (`2024-05-01T12:00:00`, local time) as seconds since the epoch."""
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        return None
+
+
+def _written_since(marker: dict[str, Any], began: float | None) -> bool:
+    written = marker.get("time")
+    return began is not None and isinstance(written, int | float) and written >= began - 1.0
 
 
 def _log_folder(ref: JobRef) -> Path:
@@ -491,7 +557,7 @@ class NodeTask:
 
     Runs the node's launch script and turns its end into the job's next state:
     returns when the node finished, requeues the job (node 0) after a
-    preemption save, raises when the node failed. See the module docstring.
+    preemption save or a hang, raises when the node failed. See the module docstring.
     """
 
     command: list[str]
@@ -568,6 +634,11 @@ class NodeTask:
         # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
         by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
         preempted = preempt_sig in received or (saved is not None and not by_term_only)
+        if not preempted and not by_term_only and signal.SIGTERM not in received:
+            # A watchdog's end (this node's: 124; another node's: its fresh HUNG).
+            hung = _fresh_marker(Path(self.run_dir) / HUNG_FILE, started)
+            if rc == EXIT_HUNG or hung is not None:
+                return self._after_hang(node, job_id, restarts, rc, hung)
         if not preempted and saved is None and rc in (1, EXIT_PREEMPTED):
             # Global rank 0 may run on another node (the rendezvous picks ranks), and
             # this node's ranks may have exited a moment before it wrote the marker.
@@ -596,21 +667,49 @@ class NodeTask:
             )
         _say(f"node 0: preempted ({what}); requeueing job {job_id} ({restarts + 1} of at most "
              f"{self.max_requeues})")  # fmt: skip
-        try:
-            proc = subprocess.run(
-                ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
-            )
-        except OSError as exc:
-            # A pyxis image without the Slurm client: the job cannot requeue itself.
-            # Failing says so in its state; resubmitting resumes from the saved step.
+        return _requeue(job_id, f"was preempted ({what})")
+
+    def _after_hang(
+        self, node: int, job_id: str, restarts: int, rc: int, hung: dict[str, Any] | None
+    ) -> str:
+        """A node's watchdog ended the ranks (exit 124, a HUNG marker): a fault that a
+        retry may clear, so node 0 requeues like a preemption. Nothing was saved: the
+        next attempt resumes from the newest complete checkpoint."""
+        if hung is not None:
+            what = f"hung at step {hung.get('step', '?')} (node {hung.get('node', '?')}'s watchdog)"
+        else:
+            what = f"hung (the launcher exited with {rc}; no HUNG marker)"
+        if node != 0:
+            _say(f"node {node}: {what}; node 0 requeues the job")
+            return "hung"
+        if restarts >= self.max_requeues:
             raise RuntimeError(
-                f"job {job_id} was preempted ({what}) but cannot requeue itself: {exc} "
-                "(slurm.container: this image has no Slurm client). Resubmit to resume."
-            ) from None
-        if proc.returncode != 0:
-            # E.g. a Slurm preemption already requeues it: say so, do not fail the node.
-            _say(f"node 0: scontrol requeue {job_id}: {proc.stderr.strip()}")
-        return "requeued"
+                f"job {job_id} {what} after {restarts} requeue(s), which is slurm.max_requeues "
+                f"({self.max_requeues}); not requeued. Resubmit to resume from the newest "
+                "complete checkpoint."
+            )
+        _say(f"node 0: {what}; requeueing job {job_id} ({restarts + 1} of at most "
+             f"{self.max_requeues}); it resumes from the newest complete checkpoint")  # fmt: skip
+        return _requeue(job_id, what)
+
+
+def _requeue(job_id: str, what: str) -> str:
+    """Node 0 puts the whole job back in the queue (`scontrol requeue`)."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60
+        )
+    except OSError as exc:
+        # A pyxis image without the Slurm client: the job cannot requeue itself.
+        # Failing says so in its state; resubmitting resumes from the saved step.
+        raise RuntimeError(
+            f"job {job_id} {what} but cannot requeue itself: {exc} "
+            "(slurm.container: this image has no Slurm client). Resubmit to resume."
+        ) from None
+    if proc.returncode != 0:
+        # E.g. a Slurm preemption already requeues it: say so, do not fail the node.
+        _say(f"node 0: scontrol requeue {job_id}: {proc.stderr.strip()}")
+    return "requeued"
 
 
 def _say(message: str) -> None:
@@ -619,7 +718,7 @@ def _say(message: str) -> None:
 
 
 def _fresh_marker(marker: Path, started: float) -> dict[str, Any] | None:
-    """A marker (PREEMPTED, FAILED) if the ranks wrote it during this attempt."""
+    """A marker (PREEMPTED, FAILED, HUNG) if it was written during this attempt."""
     try:
         if marker.stat().st_mtime < started - 1.0:
             return None
