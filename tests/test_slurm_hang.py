@@ -1,0 +1,175 @@
+"""A hang on a real Slurm: the watchdog ends it, node 0 requeues, the run resumes.
+
+2 emulated nodes × 1 CPU rank (gloo) of the dev cluster (`scripts/slurm-dev-cluster
+up`; the session fixture of tests/test_slurm_cluster.py brings it up). Once the first
+checkpoint exists, node 1's rank is stopped with SIGSTOP: its node's watchdog sees no
+heartbeat for `watchdog.hang_timeout_s`, writes HUNG and the rank's stack, ends the
+ranks (exit 124); node 0 requeues the job like a preemption; the next attempt resumes
+from that checkpoint and the job COMPLETES. About 1.5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
+    _finished,
+    _last_checkpoint,
+    _spec,
+    _steps,
+    _submitted,
+    _wait,
+    slurm_cluster,  # noqa: F401  (a fixture)
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+STEPS = 600
+EVERY = 20
+HANG_TIMEOUT_S = 20
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(w.decode(errors="replace").partition("=")[::2] for w in raw.split(b"\0") if w)
+
+
+def _rank_of_node(run_dir: Path, node: int, attempt: int) -> tuple[int, str] | None:
+    """(pid, RANK) of the training rank that node `node` runs for `attempt` of the run:
+    the dev cluster's nodes are processes of this machine. A rank's own children (forked,
+    same environment) are left out: the one whose parent is not one of them."""
+    found: dict[int, tuple[int, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            env = _environ(pid)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        words = [w.decode(errors="replace") for w in argv]
+        if (
+            "RANK" in env
+            and os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(run_dir)
+            and env.get("SLURM_NODEID") == str(node)
+            and env.get("SHARDCTL_ATTEMPT") == str(attempt)
+            and "shardctl.train" in words
+        ):
+            parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+            found[pid] = (parent, env["RANK"])
+    ranks = [(pid, rank) for pid, (parent, rank) in found.items() if parent not in found]
+    return ranks[0] if len(ranks) == 1 else None
+
+
+def _is_rank(pid: int, run_dir: Path, attempt: int) -> bool:
+    """`pid` is still that rank (not a reused number)."""
+    with contextlib.suppress(OSError):
+        env = _environ(pid)
+        return os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(
+            run_dir
+        ) and env.get("SHARDCTL_ATTEMPT") == str(attempt)
+    return False
+
+
+def _hung(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / "HUNG").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    spec = _spec(
+        "hang-node1",
+        resources={"procs_per_node": 1},
+        train={"steps": STEPS},
+        checkpoint={"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False},
+        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
+    )
+    ref = _submitted(tmp_path, spec)
+    run_dir = Path(ref.run_dir)
+    cluster = SlurmCluster()
+    stopped: int | None = None
+    try:
+        _wait(ref, lambda: (_last_checkpoint(run_dir) or 0) >= EVERY, 180, "a checkpoint")
+        stopped, rank = _wait(ref, lambda: _rank_of_node(run_dir, 1, 0), 30, "node 1's rank")
+        os.kill(stopped, signal.SIGSTOP)
+        saved = _last_checkpoint(run_dir) or 0
+        assert not (run_dir / "DONE").exists(), "the run ended before its rank was stopped"
+
+        # Node 1's watchdog: no heartbeat for the hang timeout → HUNG, stacks, exit 124.
+        hung = _wait(ref, lambda: _hung(run_dir), HANG_TIMEOUT_S + 60, "the HUNG marker")
+        assert hung["attempt"] == 0 and hung["timeout_s"] == HANG_TIMEOUT_S, hung
+        report = run_dir / "logs" / "hang-attempt0-node1.txt"
+        _wait(ref, lambda: "Python stack" in _text(report), 30, "node 1's hang report")
+        text = _text(report)
+        assert f"rank {rank} (pid {stopped})" in text and "stopped (SIGSTOP)" in text, text
+        assert "←" in text and "loop.py" in text, text  # named first; its stack
+        assert "node 1: HUNG" in text, text
+
+        # Node 0 requeues like a preemption; the next attempt resumes from the checkpoint.
+        # (Resumed, the run lasts over 10 s: `status` sees it PENDING or RUNNING again.)
+        again = _wait(
+            ref,
+            lambda: (
+                (st := cluster.status(ref)).state in (JobState.PENDING, JobState.RUNNING)
+                and "requeued 1 time" in st.detail
+                and st
+            ),
+            120,
+            "the requeue",
+        )
+        assert "last attempt hung at step" in again.detail, again
+        assert "(see logs/hang-attempt0-node" in again.detail, again
+        assert _finished(ref, timeout=300) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
+    finally:
+        if stopped is not None and _is_rank(stopped, run_dir, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+                os.kill(stopped, signal.SIGKILL)
+        if not cluster.status(ref).state.is_terminal:
+            subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
+
+    logs = cluster.logs(ref)
+    assert f"requeueing job {ref.job_id} (1 of at most" in logs, logs
+    assert "hung at step" in logs, logs
+    resumed = [int(s) for s in re.findall(r"resumed at step (\d+)", logs)]
+    assert len(resumed) == 1 and resumed[0] > 0, logs  # rank 0 says it, once
+    # From the newest checkpoint: the one there when the rank stopped, or a later one
+    # (the watchdog continues a stopped rank to get its stack: it may train a moment).
+    assert resumed[0] % EVERY == 0 and resumed[0] >= saved, (resumed, saved)
+    # Node 0's watchdog sees its rank wait in a collective for as long, so it declares
+    # the hang too, within a poll of node 1's, and each writes HUNG: whichever wrote
+    # last stays (train/watchdog.py). Node 1's names the stopped rank as the first.
+    hung = _hung(run_dir)
+    assert hung is not None and hung["attempt"] == 0, hung
+    if hung["node"] == 1:
+        assert hung["first"] == [int(rank)], hung
+    else:
+        assert hung["node"] == 0 and hung["first"] == [], hung
+    assert (run_dir / "DONE").is_file()
+    assert _steps(run_dir)[-1] == STEPS
+    status = cluster.status(ref)
+    assert status.state is JobState.SUCCEEDED and "requeued 1 time(s)" in status.detail
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
