@@ -13,6 +13,8 @@ checkpoint on the shared run folder and continue.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -25,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
+from shardctl.orchestrator.proctree import Proc, alive, descendants
+from shardctl.orchestrator.rundir import EXIT_HUNG, HUNG_FILE
 from shardctl.orchestrator.spec import load_spec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,3 +283,93 @@ def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(
             time.sleep(0.5)
     finally:
         pods.kill()
+
+
+HANG_TIMEOUT_S = 15
+
+
+def _rank_proc(pods: Pods, rank: int) -> tuple[int, Proc]:
+    """(pod index, process) of global rank `rank`: the shallowest process below a pod whose
+    environment torchrun gave RANK=`rank` (the pod's own RANK is node-level and dropped).
+    c10d rendezvous assigns node ranks in arrival order, so any pod may hold it."""
+    wanted = f"RANK={rank}".encode()
+    for index, pod in enumerate(pods.procs):
+        for p in descendants(pod.pid):
+            try:
+                env = (Path("/proc") / str(p.pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if wanted in env and any(w.startswith(b"LOCAL_RANK=") for w in env):
+                return index, p
+    raise AssertionError(f"no process with RANK={rank}:\n" + pods.tail())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> None:
+    """A PyTorchJob (2 pods x 2 ranks), rank 1 stopped (SIGSTOP) after the first
+    checkpoint: both pods exit 124 within the hang timeout, HUNG names rank 1 and its
+    pod's report holds the stacks of both its ranks; the pods started again (what the
+    operator does under restartPolicy OnFailure) resume from the newest complete
+    checkpoint on the volume and finish."""
+    # Room to spare: the watchdog continues the stopped rank (SIGCONT) to take its
+    # stack, and the job trains on for a moment before the kill.
+    steps = 30
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    data["train"]["steps"] = steps
+    data["checkpoint"]["every_steps"] = 4
+    data["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}
+    spec = parse_spec(data)
+    pods = Pods(spec, tmp_path)
+    run_dir = pods.runs / spec.name
+    checkpoints = run_dir / "checkpoints"
+    stopped: list[Proc] = []
+    try:
+        pods.start(attempt=1)
+        deadline = time.monotonic() + 300
+        while not _complete_steps(checkpoints):
+            assert time.monotonic() < deadline, "no checkpoint in time:\n" + pods.tail()
+            assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
+            time.sleep(0.3)
+        pod, rank1 = _rank_proc(pods, 1)
+        below = [p for pod_proc in pods.procs for p in descendants(pod_proc.pid)]
+        os.kill(rank1.pid, signal.SIGSTOP)
+        stopped.append(rank1)
+        began = time.monotonic()
+        codes = pods.wait(timeout=HANG_TIMEOUT_S + 60)
+        took = time.monotonic() - began
+        assert codes == [EXIT_HUNG, EXIT_HUNG], pods.tail()
+        assert took < HANG_TIMEOUT_S + 60, took
+        assert not [p for p in below if alive(p.pid, p.ticks)]  # launchers and ranks ended
+
+        # The stuck pod's report: both its ranks' stacks, rank 1 named as stopped first.
+        reports = [r.read_text() for r in (run_dir / "logs").glob("hang-attempt0-node*.txt")]
+        stuck = [text for text in reports if f"rank 1 (pid {rank1.pid})" in text]
+        assert len(stuck) == 1, reports
+        assert stuck[0].count("Python stack, most recent call first") == 2, stuck[0]
+        named = f"rank 1 (pid {rank1.pid}): last at step "
+        line = next(line for line in stuck[0].splitlines() if named in line)
+        assert "stopped (SIGSTOP)" in line and "stopped advancing first" in line, line
+        marker = json.loads((run_dir / HUNG_FILE).read_text())
+        assert marker["attempt"] == 0  # the pods' own count of their starts (on the PVC)
+        # Every node whose ranks all wait declares the hang, and the last HUNG written
+        # wins: the other pod's ("no rank of this node stands out", first []) can replace
+        # the stuck pod's. Tighten to `== [1]` once the watchdog keeps the culprit's.
+        ours = Path(marker["report"]).read_text() == stuck[0]
+        assert marker["first"] == ([1] if ours else []), (marker, pods.tail())
+        assert "HUNG" in pods.logs[pod].read_text()  # the pod's log has the report too
+        newest = _complete_steps(checkpoints)[-1]
+        assert newest < steps and not (run_dir / "DONE").exists()
+
+        pods.start(attempt=2)  # restartPolicy OnFailure: the operator restarts both
+        assert pods.wait(timeout=240) == [0, 0], pods.tail()
+    finally:
+        for p in stopped:  # by PID (and start time): continue and end what was stopped
+            if alive(p.pid, p.ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGCONT)
+                    os.kill(p.pid, signal.SIGKILL)
+        pods.kill()
+    second = "\n".join(log.read_text() for log in pods.logs)
+    assert f"resumed at step {newest}" in second, pods.tail()
+    assert json.loads((run_dir / "DONE").read_text())["step"] == steps
