@@ -130,6 +130,9 @@ def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
     for rank in (0, 1):
         assert f"---- rank {rank} (pid {ranks[rank]}), last at step" in report
     assert "loop.py" in report and "stopped (SIGSTOP)" in report
+    # Continued only to print its stack (rank 0 frozen first), rank 1 finished no step.
+    saved = [int(p.name.split("-")[1]) for p in ckpts.glob("step-*[0-9]")]
+    assert max(saved) <= step, (saved, step)
     err = (run_dir / "logs" / "launcher.err").read_text()
     assert "HUNG" in err and "Python stack" in err  # the node's log has them too
     assert not any(rank_pids(run_dir, 0).values())  # every rank of attempt 0 ended

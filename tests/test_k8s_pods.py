@@ -312,8 +312,6 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
     pod's report holds the stacks of both its ranks; the pods started again (what the
     operator does under restartPolicy OnFailure) resume from the newest complete
     checkpoint on the volume and finish."""
-    # Room to spare: the watchdog continues the stopped rank (SIGCONT) to take its
-    # stack, and the job trains on for a moment before the kill.
     steps = 30
     data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
     data["train"]["steps"] = steps
@@ -352,14 +350,15 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
         assert "stopped (SIGSTOP)" in line and "stopped advancing first" in line, line
         marker = json.loads((run_dir / HUNG_FILE).read_text())
         assert marker["attempt"] == 0  # the pods' own count of their starts (on the PVC)
-        # Every node whose ranks all wait declares the hang, and the last HUNG written
-        # wins: the other pod's ("no rank of this node stands out", first []) can replace
-        # the stuck pod's. Tighten to `== [1]` once the watchdog keeps the culprit's.
-        ours = Path(marker["report"]).read_text() == stuck[0]
-        assert marker["first"] == ([1] if ours else []), (marker, pods.tail())
+        # Every node whose ranks all wait declares the hang too; the marker keeps the
+        # stuck pod's, which names the culprit.
+        assert marker["first"] == [1], (marker, pods.tail())
+        assert Path(marker["report"]).read_text() == stuck[0]
         assert "HUNG" in pods.logs[pod].read_text()  # the pod's log has the report too
         newest = _complete_steps(checkpoints)[-1]
-        assert newest < steps and not (run_dir / "DONE").exists()
+        # The stopped rank, continued for its stack, finished no step: the other ranks
+        # of its pod were frozen first.
+        assert newest <= marker["step"] and not (run_dir / "DONE").exists()
 
         pods.start(attempt=2)  # restartPolicy OnFailure: the operator restarts both
         assert pods.wait(timeout=240) == [0, 0], pods.tail()

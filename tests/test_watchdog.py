@@ -339,3 +339,22 @@ def test_the_watchdog_and_the_heartbeat_import_nothing_heavy() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_marker_keeps_the_node_that_names_the_culprit(tmp_path: Path) -> None:
+    from shardctl.train.watchdog import RankView, Verdict, write_hung_marker
+
+    def verdict(times: list[float]) -> Verdict:
+        # pids that do not exist: the process state is unknown, the beat times decide
+        views = [RankView(_beat(r, 5, t, pid=2**22 + r), 0.0) for r, t in enumerate(times)]
+        return Verdict(20.0, 15.0, views)
+
+    rule, since = HangRule(explicit=15.0), time.time()
+    write_hung_marker(str(tmp_path), verdict([100.0, 90.0]), rule, 1, 0, "r1", since)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["first"] == [1]
+    # Another node, whose ranks all wait together, names nobody: the first one stays.
+    write_hung_marker(str(tmp_path), verdict([100.0, 100.0]), rule, 0, 0, "r0", since)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r1"
+    # A marker of an earlier attempt is replaced.
+    write_hung_marker(str(tmp_path), verdict([100.0, 100.0]), rule, 0, 0, "r0", since + 60)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r0"

@@ -117,7 +117,8 @@ def install_stack_dump() -> None:
     target: IO[str] = sys.stderr
     if folder:
         with contextlib.suppress(OSError):
-            target = open(Path(folder) / f"{BEAT_PREFIX}{_rank()}{STACK_SUFFIX}", "w")  # noqa: SIM115
+            # Append mode: the watchdog empties the file before it asks again.
+            target = open(Path(folder) / f"{BEAT_PREFIX}{_rank()}{STACK_SUFFIX}", "a")  # noqa: SIM115
     _stack_file = target
     # No SIGQUIT (not POSIX) or no usable file: the watchdog reports "no stack".
     with contextlib.suppress(AttributeError, ValueError, RuntimeError, OSError):

@@ -223,25 +223,27 @@ def _alive_pids(root: int) -> set[int]:
 
 
 def collect_stacks(folder: Path, ranks: list[RankView]) -> dict[int, str]:
-    """Ask every rank for its Python stack; what each wrote (or why nothing)."""
+    """Ask every rank for its Python stack; what each wrote (or why nothing).
+
+    Every rank gets SIGQUIT. The ranks that can run answer at once; then they are
+    frozen (SIGSTOP) before a stopped rank is continued to answer, so the continued
+    rank cannot finish a step (nor a save) with them while the watchdog listens.
+    """
     states = {v.beat.rank: proc_state(v.beat.pid) for v in ranks}
+    stopped = [v for v in ranks if states[v.beat.rank] in ("T", "t")]
+    running = [v for v in ranks if v not in stopped]
     for v in ranks:
-        path = stack_path(folder, v.beat.rank)
         with contextlib.suppress(OSError):
-            path.write_text("")  # the rank appends; start from nothing
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(v.beat.pid, STACK_SIGNAL)
-            if states[v.beat.rank] in ("T", "t"):
-                # A stopped process runs its handler only once continued.
-                os.kill(v.beat.pid, signal.SIGCONT)
-    sizes: dict[int, int] = {}
-    deadline = time.monotonic() + STACK_WAIT_S
-    while time.monotonic() < deadline:
-        now = {v.beat.rank: _size(stack_path(folder, v.beat.rank)) for v in ranks}
-        if all(now.values()) and now == sizes:
-            break  # every rank wrote, and nothing grew since the last look
-        sizes = now
-        time.sleep(0.5)
+            stack_path(folder, v.beat.rank).write_text("")  # the rank appends to it
+        _signal(v.beat.pid, STACK_SIGNAL)
+    _wait_for_stacks(folder, running, poll_s=0.5)
+    for v in running:
+        _signal(v.beat.pid, signal.SIGSTOP)
+    for v in stopped:  # a stopped process runs its handler only once continued
+        _signal(v.beat.pid, signal.SIGCONT)
+    _wait_for_stacks(folder, stopped, poll_s=0.05)
+    for v in stopped:
+        _signal(v.beat.pid, signal.SIGSTOP)
     stacks: dict[int, str] = {}
     for v in ranks:
         try:
@@ -256,6 +258,23 @@ def collect_stacks(folder: Path, ranks: list[RankView]) -> dict[int, str]:
             )
         stacks[v.beat.rank] = text
     return stacks
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signum)
+
+
+def _wait_for_stacks(folder: Path, ranks: list[RankView], poll_s: float) -> None:
+    """Until every rank of `ranks` wrote a stack that stopped growing (≤ STACK_WAIT_S)."""
+    sizes: dict[int, int] = {}
+    deadline = time.monotonic() + STACK_WAIT_S
+    while ranks and time.monotonic() < deadline:
+        now = {v.beat.rank: _size(stack_path(folder, v.beat.rank)) for v in ranks}
+        if all(now.values()) and now == sizes:
+            return
+        sizes = now
+        time.sleep(poll_s)
 
 
 def _size(path: Path) -> int:
@@ -308,9 +327,22 @@ def first_stopped(ranks: Sequence[RankView]) -> list[int]:
 
 
 def write_hung_marker(
-    run_dir: str | None, verdict: Verdict, rule: HangRule, node: int, attempt: int, report: str
+    run_dir: str | None,
+    verdict: Verdict,
+    rule: HangRule,
+    node: int,
+    attempt: int,
+    report: str,
+    since: float,
 ) -> None:
+    """HUNG for this node, unless another node of this attempt already wrote one that
+    names the ranks that stopped first (every node of a hung job declares it; the one
+    with the stuck rank knows the most)."""
     if not run_dir:
+        return
+    first = first_stopped(verdict.ranks)
+    other = fresh_hung_marker(run_dir, since)
+    if not first and other is not None and other.get("first"):
         return
     data = {
         "step": min(v.beat.step for v in verdict.ranks),
@@ -328,7 +360,7 @@ def write_hung_marker(
             }
             for v in verdict.ranks
         ],
-        "first": first_stopped(verdict.ranks),
+        "first": first,
         "report": report,
         "time": time.time(),
     }
@@ -501,7 +533,7 @@ class Watchdog:
         # find it and count the end as a hang too.
         write_hung_marker(
             self.run_dir, verdict, self.rule, self.node, self.attempt,
-            str(report_path) if self.run_dir else "",
+            str(report_path) if self.run_dir else "", self.started,
         )  # fmt: skip
         for line in lines:
             _say(line)
