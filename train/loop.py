@@ -1,8 +1,8 @@
 """The training loop: one `while`, in the order of the algorithm.
 
     set lr → micro-steps (forward, backward; grad accumulation) → clip → step →
-    zero_grad → agree on loss and preemption (one all-reduce) → log →
-    maybe checkpoint → maybe stop
+    zero_grad → agree on loss, preemption and per-rank times (one all-reduce) →
+    log → maybe checkpoint → maybe stop
 
 Backends (`shardctl.train.backends`: FSDP2, DeepSpeed) implement `TrainingBackend`:
 `set_lr`, `micro_step` and `step`, plus the `state_io` the checkpoint manager saves
@@ -15,6 +15,19 @@ weights), then re-seeds per rank; the data order is a function of the seed and t
 global sample index; the trainer state (step, data position, RNG of every rank) is
 saved per rank. So a run stopped and resumed at the same world size ends bit-for-bit
 where an uninterrupted run ends.
+
+Stragglers: on logged steps every rank also puts its step time and data time into the
+same all-reduce (one slot per rank each, the others' slots 0, so the sum holds every
+rank's value), and rank 0 logs min / median / max over ranks and the slowest rank
+(`metrics.rank_times`). A rank's step time runs from the end of its previous step
+(checkpoint saves left out, like tokens/s) to its arrival at this step's agreement;
+its data time is the part spent in `next_batch`. What these numbers can show: ranks
+wait for each other inside the model's own collectives (FSDP all-gathers and
+reduce-scatters, DeepSpeed's too), so a slow rank's forward and backward make every
+rank slow alike; a straggler stands out by the work it does after the last of those
+collectives (the gradient-norm reduction of clipping is one: then the optimizer step)
+and, in data time, by its data loading. A rank held up before the first collective
+(by its data) shows as the others waiting: then data_slowest_rank names it.
 
 Run-directory markers written by rank 0 (see `shardctl.train.preemption` for codes):
 `DONE` (JSON: step) once every step ran, the final checkpoint exists and the optional
@@ -48,6 +61,10 @@ from .precision import resolve as resolve_precision
 from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
 
 log = logging.getLogger("shardctl.train")
+
+# The agreement buffer's fixed slots (loss, stop, signalled, signal numbers); the
+# per-rank step and data times follow them.
+_AGREE_FIXED = 4
 
 
 def is_complete(spec: JobSpec) -> bool:
@@ -130,25 +147,60 @@ class Trainer:
         self.run_dir = RunDir.of(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
         # One buffer, one all-reduce (sum) per step: [loss, ranks wanting to stop,
-        # ranks that received a signal, sum of their signal numbers].
-        self._agree = torch.zeros(4, dtype=torch.float64, device=env.device)
+        # ranks that received a signal, sum of their signal numbers, then the step time
+        # of rank 0..W-1, then the data time of rank 0..W-1]. A rank fills only its own
+        # time slots, and only on logged steps (0 otherwise).
+        self._agree = torch.zeros(
+            _AGREE_FIXED + 2 * env.world_size, dtype=torch.float64, device=env.device
+        )
         self.stop_signal: int | None = None
 
-    def _agree_on(self, loss: Any, flag: PreemptionFlag, step: int) -> tuple[float, bool]:
-        """Mean loss over ranks, and whether any rank wants to stop after `step`."""
+    def _agree_on(
+        self,
+        loss: Any,
+        flag: PreemptionFlag,
+        step: int,
+        times: tuple[float, float] | None = None,
+    ) -> tuple[float, bool, dict[str, float | int] | None]:
+        """Mean loss over ranks, whether any rank wants to stop after `step`, and with
+        `times` (this rank's step and data time; every rank passes them or none does)
+        the per-rank fields of the metrics line."""
         import torch.distributed as dist
 
+        agree, world = self._agree, self.env.world_size
         signum = flag.signum
-        self._agree[0] = loss
-        self._agree[1] = 1.0 if flag.local(step) else 0.0
-        self._agree[2] = 1.0 if signum is not None else 0.0
-        self._agree[3] = float(signum or 0)
-        if distributed.is_initialized() and self.env.world_size > 1:
-            dist.all_reduce(self._agree)
-        n_signalled = int(self._agree[2])
+        agree[0] = loss
+        agree[1] = 1.0 if flag.local(step) else 0.0
+        agree[2] = 1.0 if signum is not None else 0.0
+        agree[3] = float(signum or 0)
+        if times is not None:
+            agree[_AGREE_FIXED + self.env.rank] = times[0]
+            agree[_AGREE_FIXED + world + self.env.rank] = times[1]
+        if distributed.is_initialized() and world > 1:
+            dist.all_reduce(agree)
+        # One copy to the host for everything read (each element read is a sync on
+        # an accelerator); the times only when they were filled in.
+        values = (agree if times is not None else agree[:_AGREE_FIXED]).tolist()
+        n_signalled = int(values[2])
         if n_signalled:
-            self.stop_signal = round(float(self._agree[3]) / n_signalled)
-        return float(self._agree[0]) / self.env.world_size, bool(self._agree[1] > 0)
+            self.stop_signal = round(values[3] / n_signalled)
+        ranks = None
+        if times is not None:
+            from .metrics import rank_times
+
+            agree[_AGREE_FIXED:].zero_()  # the next unlogged step adds nothing
+            per_rank = values[_AGREE_FIXED:]
+            ranks = rank_times(per_rank[:world], per_rank[world:])
+        return values[0] / world, values[1] > 0, ranks
+
+    def _arrived(self, t_last: float) -> float:
+        """This rank's step time so far; on CUDA after the queued kernels ran (a host
+        sync: called on logged steps only)."""
+        if self.env.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.env.device)
+        return time.perf_counter() - t_last
 
     def fit(self) -> tuple[int, int]:
         """Train until the last step or a preemption; (exit code, last step)."""
@@ -197,8 +249,11 @@ class Trainer:
                 lr = lr_at(step, t)
                 self.backend.set_lr(lr)
                 loss_sum: Any = 0.0
+                data_s = 0.0
                 for micro in range(t.grad_accum):
+                    t_data = time.perf_counter()
                     batch = self.data.next_batch()
+                    data_s += time.perf_counter() - t_data
                     # Kept as a tensor: no host sync per micro-step on accelerators.
                     loss_sum = loss_sum + self.backend.micro_step(
                         batch, micro == t.grad_accum - 1, scale
@@ -206,12 +261,22 @@ class Trainer:
                 grad_norm = self.backend.step()  # clip → optimizer step → zero_grad
                 step += 1
                 self.state.step = step
-                loss_avg, stop = self._agree_on(loss_sum / t.grad_accum, flag, step)
+                # Per-rank times ride along on the steps that will be logged anyway.
+                timed = env.world_size > 1 and (step % t.log_every == 0 or step == t.steps)
+                times = (self._arrived(t_last), data_s) if timed else None
+                loss_avg, stop, ranks = self._agree_on(loss_sum / t.grad_accum, flag, step, times)
                 heartbeat.beat(step)  # the node's watchdog: this rank advanced
                 now = time.perf_counter()
                 if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
                     tps = self.tokens_per_step / max(now - t_last, 1e-9)
-                    metrics.log(step, loss=loss_avg, lr=lr, grad_norm=grad_norm, tokens_per_s=tps)
+                    metrics.log(
+                        step,
+                        loss=loss_avg,
+                        lr=lr,
+                        grad_norm=grad_norm,
+                        tokens_per_s=tps,
+                        ranks=ranks,
+                    )
                 save_s = 0.0
                 if step % every == 0 or step == t.steps or stop:
                     final = step == t.steps or stop

@@ -7,14 +7,21 @@ Fields: step, loss, lr, grad_norm, tokens_per_s, elapsed (seconds since the proc
 started), time (unix time); a user script's lines (`api.log_metrics`) hold its own
 scalars instead of loss ... tokens_per_s. The same scalars go to the trackers of the
 spec's `logging:` section (`train/trackers.py`).
+
+With more than one rank a line also holds the per-rank times (`rank_times`):
+step_s_min, step_s_median, step_s_max and slowest_rank (the rank with the longest step
+time), and from the built-in loop data_s_median, data_s_max and data_slowest_rank
+(time spent loading the step's batches). `shardctl status` names a rank that is the
+slowest step after step (`shardctl.orchestrator.progress.straggler`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +31,9 @@ if TYPE_CHECKING:
     from .trackers import Trackers
 
 METRICS_FILE = "metrics.jsonl"
+# The console line names the slowest rank when its step takes this much longer than
+# the median rank's (the metrics line always holds the numbers).
+SLOW_RATIO = 1.2
 
 
 def metrics_path(run_dir: str | Path) -> Path:
@@ -45,6 +55,39 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             by_step[row["step"]] = row
     return [by_step[s] for s in sorted(by_step)]
+
+
+def rank_times(
+    step_s: Sequence[float], data_s: Sequence[float] | None = None
+) -> dict[str, float | int]:
+    """The per-rank fields of a metrics line from every rank's step time (and data
+    time), indexed by rank: min / median / max over ranks and the slowest rank."""
+
+    def slowest(times: Sequence[float]) -> int:
+        return max(range(len(times)), key=times.__getitem__)
+
+    out: dict[str, float | int] = {
+        "step_s_min": round(min(step_s), 6),
+        "step_s_median": round(statistics.median(step_s), 6),
+        "step_s_max": round(max(step_s), 6),
+        "slowest_rank": slowest(step_s),
+    }
+    if data_s is not None:
+        out["data_s_median"] = round(statistics.median(data_s), 6)
+        out["data_s_max"] = round(max(data_s), 6)
+        out["data_slowest_rank"] = slowest(data_s)
+    return out
+
+
+def slow_note(ranks: Mapping[str, Any] | None) -> str:
+    """`  slowest rank 1 (1.45× the median)` when one rank's step took SLOW_RATIO times
+    the median rank's or longer, else ""."""
+    if not ranks:
+        return ""
+    median, worst = ranks.get("step_s_median"), ranks.get("step_s_max")
+    if not median or worst is None or worst / median < SLOW_RATIO:
+        return ""
+    return f"  slowest rank {ranks['slowest_rank']} ({worst / median:.2f}× the median)"
 
 
 class MetricsLogger:
@@ -94,8 +137,16 @@ class MetricsLogger:
             self.trackers = Trackers(self._logging, self.run_dir, start_step=step)
 
     def log(
-        self, step: int, *, loss: float, lr: float, grad_norm: float, tokens_per_s: float
+        self,
+        step: int,
+        *,
+        loss: float,
+        lr: float,
+        grad_norm: float,
+        tokens_per_s: float,
+        ranks: Mapping[str, float | int] | None = None,
     ) -> None:
+        """The built-in loop's line; `ranks`: the fields of `rank_times` (world > 1)."""
         if not self.enabled:
             return
         self.log_scalars(
@@ -105,12 +156,13 @@ class MetricsLogger:
                 "lr": lr,
                 "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
                 "tokens_per_s": round(tokens_per_s, 1),
+                **(ranks or {}),
             },
         )
         if self._console is not None:
             self._console.print(
                 f"step {step:>6}/{self.total_steps}  loss {loss:.4f}  lr {lr:.2e}  "
-                f"grad_norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s"
+                f"grad_norm {grad_norm:.3f}  {tokens_per_s:,.0f} tok/s{slow_note(ranks)}"
             )
 
     def log_scalars(self, step: int, scalars: Mapping[str, float | None]) -> None:
