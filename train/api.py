@@ -44,6 +44,11 @@ in the same order.
 Metrics: `log_metrics(step, loss=..., lr=...)` (every rank may call it; rank 0 writes)
 appends to `<run dir>/logs/metrics.jsonl` and sends the same scalars to the trackers
 of the spec's `logging:` section (TensorBoard, W&B, MLflow), as the built-in loop does.
+With more than one rank, `step_done` also shares every rank's step time (from the
+previous `step_done`'s return, or `resume`'s, to this call) in the agreement it already
+makes, and the line gets step_s_min / step_s_median / step_s_max over ranks and
+slowest_rank, each rank's times averaged over the steps since the previous line: the
+numbers `shardctl status` reads to name a rank that is consistently the slowest.
 """
 
 from __future__ import annotations
@@ -221,6 +226,7 @@ class Checkpointer:
         self._agree: Any = None
         self._agree_group: Any = None
         self._saved_step: int | None = None
+        self._t_returned = time.perf_counter()
         self.rank, self.world_size = 0, 1
 
     @classmethod
@@ -309,12 +315,16 @@ class Checkpointer:
             model_meta=self.model_meta,
         )
         # [ranks wanting to stop, ranks that received a signal, sum of their signal
-        # numbers]: one small all-reduce per step, on a gloo group of its own: the
-        # manager's group carries an async save's collectives from a background
-        # thread, and two threads on one group could order them differently per rank;
-        # the default group may be NCCL, which wants a CUDA tensor.
-        self._agree = torch.zeros(3, dtype=torch.float64)
+        # numbers, then the step time of rank 0..W-1 (each rank fills its own slot)]:
+        # one small all-reduce per step, on a gloo group of its own: the manager's
+        # group carries an async save's collectives from a background thread, and two
+        # threads on one group could order them differently per rank; the default
+        # group may be NCCL, which wants a CUDA tensor.
+        self._agree = torch.zeros(_AGREE_FIXED + self.world_size, dtype=torch.float64)
         self._agree_group = _own_gloo_group()
+        if self.world_size > 1:
+            global _step_times
+            _step_times = _StepTimes(self.world_size)
         step = self._manager.restore(self._rank_state) or 0
         self._rank_state.step = step
         _heartbeat.beat(step, "step")
@@ -324,23 +334,32 @@ class Checkpointer:
                 self.run_dir.preempted_file.unlink(missing_ok=True)
             where = f"resumed at step {step}" if step else "starting at step 0"
             _say(f"{where} (checkpoints in {self.config.dir})")
+        self._t_returned = time.perf_counter()  # the first step's time starts here
         return step
 
     def step_done(self, step: int) -> bool:
         """After optimizer step `step`: agree with every rank on a preemption signal;
         save when `step % every_steps == 0`; when any rank was signalled, save and stop
-        (`stop`: PREEMPTED, exit 42 everywhere). Returns whether it saved."""
+        (`stop`: PREEMPTED, exit 42 everywhere). Returns whether it saved.
+
+        The same all-reduce carries every rank's step time: from the previous call's
+        return (a save inside it left out) to this call. Ranks wait for each other in
+        the model's own collectives (DDP/FSDP gradient reductions), so a slow rank
+        stands out by what it does after the last of them (the optimizer step,
+        logging, evaluation) and before the first (loading its batch shows as the
+        others waiting)."""
         manager = self._need_manager("step_done")
         self._rank_state.step = step  # type: ignore[union-attr]
-        stop, signum = self._agree_to_stop(step)
+        stop, signum = self._agree_to_stop(step, time.perf_counter() - self._t_returned)
         _heartbeat.beat(step)  # the node's watchdog: this rank advanced
         if stop:
             self.stop(step, reason=self.flag.reason(signum))
-        if step % self.config.every_steps == 0:
+        saved = step % self.config.every_steps == 0
+        if saved:
             manager.save(step, self._rank_state)
             self._saved_step = step
-            return True
-        return False
+        self._t_returned = time.perf_counter()
+        return saved
 
     def stop(self, step: int, reason: str = "stopped by the script") -> None:
         """Save `step` (blocking), rank 0 writes PREEMPTED {"step", "reason"}, and every
@@ -405,21 +424,58 @@ class Checkpointer:
             )
         return self._manager
 
-    def _agree_to_stop(self, step: int) -> tuple[bool, int | None]:
+    def _agree_to_stop(self, step: int, step_s: float = 0.0) -> tuple[bool, int | None]:
         """Whether any rank wants to stop after `step`, and the signal (if any) that
-        made it; every rank gets the same answer."""
+        made it; every rank gets the same answer. `step_s`: this rank's step time,
+        shared with every rank in the same all-reduce (kept for `log_metrics`)."""
         import torch.distributed as dist
 
         signum = self.flag.signum
         agree = self._agree
+        agree.zero_()  # the other ranks' times of the previous step
         agree[0] = 1.0 if self.flag.local(step) else 0.0
         agree[1] = 1.0 if signum is not None else 0.0
         agree[2] = float(signum or 0)
+        agree[_AGREE_FIXED + self.rank] = step_s
         if self._agree_group is not None:
             dist.all_reduce(agree, group=self._agree_group)
+        if self.world_size > 1 and _step_times is not None:
+            _step_times.add(agree[_AGREE_FIXED:].tolist())
         n_signalled = int(agree[1])
         agreed = round(float(agree[2]) / n_signalled) if n_signalled else None
         return bool(agree[0] > 0), agreed
+
+
+# The agreement buffer's fixed slots (stop, signalled, signal numbers); the per-rank
+# step times follow them.
+_AGREE_FIXED = 3
+
+
+class _StepTimes:
+    """Every rank's step time summed over the steps since the last `log_metrics` line
+    (fed by `step_done` with more than one rank; read by rank 0's `log_metrics`)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.sums = [0.0] * world_size
+        self.steps = 0
+
+    def add(self, per_rank: list[float]) -> None:
+        self.sums = [a + b for a, b in zip(self.sums, per_rank, strict=True)]
+        self.steps += 1
+
+    def take(self) -> dict[str, float | int] | None:
+        """The per-rank fields of the next metrics line (each rank's mean step time),
+        and start over; None when no step was done since the last line."""
+        if not self.steps:
+            return None
+        from .metrics import rank_times
+
+        means = [total / self.steps for total in self.sums]
+        self.sums, self.steps = [0.0] * len(self.sums), 0
+        return rank_times(means)
+
+
+_step_times: _StepTimes | None = None  # the Checkpointer's, once resume() knows the world
 
 
 def _state_io(states: Mapping[str, Any], strategy: Strategy) -> Any:
@@ -503,6 +559,9 @@ def log_metrics(step: int, scalars: Mapping[str, Any] | None = None, /, **more: 
     (so `shardctl plot` works) and sends them to the spec's trackers (`logging:`:
     TensorBoard under `<run dir>/tensorboard` by default, W&B, MLflow); other ranks
     return at once. Values are numbers or one-element tensors; not a collective.
+    With more than one rank and a `Checkpointer`, the line also holds step_s_min /
+    step_s_median / step_s_max and slowest_rank over the steps `step_done` saw since
+    the previous line (your own scalars of those names win).
 
         api.log_metrics(step, loss=loss.item(), lr=scheduler.get_last_lr()[0])
 
@@ -531,7 +590,8 @@ def log_metrics(step: int, scalars: Mapping[str, Any] | None = None, /, **more: 
         # Registered after the trackers opened: atexit runs last-in first-out, so this
         # drains the queue before W&B's own exit hook tears its run down.
         atexit.register(close_metrics)
-    logger.log_scalars(step, values)
+    ranks = _step_times.take() if _step_times is not None else None
+    logger.log_scalars(step, {**(ranks or {}), **values})
 
 
 def close_metrics(outcome: str | None = None) -> None:
