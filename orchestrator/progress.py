@@ -5,7 +5,10 @@ Torch-free: the built-in loop's rank 0 appends one JSON line per logged step to
 time`; see `shardctl.train.metrics`); the total number of steps is `train.steps` of
 the rendered `<run dir>/job.yaml`. `MetricsTail` reads only what was appended since
 its last read (a line still being written waits for its newline); `read_progress`
-reads the end of the file once, for `shardctl ls` and `status`.
+reads the end of the file once, for `shardctl ls` and `status`; `straggler` reads the
+per-rank times of the last logged steps (`step_s_*`, `slowest_rank`, `data_s_*`,
+`data_slowest_rank`: written with more than one rank) and names a rank that is the
+slowest step after step, for `status`.
 
 `ProgressDisplay` is what `submit --wait` shows on a terminal: one rich progress bar
 (step / total, loss, tokens/s, ETA) fed from metrics.jsonl, with every other line the
@@ -101,16 +104,21 @@ def progress_of(row: dict[str, Any], total: int | None) -> Progress:
     )
 
 
+def _tail(path: Path) -> bytes:
+    """The last TAIL_BYTES of `path` (OSError when it cannot be read)."""
+    with path.open("rb") as f:
+        size = f.seek(0, 2)
+        f.seek(max(0, size - TAIL_BYTES))
+        return f.read()
+
+
 def read_progress(run_dir: str | Path) -> tuple[Progress | None, str]:
     """(the newest logged step, "") or (None, why there is none)."""
     path = metrics_path(run_dir)
     if not Path(run_dir).is_dir():
         return None, f"run dir {run_dir} is not on this machine"
     try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - TAIL_BYTES))
-            tail = f.read()
+        tail = _tail(path)
     except FileNotFoundError:
         return None, f"no step logged yet ({path} does not exist)"
     except OSError as exc:
@@ -120,6 +128,89 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str]:
         if row is not None:
             return progress_of(row, total_steps(run_dir)), ""
     return None, f"no step logged yet in {path}"
+
+
+# `straggler`: the logged steps looked at, how many of them must carry per-rank times,
+# the share of them one rank must be the slowest in, and how much slower than the
+# median rank it must be on average (data: its extra data time, as a share of the
+# median step time: a rank that loads data slowly holds every rank up by that much).
+STRAGGLER_WINDOW = 10
+STRAGGLER_MIN_ROWS = 5
+STRAGGLER_SHARE = 0.8
+STRAGGLER_EXCESS = 0.10
+
+
+def _tail_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of the end of metrics.jsonl (TAIL_BYTES) in file order; [] when it
+    cannot be read."""
+    try:
+        tail = _tail(metrics_path(run_dir))
+    except OSError:
+        return []
+    return [row for row in map(_row, tail.splitlines()) if row is not None]
+
+
+def _rank(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _consistently_slowest(
+    rows: list[dict[str, Any]], rank_key: str, max_key: str, median_key: str
+) -> tuple[int, int, int, float, float] | None:
+    """(rank, rows it is the slowest in, rows, its mean time, the median rank's mean
+    time) when one rank is the slowest in STRAGGLER_SHARE of the last rows carrying
+    `rank_key`; None otherwise (or with fewer than STRAGGLER_MIN_ROWS of them)."""
+    usable = [
+        r
+        for r in rows
+        if _rank(r.get(rank_key)) is not None
+        and _number(r.get(max_key)) is not None
+        and _number(r.get(median_key)) is not None
+    ][-STRAGGLER_WINDOW:]
+    if len(usable) < STRAGGLER_MIN_ROWS:
+        return None
+    ranks = [r[rank_key] for r in usable]
+    rank = max(set(ranks), key=ranks.count)
+    count = ranks.count(rank)
+    if count < STRAGGLER_SHARE * len(usable):
+        return None
+    mine = [r for r in usable if r[rank_key] == rank]
+    slow = sum(float(r[max_key]) for r in mine) / len(mine)
+    median = sum(float(r[median_key]) for r in mine) / len(mine)
+    return rank, count, len(usable), slow, median
+
+
+def straggler(run_dir: str | Path) -> str | None:
+    """A line naming a rank that is consistently the slowest, or None.
+
+    Over the last (up to) STRAGGLER_WINDOW logged steps with per-rank times, at least
+    STRAGGLER_MIN_ROWS of them: one rank is the slowest in STRAGGLER_SHARE of them and
+    its step time is STRAGGLER_EXCESS longer than the median rank's on average; or
+    (data) one rank is the slowest at loading data as often and its extra data time
+    is STRAGGLER_EXCESS of the median step time. Both findings are joined by "; ".
+    """
+    rows = _tail_rows(run_dir)
+    found = []
+    step = _consistently_slowest(rows, "slowest_rank", "step_s_max", "step_s_median")
+    if step is not None:
+        rank, count, n, slow, median = step
+        if slow >= (1 + STRAGGLER_EXCESS) * median:
+            found.append(
+                f"rank {rank} is the slowest in {count} of the last {n} logged steps "
+                f"(step time {slow:.3g} s vs a median {median:.3g} s)"
+            )
+    data = _consistently_slowest(rows, "data_slowest_rank", "data_s_max", "data_s_median")
+    if data is not None:
+        rank, count, n, slow, median = data
+        usable = [r for r in rows if _number(r.get("step_s_median")) is not None]
+        usable = usable[-STRAGGLER_WINDOW:]
+        step_median = sum(float(r["step_s_median"]) for r in usable) / max(len(usable), 1)
+        if usable and slow - median >= STRAGGLER_EXCESS * step_median:
+            found.append(
+                f"rank {rank} is the slowest at loading data in {count} of the last {n} "
+                f"logged steps (data time {slow:.3g} s vs a median {median:.3g} s)"
+            )
+    return "; ".join(found) or None
 
 
 class MetricsTail:

@@ -5,7 +5,8 @@ Every command finds a job through its record (clusters/records.py). `ls` asks ev
 job's cluster at once, one thread per job, and waits at most `--timeout` seconds in
 all: a slow or unreachable cluster marks its rows stale instead of holding the table.
 Step, total and loss come from the run's logs/metrics.jsonl where this machine can
-read the run dir (local; Slurm's shared run dir), see orchestrator/progress.py.
+read the run dir (local; Slurm's shared run dir), see orchestrator/progress.py; so does
+the line `status` prints under the state when one rank is consistently the slowest.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ def _progress(backend: Cluster, ref: JobRef) -> tuple[Progress | None, str]:
     return read_progress(ref.run_dir)
 
 
+def _straggler(backend: Cluster, ref: JobRef) -> str | None:
+    """The line naming a consistently slowest rank, where the run dir is readable here."""
+    if not backend.run_dir_here:
+        return None
+    from ..progress import straggler
+
+    return straggler(ref.run_dir)
+
+
 def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
     detail = f" — {st.detail}" if st.detail else ""
     step = f"; {prog.short()}" if prog is not None else ""
@@ -53,7 +63,9 @@ def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
     )
 
 
-def _status_json(ref: JobRef, st: JobStatus, prog: Progress | None, why: str) -> dict[str, Any]:
+def _status_json(
+    ref: JobRef, st: JobStatus, prog: Progress | None, why: str, slow: str | None
+) -> dict[str, Any]:
     return {
         **ref.to_json(),
         "state": st.state.value,
@@ -61,6 +73,7 @@ def _status_json(ref: JobRef, st: JobStatus, prog: Progress | None, why: str) ->
         "detail": st.detail,
         "progress": prog.to_json() if prog is not None else None,
         "why": why if prog is None else "",
+        "straggler": slow,
     }
 
 
@@ -85,7 +98,8 @@ def _status_json(ref: JobRef, st: JobStatus, prog: Progress | None, why: str) ->
 @output_option
 @handle_errors
 def status(job: str, watch: bool, interval: float | None, output: str) -> None:
-    """State of a submitted JOB (name or id), with its step and loss where known."""
+    """State of a submitted JOB (name or id), with its step and loss where known, and
+    the rank that is consistently the slowest, if one is."""
     from ..clusters import get_cluster
     from ..clusters.records import recall
 
@@ -99,8 +113,9 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
             prog, why = _progress(backend, ref)
             seen = (st, prog.step if prog else None)
             if seen != last:
+                slow = _straggler(backend, ref)
                 if output == "json":
-                    data = _status_json(ref, st, prog, why)
+                    data = _status_json(ref, st, prog, why, slow)
                     if watch:  # one JSON document per line, one line per change
                         import json
 
@@ -109,6 +124,8 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
                         echo_json(data)
                 else:
                     click.echo(_status_line(ref, st, prog))
+                    if slow is not None:
+                        click.echo(f"  straggler: {slow}")
                 last = seen
             if not watch:
                 return
