@@ -9,8 +9,9 @@ micro-batch and sequence length, under torchrun on CPU (gloo). The bare loop is 
 one writes by hand: forward, cross-entropy, backward, clip, step, zero_grad — no
 logging, no preemption agreement, no checkpoint. shardctl does its full loop (lr
 schedule, data loading from the stdlib corpus, per-step loss/preemption all-reduce,
-JSON-lines metrics); its checkpoint is written once, after the last step, outside
-the timed steps.
+JSON-lines metrics, per-rank step times, a heartbeat per step under the node
+watchdog, as launch.sh runs it); its checkpoint is written once, after the last
+step, outside the timed steps.
 
 Two measures. Wall: tokens/s over steps `warmup+1 .. steps` (the first steps pay
 for lazy initialisation); shardctl's rate comes from the timestamps of its own
@@ -101,7 +102,9 @@ def run_shardctl(
     }
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
-    cpu = _timed(_torchrun(nproc, "-m", "shardctl.train", str(path)))
+    # Under the node watchdog, as launch.sh runs it: the ranks write their heartbeats.
+    watchdog = [sys.executable, "-m", "shardctl.train.watchdog", "--"]
+    cpu = _timed([*watchdog, *_torchrun(nproc, "-m", "shardctl.train", str(path))])
     rows = [
         json.loads(x) for x in (work / name / "logs" / "metrics.jsonl").read_text().splitlines()
     ]
