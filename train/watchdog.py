@@ -539,7 +539,7 @@ class Watchdog:
             _say(line)
         _say(f"node {self.node}: collecting every rank's Python stack (SIGQUIT)")
         stacks = collect_stacks(folder, verdict.ranks)
-        text = "\n".join(lines) + "\n"
+        text = ""
         for v in verdict.ranks:
             b = v.beat
             header = (
@@ -547,12 +547,13 @@ class Watchdog:
                 "Python stack, most recent call first ----"
             )
             text += f"\n{header}\n{stacks[b.rank]}"
-        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        text = text if text.endswith("\n") else text + "\n"
+        sys.stderr.write(text)  # the report's lines are in the log already (above)
         sys.stderr.flush()
         if self.run_dir:
             with contextlib.suppress(OSError):
                 report_path.parent.mkdir(parents=True, exist_ok=True)
-                report_path.write_text(text)
+                report_path.write_text("\n".join(lines) + "\n" + text)
         procs = descendants(os.getpid())
         signal_all(procs, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
