@@ -264,6 +264,68 @@ def test_standalone_batch_script_has_the_same_resources_and_requeues(tmp_path: P
     assert "scontrol requeue" in standalone
 
 
+STANDALONE_SCONTROL = """#!/bin/bash
+case "$1" in
+  show) echo "JobId=7 JobName=x Command=${FAKE_SCRIPT} WorkDir=/tmp" ;;
+  requeue) echo "requeue $2" >> "${FAKE_OUT}" ;;
+  *) exit 1 ;;
+esac
+"""
+# The ranks' side of an attempt: a node watchdog writes HUNG and srun ends with 124,
+# or the ranks save (PREEMPTED), or a plain failure.
+STANDALONE_SRUN = """#!/bin/bash
+case "${FAKE_END}" in
+  hung) echo '{"step": 20, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
+  preempted) echo '{"step": 20}' > "${FAKE_RUN}/PREEMPTED"; exit 1 ;;
+  *) exit 3 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("end", "restarts", "code", "requeued", "said"),
+    [
+        ("hung", "0", 0, True, "shardctl: hung (see the hang report in the logs); requeueing"),
+        ("hung", "3", 124, False, "hung; not requeued (slurm.max_requeues 3)"),
+        ("preempted", "0", 0, True, "preempted, checkpoint saved; requeueing"),
+        ("failed", "0", 3, False, ""),
+    ],
+)
+def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
+    tmp_path: Path, end: str, restarts: str, code: int, requeued: bool, said: str
+) -> None:
+    """job.sbatch's own shell, with stand-ins for srun and scontrol."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "HUNG").write_text("{}")  # an earlier attempt's: older than this one
+    os.utime(run_dir / "HUNG", (1, 1))
+    data = load_spec(ROOT / "examples" / "slurm-2node.yaml").to_yaml_dict()
+    data["run_dir"] = str(run_dir)
+    script = tmp_path / rs.STANDALONE_FILE
+    script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", STANDALONE_SCONTROL), ("srun", STANDALONE_SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    out = tmp_path / "calls"
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
+        "SLURM_JOB_ID": "7",
+        "SLURM_RESTART_COUNT": restarts,
+        "FAKE_SCRIPT": str(script),
+        "FAKE_OUT": str(out),
+        "FAKE_RUN": str(run_dir),
+        "FAKE_END": end,
+    }
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == code, proc.stderr
+    assert (out.exists() and out.read_text() == "requeue 7\n") is requeued
+    assert said in proc.stderr
+
+
 def test_sbatch_error_message_is_parsed() -> None:
     stderr = (
         "sbatch: error: invalid partition specified: nope\n"

@@ -41,7 +41,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ...errors import SpecError
-from ...rundir import LAUNCH_FILE, PREEMPTED_FILE
+from ...rundir import HUNG_FILE, LAUNCH_FILE, PREEMPTED_FILE
 from ...spec import JobSpec, PyxisMount, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
@@ -319,10 +319,10 @@ def standalone_batch(spec: JobSpec) -> str:
     The same resources, time, signal and requeue flags as the submitit script; one
     `srun` starts the node launch script (found beside this script) on every node.
     The launcher ignores the preemption signal while the ranks catch it and save;
-    afterwards the batch shell requeues the job when the ranks wrote PREEMPTED
-    during this attempt, at most `slurm.max_requeues` times. With no submitit task
-    to translate, the ranks' own signal USR2 is asked for whatever `slurm.signal`
-    says.
+    afterwards the batch shell requeues the job when the ranks wrote PREEMPTED, or a
+    node watchdog wrote HUNG, during this attempt, at most `slurm.max_requeues`
+    times. With no submitit task to translate, the ranks' own signal USR2 is asked
+    for whatever `slurm.signal` says.
     """
     params = submitit_parameters(spec)
     flags = {k: v for k, v in params.items() if k not in _NON_SLURM}
@@ -348,6 +348,7 @@ def standalone_batch(spec: JobSpec) -> str:
         else []
     )
     marker = str(PurePosixPath(spec.run_dir) / PREEMPTED_FILE)
+    hung_marker = str(PurePosixPath(spec.run_dir) / HUNG_FILE)
     lines += [
         "",
         "# Slurm keeps a copy of this script; the original's folder holds launch.sh.",
@@ -355,6 +356,7 @@ def standalone_batch(spec: JobSpec) -> str:
         "| sed -n 's/.* Command=\\([^ ]*\\).*/\\1/p' || true)\"",
         'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
         f"marker={shlex.quote(marker)}",
+        f"hung_marker={shlex.quote(hung_marker)}",
         'started="$(date +%s)"',
         "rc=0",
         *mounts_here,
@@ -371,6 +373,18 @@ def standalone_batch(spec: JobSpec) -> str:
         '        scontrol requeue "${SLURM_JOB_ID}" && exit 0',
         "    fi",
         '    echo "shardctl: preempted, checkpoint saved; not requeued (slurm.max_requeues '
+        f'{spec.slurm.max_requeues}); sbatch again to resume" >&2',
+        "fi",
+        "# A node watchdog ended ranks that stopped advancing (exit 124, HUNG): resume",
+        "# from the newest complete checkpoint, like after a preemption.",
+        'hung_at="$(stat -c %Y "${hung_marker}" 2>/dev/null || echo 0)"',
+        'if [[ "${rc}" -ne 0 && "${hung_at}" -ge "${started}" ]]; then',
+        f'    if [[ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.slurm.max_requeues} ]]; then',
+        '        echo "shardctl: hung (see the hang report in the logs); requeueing job '
+        '${SLURM_JOB_ID}" >&2',
+        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0',
+        "    fi",
+        '    echo "shardctl: hung; not requeued (slurm.max_requeues '
         f'{spec.slurm.max_requeues}); sbatch again to resume" >&2',
         "fi",
         'exit "${rc}"',
