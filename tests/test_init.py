@@ -12,7 +12,7 @@ from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.cli.init import job_name_from
 from shardctl.orchestrator.spec import load_spec
 
-SECTIONS = ("name", "resources", "launcher", "strategy", "train", "checkpoint", "env",
+SECTIONS = ("name", "resources", "launcher", "strategy", "train", "checkpoint", "watchdog", "env",
             "local", "slurm", "k8s")  # fmt: skip
 
 
