@@ -91,3 +91,17 @@ def signal_all(procs: Iterable[Proc], signum: int) -> None:
         if alive(p.pid, p.ticks):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p.pid, signum)
+
+
+def forward_to_catchers(root: int, signum: int, done: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Send `signum` once to `root` and each process below it that catches it (the
+    ranks of a launcher: one that does not catch it would die of it); returns the
+    (pid, signal) pairs sent, to pass back as `done` next time."""
+    sent: set[tuple[int, int]] = set()
+    for pid in [root, *(p.pid for p in descendants(root))]:
+        if (pid, signum) in done or not catches(pid, signum):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+            sent.add((pid, signum))
+    return sent

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from shardctl.orchestrator.proctree import catches, descendants, signal_all
+from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -474,7 +474,7 @@ class Watchdog:
                     with contextlib.suppress(ProcessLookupError):
                         child.send_signal(signum)
                 else:
-                    forwarded |= _forward(child.pid, signum, forwarded)
+                    forwarded |= forward_to_catchers(child.pid, signum, forwarded)
             now = time.monotonic()
             if now < next_look:
                 continue
@@ -562,18 +562,6 @@ class Watchdog:
         _say(f"node {self.node}: ended the launcher and {len(procs) - 1} process(es) below "
              f"it; exiting with {EXIT_HUNG} (hung: nothing saved, resume from the newest "
              f"complete checkpoint){where}")  # fmt: skip
-
-
-def _forward(root: int, signum: int, done: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Send `signum` once to each process below `root` (and `root`) that catches it."""
-    sent: set[tuple[int, int]] = set()
-    for pid in [root, *(p.pid for p in descendants(root))]:
-        if (pid, signum) in done or not catches(pid, signum):
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-            sent.add((pid, signum))
-    return sent
 
 
 def main(argv: list[str] | None = None) -> int:

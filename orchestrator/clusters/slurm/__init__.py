@@ -85,7 +85,7 @@ from typing import Any
 from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
-from ...proctree import catches, descendants
+from ...proctree import forward_to_catchers
 from ...rundir import (
     ENV_ATTEMPT,
     EXIT_HUNG,
@@ -574,7 +574,7 @@ class NodeTask:
         marker = Path(self.run_dir) / PREEMPTED_FILE
         started = time.time()
         received: list[int] = []
-        forwarded: set[int] = set()
+        forwarded: set[tuple[int, int]] = set()
 
         def on_signal(signum: int, frame: Any) -> None:
             received.append(signum)
@@ -611,7 +611,7 @@ class NodeTask:
                 # The ranks stop on USR2 or TERM; whatever `slurm.signal` Slurm sent
                 # (USR1, INT), they are told with USR2.
                 to_ranks = signal.SIGTERM if signum == signal.SIGTERM else signal.SIGUSR2
-                forwarded |= _forward(child.pid, to_ranks, forwarded)
+                forwarded |= forward_to_catchers(child.pid, to_ranks, forwarded)
         signal.signal(preempt_sig, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return self._after(node, job_id, restarts, rc, received, preempt_sig, marker, started)
@@ -735,18 +735,3 @@ def _wait_for_marker(marker: Path, started: float, seconds: float) -> dict[str, 
             return found
         time.sleep(0.5)
     return None
-
-
-def _forward(root: int, signum: int, done: set[int]) -> set[int]:
-    """Send `signum` once to each process under `root` that catches it."""
-    sent: set[int] = set()
-    for pid in [root, *(p.pid for p in descendants(root))]:
-        key = pid * 100 + signum
-        if key in done or not catches(pid, signum):
-            continue
-        try:
-            os.kill(pid, signum)
-            sent.add(key)
-        except ProcessLookupError:
-            pass
-    return sent
