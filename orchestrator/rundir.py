@@ -30,6 +30,7 @@ non-zero rank exit into their own 1, which is why the markers exist.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,25 @@ class RunDir:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def fresh_marker(self, name: str, since: float) -> dict[str, Any] | None:
+        """A marker written at or after `since` (an attempt's start; a second of clock
+        slack for a shared file system), else None — an earlier attempt's is stale."""
+        try:
+            if (self.root / name).stat().st_mtime < since - 1.0:
+                return None
+        except OSError:
+            return None
+        return self.read_marker(name)
+
+    def wait_for_marker(self, name: str, since: float, seconds: float) -> dict[str, Any] | None:
+        """`fresh_marker`, polled for up to `seconds` (another node may still write it)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            found = self.fresh_marker(name, since)
+            if found is not None or time.monotonic() >= deadline:
+                return found
+            time.sleep(0.5)
 
     def done_step(self) -> int | None:
         """The step recorded in DONE, or None when the run has none (or it is corrupt)."""

@@ -40,7 +40,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -222,14 +222,15 @@ def _alive_pids(root: int) -> set[int]:
     return {p.pid for p in descendants(root)}
 
 
-def collect_stacks(folder: Path, ranks: list[RankView]) -> dict[int, str]:
+def collect_stacks(
+    folder: Path, ranks: list[RankView], states: Mapping[int, str]
+) -> dict[int, str]:
     """Ask every rank for its Python stack; what each wrote (or why nothing).
 
     Every rank gets SIGQUIT. The ranks that can run answer at once; then they are
     frozen (SIGSTOP) before a stopped rank is continued to answer, so the continued
     rank cannot finish a step (nor a save) with them while the watchdog listens.
     """
-    states = {v.beat.rank: proc_state(v.beat.pid) for v in ranks}
     stopped = [v for v in ranks if states[v.beat.rank] in ("T", "t")]
     running = [v for v in ranks if v not in stopped]
     for v in ranks:
@@ -287,15 +288,23 @@ def _size(path: Path) -> int:
 # ------------------------------------------------------------------ the report
 
 
-def report_lines(verdict: Verdict, rule: HangRule, node: int, now_wall: float) -> list[str]:
+def read_states(ranks: Sequence[RankView]) -> dict[int, str]:
+    """Every rank's process state, read once at the verdict: the report, the marker and
+    the stack collection then agree on it."""
+    return {v.beat.rank: proc_state(v.beat.pid) for v in ranks}
+
+
+def report_lines(
+    verdict: Verdict, rule: HangRule, node: int, now_wall: float, states: Mapping[int, str]
+) -> list[str]:
     lines = [
         f"node {node}: HUNG — no rank of this node advanced for {verdict.idle_s:.0f} s "
         f"(hang timeout {rule.describe()})"
     ]
-    culprits = first_stopped(verdict.ranks)
+    culprits = first_stopped(verdict.ranks, states)
     for v in verdict.ranks:
         b = v.beat
-        state = proc_state(b.pid)
+        state = states[b.rank]
         first = "  ← stopped advancing first" if b.rank in culprits else ""
         lines.append(
             f"  rank {b.rank} (pid {b.pid}): last at step {b.step} ({b.phase}), "
@@ -313,11 +322,11 @@ def report_lines(verdict: Verdict, rule: HangRule, node: int, now_wall: float) -
 STUCK_STATES = ("T", "t", "D")
 
 
-def first_stopped(ranks: Sequence[RankView]) -> list[int]:
+def first_stopped(ranks: Sequence[RankView], states: Mapping[int, str]) -> list[int]:
     """The ranks that stopped advancing first: stopped or in an uninterruptible wait
     if any is; else those whose last beat is older than the others' by over a second
     (none when all beat together: they wait for something outside this node)."""
-    stuck = [v.beat.rank for v in ranks if proc_state(v.beat.pid) in STUCK_STATES]
+    stuck = [v.beat.rank for v in ranks if states[v.beat.rank] in STUCK_STATES]
     if stuck:
         return sorted(stuck)
     times = [v.beat.time for v in ranks]
@@ -334,14 +343,16 @@ def write_hung_marker(
     attempt: int,
     report: str,
     since: float,
+    states: Mapping[int, str] | None = None,
 ) -> None:
     """HUNG for this node, unless another node of this attempt already wrote one that
     names the ranks that stopped first (every node of a hung job declares it; the one
     with the stuck rank knows the most)."""
     if not run_dir:
         return
-    first = first_stopped(verdict.ranks)
-    other = fresh_hung_marker(run_dir, since)
+    states = read_states(verdict.ranks) if states is None else states
+    first = first_stopped(verdict.ranks, states)
+    other = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since)
     if not first and other is not None and other.get("first"):
         return
     data = {
@@ -356,7 +367,7 @@ def write_hung_marker(
                 "rank": v.beat.rank,
                 "step": v.beat.step,
                 "phase": v.beat.phase,
-                "state": proc_state(v.beat.pid),
+                "state": states[v.beat.rank],
             }
             for v in verdict.ranks
         ],
@@ -366,19 +377,6 @@ def write_hung_marker(
     }
     with contextlib.suppress(OSError):
         RunDir.of(run_dir).write_marker(HUNG_FILE, data)
-
-
-def fresh_hung_marker(run_dir: str | None, since: float) -> dict | None:
-    """Another node's HUNG, written during this attempt."""
-    if not run_dir:
-        return None
-    path = Path(run_dir) / HUNG_FILE
-    try:
-        if path.stat().st_mtime < since - 1.0:
-            return None
-    except OSError:
-        return None
-    return RunDir.of(run_dir).read_marker(HUNG_FILE)
 
 
 # ------------------------------------------------------------------ main
@@ -491,7 +489,11 @@ class Watchdog:
             signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
         code = rc if rc >= 0 else 128 - rc
         if code != 0 and self.nnodes > 1 and not self.signalled:
-            other = self._wait_for_other_node()
+            other = (
+                RunDir.of(self.run_dir).wait_for_marker(HUNG_FILE, self.started, OTHER_NODE_WAIT_S)
+                if self.run_dir
+                else None
+            )
             if other is not None:
                 _say(f"node {self.node}: the launcher exited with code {code} after node "
                      f"{other.get('node')} declared the job hung (ranks of this node lost "
@@ -517,28 +519,21 @@ class Watchdog:
             sys.stderr.write(text if text.endswith("\n") else text + "\n")
             sys.stderr.flush()
 
-    def _wait_for_other_node(self) -> dict | None:
-        deadline = time.monotonic() + OTHER_NODE_WAIT_S
-        while True:
-            found = fresh_hung_marker(self.run_dir, self.started)
-            if found is not None or time.monotonic() >= deadline:
-                return found
-            time.sleep(0.5)
-
     def _end_hung(self, verdict: Verdict, folder: Path, child: subprocess.Popen) -> None:
-        lines = report_lines(verdict, self.rule, self.node, time.time())
+        states = read_states(verdict.ranks)
+        lines = report_lines(verdict, self.rule, self.node, time.time(), states)
         report_name = f"hang-attempt{self.attempt}-node{self.node}.txt"
         report_path = Path(self.run_dir or ".") / "logs" / report_name
         # The marker first: another node whose ranks fail once these are killed must
         # find it and count the end as a hang too.
         write_hung_marker(
             self.run_dir, verdict, self.rule, self.node, self.attempt,
-            str(report_path) if self.run_dir else "", self.started,
+            str(report_path) if self.run_dir else "", self.started, states,
         )  # fmt: skip
         for line in lines:
             _say(line)
         _say(f"node {self.node}: collecting every rank's Python stack (SIGQUIT)")
-        stacks = collect_stacks(folder, verdict.ranks)
+        stacks = collect_stacks(folder, verdict.ranks, states)
         text = ""
         for v in verdict.ranks:
             b = v.beat

@@ -571,7 +571,6 @@ class NodeTask:
         job_id = env.get("SLURM_JOB_ID", "?")
         restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
         preempt_sig = signal.Signals[f"SIG{self.signal_name}"]
-        marker = Path(self.run_dir) / PREEMPTED_FILE
         started = time.time()
         received: list[int] = []
         forwarded: set[tuple[int, int]] = set()
@@ -614,7 +613,7 @@ class NodeTask:
                 forwarded |= forward_to_catchers(child.pid, to_ranks, forwarded)
         signal.signal(preempt_sig, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return self._after(node, job_id, restarts, rc, received, preempt_sig, marker, started)
+        return self._after(node, job_id, restarts, rc, received, preempt_sig, started)
 
     def _after(
         self,
@@ -624,50 +623,43 @@ class NodeTask:
         rc: int,
         received: list[int],
         preempt_sig: signal.Signals,
-        marker: Path,
         started: float,
     ) -> str:
         if rc == 0:
             _say(f"node {node}: launcher finished")
             return "finished"
-        saved = _fresh_marker(marker, started)
+        markers = RunDir.of(self.run_dir)
+        saved = markers.fresh_marker(PREEMPTED_FILE, started)
         # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
         by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
         preempted = preempt_sig in received or (saved is not None and not by_term_only)
         if not preempted and not by_term_only and signal.SIGTERM not in received:
             # A watchdog's end (this node's: 124; another node's: its fresh HUNG).
-            hung = _fresh_marker(Path(self.run_dir) / HUNG_FILE, started)
+            hung = markers.fresh_marker(HUNG_FILE, started)
             if rc == EXIT_HUNG or hung is not None:
                 return self._after_hang(node, job_id, restarts, rc, hung)
         if not preempted and saved is None and rc in (1, EXIT_PREEMPTED):
             # Global rank 0 may run on another node (the rendezvous picks ranks), and
             # this node's ranks may have exited a moment before it wrote the marker.
             # (torchrun and accelerate exit 1 when a rank exits 42.)
-            saved = _wait_for_marker(marker, started, MARKER_WAIT_S)
+            saved = markers.wait_for_marker(PREEMPTED_FILE, started, MARKER_WAIT_S)
             by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
             preempted = saved is not None and not by_term_only
         if not preempted:
             if signal.SIGTERM in received or by_term_only:
                 _say(f"node {node}: stopped by SIGTERM (cancel); launcher exit {rc}")
                 return "terminated"
-            failed = _fresh_marker(Path(self.run_dir) / FAILED_FILE, started)
+            failed = markers.fresh_marker(FAILED_FILE, started)
             code = f"; a rank exited with code {failed.get('code')}" if failed else ""
             raise RuntimeError(
                 f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "
                 "job failed. Resubmitting resumes from the newest complete checkpoint."
             )
         what = f"saved step {saved['step']}" if saved else "no new checkpoint"
-        if node != 0:
-            _say(f"node {node}: preempted ({what}); node 0 requeues the job")
-            return "preempted"
-        if restarts >= self.max_requeues:
-            raise RuntimeError(
-                f"job {job_id} was preempted ({what}) after {restarts} requeue(s), which is "
-                f"slurm.max_requeues ({self.max_requeues}); not requeued. Resubmit to resume."
-            )
-        _say(f"node 0: preempted ({what}); requeueing job {job_id} ({restarts + 1} of at most "
-             f"{self.max_requeues})")  # fmt: skip
-        return _requeue(job_id, f"was preempted ({what})")
+        return self._retry(
+            node, job_id, restarts, f"preempted ({what})", f"was preempted ({what})",
+            result="preempted", resume="",
+        )  # fmt: skip
 
     def _after_hang(
         self, node: int, job_id: str, restarts: int, rc: int, hung: dict[str, Any] | None
@@ -679,18 +671,31 @@ class NodeTask:
             what = f"hung at step {hung.get('step', '?')} (node {hung.get('node', '?')}'s watchdog)"
         else:
             what = f"hung (the launcher exited with {rc}; no HUNG marker)"
+        return self._retry(
+            node, job_id, restarts, what, what,
+            result="hung", resume=" from the newest complete checkpoint",
+        )  # fmt: skip
+
+    def _retry(
+        self, node: int, job_id: str, restarts: int, event: str, job_event: str,
+        *, result: str, resume: str,
+    ) -> str:  # fmt: skip
+        """After a preemption or a hang: node 0 requeues the job within max_requeues
+        (`event`: what happened, for the log; `job_event`: the same after "job J");
+        the other nodes return `result` and leave it to node 0."""
         if node != 0:
-            _say(f"node {node}: {what}; node 0 requeues the job")
-            return "hung"
+            _say(f"node {node}: {event}; node 0 requeues the job")
+            return result
         if restarts >= self.max_requeues:
             raise RuntimeError(
-                f"job {job_id} {what} after {restarts} requeue(s), which is slurm.max_requeues "
-                f"({self.max_requeues}); not requeued. Resubmit to resume from the newest "
-                "complete checkpoint."
+                f"job {job_id} {job_event} after {restarts} requeue(s), which is "
+                f"slurm.max_requeues ({self.max_requeues}); not requeued. Resubmit to "
+                f"resume{resume}."
             )
-        _say(f"node 0: {what}; requeueing job {job_id} ({restarts + 1} of at most "
-             f"{self.max_requeues}); it resumes from the newest complete checkpoint")  # fmt: skip
-        return _requeue(job_id, what)
+        then = f"; it resumes{resume}" if resume else ""
+        _say(f"node 0: {event}; requeueing job {job_id} ({restarts + 1} of at most "
+             f"{self.max_requeues}){then}")  # fmt: skip
+        return _requeue(job_id, job_event)
 
 
 def _requeue(job_id: str, what: str) -> str:
@@ -715,23 +720,3 @@ def _requeue(job_id: str, what: str) -> str:
 def _say(message: str) -> None:
     # The task's stdout is the node's log file (submitit's %j_%t_log.out).
     print(f"[shardctl] {message}", flush=True)
-
-
-def _fresh_marker(marker: Path, started: float) -> dict[str, Any] | None:
-    """A marker (PREEMPTED, FAILED, HUNG) if it was written during this attempt."""
-    try:
-        if marker.stat().st_mtime < started - 1.0:
-            return None
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _wait_for_marker(marker: Path, started: float, seconds: float) -> dict[str, Any] | None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = _fresh_marker(marker, started)
-        if found is not None:
-            return found
-        time.sleep(0.5)
-    return None
