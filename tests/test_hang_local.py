@@ -59,6 +59,15 @@ def _status(name: str) -> dict:
     return json.loads(res.stdout)
 
 
+def _release(stopped: list[int], name: str) -> None:
+    """By PID: continue what the test stopped; cancel the job if it still runs."""
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    if _status(name)["state"] == "RUNNING":
+        CliRunner().invoke(cli, ["cancel", name])
+
+
 def _wait_for(what: str, check, timeout: float) -> float:
     started = time.monotonic()
     while not check():
@@ -111,11 +120,7 @@ def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
         os.kill(ranks[1], signal.SIGSTOP)
         took = _wait_for("the end", lambda: _status("hang")["state"] != "RUNNING", 180)
     finally:
-        for pid in stopped:  # by PID: continue and end what this test stopped
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        if _status("hang")["state"] == "RUNNING":
-            CliRunner().invoke(cli, ["cancel", "hang"])
+        _release(stopped, "hang")
     # The timeout, a poll, the stacks (≤ 5 s) and the kill; generous on a busy box.
     assert took < HANG_TIMEOUT_S + 40, took
     st = _status("hang")
@@ -147,8 +152,7 @@ def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
     try:
         _wait_for("the resumed run", lambda: _status("hang")["state"] != "RUNNING", 300)
     finally:
-        if _status("hang")["state"] == "RUNNING":
-            CliRunner().invoke(cli, ["cancel", "hang"])
+        _release([], "hang")
     st = _status("hang")
     out = (run_dir / "logs" / "launcher.out").read_text()
     assert st["state"] == "SUCCEEDED", (st, out[-3000:])
@@ -237,11 +241,7 @@ def test_your_script_stopped_rank_is_ended_with_its_stack(
         stopped.append(ranks[1])
         took = _wait_for("the end", lambda: _status("own")["state"] != "RUNNING", 180)
     finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        if _status("own")["state"] == "RUNNING":
-            CliRunner().invoke(cli, ["cancel", "own"])
+        _release(stopped, "own")
     assert took < HANG_TIMEOUT_S + 40, took
     st = _status("own")
     assert st["state"] == "HUNG", (st, logged()[-3000:])

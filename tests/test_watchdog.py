@@ -194,6 +194,16 @@ def _finish(proc: subprocess.Popen, tmp_path: Path, timeout: float = 60) -> tupl
                     os.kill(pid, signal.SIGKILL)
 
 
+def _stop_with_term(proc: subprocess.Popen, pids: list[int], tmp_path: Path) -> tuple[int, str]:
+    """SIGTERM to the watchdog (passed to the launcher); the stand-in launcher leaves
+    its ranks behind (torchrun would stop them) and they hold the pipe open."""
+    os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return _finish(proc, tmp_path)
+
+
 @pytest.mark.timeout(120)
 def test_a_hung_node_is_ended_with_every_stack_and_exit_124(tmp_path: Path) -> None:
     started = time.monotonic()
@@ -262,13 +272,7 @@ def test_signals_reach_the_launcher_and_the_ranks(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert (tmp_path / "rank-0-got-USR2").exists() and (tmp_path / "rank-1-got-USR2").exists()
         assert proc.poll() is None  # the launcher did not die of USR2
-        os.kill(proc.pid, signal.SIGTERM)  # to the launcher, which stops its own way
-        proc.wait(timeout=30)
-        # The stand-in launcher leaves its ranks behind (torchrun would stop them);
-        # they hold the pipe open.
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        code, err = _finish(proc, tmp_path)
+        code, err = _stop_with_term(proc, pids, tmp_path)  # the launcher stops its way
     finally:
         for pid in _rank_pids(tmp_path, 0.1):
             with contextlib.suppress(ProcessLookupError):
@@ -315,11 +319,7 @@ def test_a_stack_asked_for_by_hand_reaches_the_nodes_log(tmp_path: Path) -> None
         os.kill(pids[0], signal.SIGQUIT)  # `kill -QUIT <rank pid>`
         time.sleep(6.0)  # a few polls (every 3 s with a 30 s timeout)
         assert alive(pids[0])  # the rank goes on
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        code, err = _finish(proc, tmp_path)
+        code, err = _stop_with_term(proc, pids, tmp_path)
     finally:
         for pid in _rank_pids(tmp_path, 0.1):
             with contextlib.suppress(ProcessLookupError):
