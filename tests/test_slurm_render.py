@@ -447,14 +447,19 @@ HUNG = {"step": 9, "node": 1, "attempt": 0, "first": [1], "ranks": [{"rank": 1, 
 
 def test_node_task_counts_a_hang_as_a_retryable_fault(tmp_path):
     # The node's watchdog exited 124: node 1 leaves the requeue to node 0 and does not
-    # fail; node 0 out of requeues fails naming the step the HUNG marker names.
-    (tmp_path / "HUNG").write_text(json.dumps(HUNG))
-    assert "RESULT hung" in _run_task(tmp_path, "exit 124\n", node=1)
-    out = _run_task(tmp_path, "exit 124\n", node=0, restarts=2)
+    # fail; node 0 out of requeues fails naming the step the HUNG marker names. The
+    # marker is written during the attempt, as a watchdog does (a marker written before
+    # the task started is an earlier attempt's on a slow machine).
+    (tmp_path / "hung.json").write_text(json.dumps(HUNG))
+    write_hung = (
+        f"cp {shlex.quote(str(tmp_path / 'hung.json'))} {shlex.quote(str(tmp_path / 'HUNG'))}"
+    )
+    assert "RESULT hung" in _run_task(tmp_path, f"{write_hung}; exit 124\n", node=1)
+    out = _run_task(tmp_path, f"{write_hung}; exit 124\n", node=0, restarts=2)
     assert "ERROR job 123 hung at step 9 (node 1's watchdog) after 2 requeue(s)" in out, out
     assert "slurm.max_requeues (2); not requeued. Resubmit" in out, out
     # Another node's fresh HUNG makes any failure of this node a hang, not a failure.
-    assert "RESULT hung" in _run_task(tmp_path, "sleep 0.2; exit 1\n", node=1)
+    assert "RESULT hung" in _run_task(tmp_path, f"{write_hung}; sleep 0.2; exit 1\n", node=1)
     # A HUNG of an earlier attempt does not.
     os.utime(tmp_path / "HUNG", (time.time() - 3600,) * 2)
     out = _run_task(tmp_path, "exit 7\n", node=1)

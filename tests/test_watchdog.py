@@ -286,7 +286,7 @@ def test_signals_reach_the_launcher_and_the_ranks(tmp_path: Path) -> None:
 def test_a_node_whose_peers_were_declared_hung_exits_124(tmp_path: Path) -> None:
     # Another node's watchdog wrote HUNG; this node's ranks then fail (exit 3 here).
     proc = _watchdog(tmp_path, "exit3", "30", extra={"SHARDCTL_NNODES": "2"})
-    (tmp_path / "run").mkdir(exist_ok=True)
+    _rank_pids(tmp_path)  # the watchdog runs: a marker from now on is of this attempt
     (tmp_path / "run" / HUNG_FILE).write_text(json.dumps({"node": 1, "step": 2}) + "\n")
     code, err = _finish(proc, tmp_path)
     assert code == EXIT_HUNG, err
