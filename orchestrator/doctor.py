@@ -395,7 +395,8 @@ def _shared_from(rows: list[dict[str, str]], spec: JobSpec) -> Check:
 
 
 def k8s_checks(spec: JobSpec, api_client: Any = None) -> list[Check]:
-    from .clusters.k8s import K8sCluster, v2
+    from .clusters.k8s import K8sCluster
+    from .clusters.k8s.apis import job_kind
     from .errors import ClusterError, JobNotFoundError
 
     backend = K8sCluster(api_client=api_client)
@@ -424,14 +425,8 @@ def k8s_checks(spec: JobSpec, api_client: Any = None) -> list[Check]:
         return Check(name, "ok", ok if not callable(ok) else ok(found))
 
     ns = k.namespace
-    if k.api == "trainjob":
-        group, version, plural = v2.GROUP, v2.VERSION, v2.PLURAL
-        hint = v2.INSTALL_HINT
-    else:
-        from .clusters.k8s.objects import GROUP, PLURAL, VERSION
-
-        group, version, plural = GROUP, VERSION, PLURAL
-        from .clusters.k8s import OPERATOR_HINT as hint
+    kind = job_kind(k.api)
+    group, version, plural, hint = kind.group, kind.version, kind.plural, kind.install_hint
     checks.append(
         probe(
             "operator",
@@ -448,15 +443,14 @@ def k8s_checks(spec: JobSpec, api_client: Any = None) -> list[Check]:
             hint,
         )
     )
-    if k.api == "trainjob":
+    need = kind.prerequisite(spec)
+    if need is not None:
         try:
-            backend._check_runtime(custom, spec, ns)
-            checks.append(
-                Check("runtime", "ok", f"{k.runtime_kind} {v2.runtime_name(spec)} exists")
-            )
+            backend._check_prerequisite(custom, need, ns)
+            checks.append(Check(need.what, "ok", f"{need.kind} {need.name} exists"))
         except ClusterError as exc:
             checks.append(
-                Check("runtime", "fail", str(exc).split(";")[0], str(exc).split("; ", 1)[-1])
+                Check(need.what, "fail", str(exc).split(";")[0], str(exc).split("; ", 1)[-1])
             )
     checks.append(
         probe(

@@ -21,6 +21,7 @@ from helpers.kmock_server import PYTORCHJOBS, KMockServer
 from shardctl.orchestrator.clusters import k8s as k8s_backend
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
+from shardctl.orchestrator.clusters.k8s.pytorchjob import CONDITION_STATES
 from shardctl.orchestrator.errors import ClusterError, JobNotFoundError
 from test_k8s_render import BASE, make
 
@@ -194,7 +195,7 @@ def test_status_from_conditions(
 
 def test_every_operator_condition_is_in_the_table() -> None:
     operator_conditions = {"Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"}
-    assert operator_conditions <= set(k8s_backend.CONDITION_STATES)
+    assert operator_conditions <= set(CONDITION_STATES)
 
 
 def test_wait_returns_when_the_operator_finishes(server: KMockServer) -> None:

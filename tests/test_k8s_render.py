@@ -1,4 +1,4 @@
-"""The PyTorchJob and ConfigMap renderer (orchestrator/render_k8s.py).
+"""The PyTorchJob and ConfigMap renderer (orchestrator/clusters/k8s/).
 
 Every rendered object is validated: the PyTorchJob against the training
 operator's CRD schema (strict), each pod template and the ConfigMap against
@@ -16,6 +16,7 @@ import pytest
 import yaml
 from helpers.k8s_schemas import validate_core, validate_pytorchjob, validate_trainer_object
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
+from shardctl.orchestrator.clusters.k8s import pods
 from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.spec import JobSpec, load_spec, parse_spec
 
@@ -391,7 +392,7 @@ def test_names_are_cut_to_63() -> None:
     assert render_k8s.cut_name("a" * 62 + "-b") == "a" * 62
     longest = "x" * 50
     assert render_k8s.configmap_name(longest) == longest + "-spec"
-    assert render_k8s.DNS_LABEL_RE.match(render_k8s.configmap_name(longest))
+    assert pods.DNS_LABEL_RE.match(render_k8s.configmap_name(longest))
 
 
 def test_deterministic_and_sorted() -> None:

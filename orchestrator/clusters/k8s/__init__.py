@@ -1,9 +1,10 @@
 """`--cluster k8s`: a Kubeflow PyTorchJob or TrainJob created through the `kubernetes` client.
 
-`dryrun` renders the ConfigMap and the job (objects.py, trainjob.py) and contacts
-nothing; `schedule` sends exactly those two objects. Job states come from one
-table per kind: `CONDITION_STATES` (PyTorchJob conditions) and
-`trainjob.TRAINJOB_STATES` (TrainJob conditions, then its JobSet's jobs).
+`dryrun` renders the ConfigMap and the job (objects.py) and contacts nothing;
+`schedule` sends exactly those two objects. What differs between the two APIs (the
+job's resource, its states, its pods, what must exist before it) is asked of its
+`JobKind` (jobkind.py; `apis.job_kind` picks it from `k8s.api` or the job record):
+pytorchjob.py and trainjob.py, each with its own state table.
 
 Which cluster: the kubeconfig the `kubernetes` client finds (`$KUBECONFIG`,
 else ~/.kube/config), overridden by `$SHARDCTL_KUBECONFIG` and
@@ -19,7 +20,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ...assets import manifest
@@ -29,38 +29,11 @@ from ...render import common_artifacts
 from ...spec import JobSpec
 from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
 from . import objects as k8s_render
-from . import trainjob as v2
-from .objects import (
-    CONTAINER,
-    GROUP,
-    PLURAL,
-    RUNS_MOUNT,
-    VERSION,
-    configmap_name,
-    job_key,
-)
+from .apis import job_kind
+from .jobkind import JobKind, Prerequisite
+from .pods import RUNS_MOUNT, configmap_name
 
 T = TypeVar("T")
-
-# The PyTorchJob condition that is currently true → our state. Anything else
-# (a future operator's new condition) is UNKNOWN rather than a guess.
-CONDITION_STATES: dict[str, JobState] = {
-    "Pending": JobState.PENDING,  # no condition yet: the operator has not picked it up
-    "Created": JobState.PENDING,  # pods created, not all running
-    "Suspended": JobState.PENDING,  # runPolicy.suspend: waits to be resumed
-    "Running": JobState.RUNNING,
-    # A pod failed or was preempted and is restarting; the loop resumes from the
-    # newest complete checkpoint on the PVC.
-    "Restarting": JobState.PREEMPTED,
-    "Succeeded": JobState.SUCCEEDED,
-    "Failed": JobState.FAILED,
-}
-TERMINAL_CONDITIONS = ("Succeeded", "Failed")
-
-# Labels the training operator puts on every pod of a job.
-LABEL_JOB = "training.kubeflow.org/job-name"
-LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"
-LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"
 
 REQUEST_TIMEOUT_S = 30
 # How long `logs -f` waits for the pods' streams to end once the job has ended.
@@ -72,146 +45,15 @@ def rbac_hint() -> str:
     return f"the Role in {manifest('rbac.yaml')} grants what shardctl needs"
 
 
-OPERATOR_HINT = (
-    "install the Kubeflow training operator, which serves PyTorchJob "
-    f"({GROUP}/{VERSION}): see the README section 'k8s'"
-)
-
-
-def current_condition(job: dict[str, Any]) -> tuple[str, str]:
-    """(type, message) of the condition that holds now; ("Pending", "") without any.
-
-    The operator keeps the history of conditions; those with status "True" hold.
-    A terminal one wins, otherwise the last true one (the newest transition).
-    """
-    conditions = (job.get("status") or {}).get("conditions") or []
-    held = [c for c in conditions if str(c.get("status")) == "True"]
-    for cond in held:
-        if cond.get("type") in TERMINAL_CONDITIONS:
-            return cond["type"], cond.get("message", "")
-    if held:
-        return str(held[-1].get("type")), held[-1].get("message", "")
-    return "Pending", ""
-
-
-def state_of(job: dict[str, Any]) -> JobStatus:
-    native, message = current_condition(job)
-    state = CONDITION_STATES.get(native, JobState.UNKNOWN)
-    return JobStatus(state=state, native_state=native, detail=message or "")
-
-
-def trainjob_state_of(job: dict[str, Any]) -> JobStatus:
-    native, message = v2.trainjob_native_state(job)
-    state = JobState[v2.TRAINJOB_STATES[native]] if native in v2.TRAINJOB_STATES else None
-    return JobStatus(state=state or JobState.UNKNOWN, native_state=native, detail=message)
-
-
-# Labels JobSet puts on every pod of a TrainJob (the JobSet is named like the TrainJob).
-LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
-LABEL_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
-LABEL_INDEX = "batch.kubernetes.io/job-completion-index"  # the node rank
-
-
-@dataclass(frozen=True)
-class JobKind:
-    """What differs between the two APIs once the objects are rendered."""
-
-    api: str  # k8s.api
-    kind: str
-    group: str
-    version: str
-    plural: str
-    container: str  # the training container, for logs
-    pod_label: str  # the label naming the job on each of its pods
-    state_of: Callable[[dict[str, Any]], JobStatus]
-    install_hint: str
-
-    def pod_order(self, pod: dict[str, Any]) -> tuple[int, int, str]:
-        meta = pod["metadata"]
-        pod_labels = meta.get("labels") or {}
-        if self.api == "trainjob":
-            index = pod_labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(
-                LABEL_INDEX, ""
-            )
-            first = 0
-        else:
-            index = pod_labels.get(LABEL_REPLICA_INDEX, "")
-            first = 0 if pod_labels.get(LABEL_REPLICA_TYPE, "").lower() == "master" else 1
-        return (first, int(index) if str(index).isdigit() else 0, meta["name"])
-
-    def role(self, pod: dict[str, Any]) -> str:
-        meta = pod["metadata"]
-        pod_labels = meta.get("labels") or {}
-        if self.api == "trainjob":
-            index = pod_labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(
-                LABEL_INDEX, "?"
-            )
-            return f"{pod_labels.get(LABEL_RJOB, '?')} {index}"
-        return (
-            f"{pod_labels.get(LABEL_REPLICA_TYPE, '?')} {pod_labels.get(LABEL_REPLICA_INDEX, '?')}"
-        )
-
-    def node(self, pod: dict[str, Any]) -> int | None:
-        """The node rank a pod runs: master 0, worker i → i + 1 (PyTorchJob); the
-        completion index (TrainJob). None when the labels do not say."""
-        first, index, _ = self.pod_order(pod)
-        meta = pod["metadata"]
-        labels = meta.get("labels") or {}
-        if self.api == "trainjob":
-            raw = labels.get(LABEL_INDEX) or (meta.get("annotations") or {}).get(LABEL_INDEX)
-            return index if str(raw).isdigit() else None
-        if not str(labels.get(LABEL_REPLICA_INDEX, "")).isdigit():
-            return None
-        return index + first
-
-    def procs_per_node(self, job: dict[str, Any]) -> int | None:
-        """Processes per node, from the job object (`--rank` → node)."""
-        spec = job.get("spec") or {}
-        if self.api == "trainjob":
-            raw = (spec.get("trainer") or {}).get("numProcPerNode")
-        else:
-            raw = spec.get("nprocPerNode")
-        return int(raw) if str(raw).isdigit() and int(raw) > 0 else None
-
-
-KINDS = {
-    "pytorchjob": JobKind(
-        "pytorchjob", "PyTorchJob", GROUP, VERSION, PLURAL, CONTAINER,
-        LABEL_JOB, state_of, OPERATOR_HINT,
-    ),
-    "trainjob": JobKind(
-        "trainjob", v2.KIND, v2.GROUP, v2.VERSION, v2.PLURAL, v2.TRAINER_CONTAINER,
-        LABEL_JOBSET, trainjob_state_of, v2.INSTALL_HINT,
-    ),
-}  # fmt: skip
-
-
 def kind_of(ref: JobRef) -> JobKind:
-    # Records from before TrainJobs existed hold no "api": they are PyTorchJobs.
-    return KINDS.get(str(ref.extra.get("api") or "pytorchjob"), KINDS["pytorchjob"])
+    return job_kind(ref.extra.get("api"))
 
 
 class K8sCluster(Cluster):
     name = "k8s"
-    next_step = (
-        "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/pytorchjob.yaml\n"
-        "       or: helm install {name} {chart} -f {out}/values.yaml"
-    )
 
     def next_step_for(self, spec: JobSpec) -> str:
-        if spec.k8s.api != "trainjob":
-            return self.next_step
-        runtime = (
-            "its runtime is Trainer's stock one"
-            if v2.is_stock(spec)
-            else "a cluster admin installs its runtime once: kubectl apply --server-side -f "
-            "{out}/trainingruntime.yaml"
-        )
-        return (
-            "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/trainjob.yaml\n"
-            "       or: helm install {name} {chart} -f {out}/values.yaml\n"
-            f"       ({runtime})"
-        )
+        return job_kind(spec.k8s.api).next_step(spec)
 
     can_follow = True
     supports_replace = True
@@ -251,12 +93,13 @@ class K8sCluster(Cluster):
 
     def schedule(self, dryrun: DryRun) -> JobRef:
         spec = dryrun.spec
-        kind = KINDS[spec.k8s.api]
-        cm, job = dryrun.request["configmap"], dryrun.request[job_key(dryrun.request)]
+        kind = job_kind(spec.k8s.api)
+        cm, job = dryrun.request["configmap"], dryrun.request[kind.api]
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         core, custom = self._core(), self._custom()
-        if kind.api == "trainjob":
-            self._check_runtime(custom, spec, ns)
+        need = kind.prerequisite(spec)
+        if need is not None:
+            self._check_prerequisite(custom, need, ns)
         if self.replace:
             self._delete_everything(kind, ns, name, wait=True)
         self._create_configmap(kind, core, custom, cm, ns, name)
@@ -272,7 +115,7 @@ class K8sCluster(Cluster):
                 not_found=f"the cluster does not serve {kind.plural}.{kind.group}/{kind.version} "
                 f"(the {kind.kind} CRD is not installed); {kind.install_hint}",
                 conflict=_exists_message(kind, ns, name),
-                rejected=_runtime_rejection(spec) if kind.api == "trainjob" else None,
+                rejected=kind.rejection(spec),
             )  # fmt: skip
         except ClusterError:
             # Leave nothing behind from a submission that did not happen; a failing
@@ -290,26 +133,26 @@ class K8sCluster(Cluster):
                    "api": kind.api},
         )  # fmt: skip
 
-    def _check_runtime(self, custom: Any, spec: JobSpec, ns: str) -> None:
-        """A TrainJob names a runtime that must exist; say which and how to get it."""
-        kind = spec.k8s.runtime_kind
-        name = v2.runtime_name(spec)
-        plural = v2.RUNTIME_PLURALS[kind]
-        if kind == "ClusterTrainingRuntime":
-            get = lambda: custom.get_cluster_custom_object(  # noqa: E731
-                v2.GROUP, v2.VERSION, plural, name, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        else:
+    def _check_prerequisite(self, custom: Any, need: Prerequisite, ns: str) -> None:
+        """The job names an object (a TrainJob's runtime) that must exist: say which
+        and how to get it."""
+        if need.namespaced:
             get = lambda: custom.get_namespaced_custom_object(  # noqa: E731
-                v2.GROUP, v2.VERSION, ns, plural, name, _request_timeout=REQUEST_TIMEOUT_S
-            )
+                need.group, need.version, ns, need.plural, need.name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
+        else:
+            get = lambda: custom.get_cluster_custom_object(  # noqa: E731
+                need.group, need.version, need.plural, need.name,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )  # fmt: skip
         try:
-            self._call("get", plural, ns, get, not_found=_runtime_missing(spec))
+            self._call("get", need.plural, ns, get, not_found=need.missing)
         except JobNotFoundError as exc:
             raise ClusterError(str(exc)) from None
         except ClusterError as exc:
-            # Reading runtimes may be forbidden to job submitters; then the API
-            # server's admission webhook is the check (see `_runtime_rejection`).
+            # Reading it may be forbidden to job submitters; then the API server's
+            # admission webhook is the check (see `JobKind.rejection`).
             if "forbidden" not in str(exc):
                 raise
 
@@ -754,35 +597,6 @@ def _where(ref: JobRef) -> tuple[str, str]:
     if not ns or not name:
         ns, _, name = ref.job_id.partition("/")
     return ns, name
-
-
-def _runtime_missing(spec: JobSpec) -> str:
-    kind, name = spec.k8s.runtime_kind, v2.runtime_name(spec)
-    where = (
-        "in the cluster"
-        if kind == "ClusterTrainingRuntime"
-        else (f"in namespace {spec.k8s.namespace!r}")
-    )
-    if name in v2.STOCK_RUNTIMES:
-        how = v2.INSTALL_HINT
-    else:
-        how = (
-            "have a cluster admin install it: `shardctl render SPEC --cluster k8s --out DIR` "
-            "writes DIR/trainingruntime.yaml, then `kubectl apply --server-side -f "
-            "DIR/trainingruntime.yaml`"
-        )
-    return f"the {kind} {name!r} (k8s.runtime) does not exist {where}; {how}"
-
-
-def _runtime_rejection(spec: JobSpec) -> Callable[[str], str | None]:
-    """Trainer's admission webhook refuses a TrainJob whose runtime is missing."""
-
-    def better(reason: str) -> str | None:
-        if "must be created before the TrainJob" in reason:
-            return f"{_runtime_missing(spec)}. Server said: {reason}"
-        return None
-
-    return better
 
 
 def _exists_message(kind: JobKind, ns: str, name: str) -> str:

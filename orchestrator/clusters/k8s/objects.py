@@ -1,33 +1,20 @@
-"""The Kubernetes side of a job: a Kubeflow `PyTorchJob` (kubeflow.org/v1) and its ConfigMap.
+"""The Kubernetes side of a job: the chart values, the ConfigMap and the job object.
 
-Python decides every value; the object is plain data. The decisions are made
-once, in `helm_values(spec)`, and `objects_from_values(values)` lays them out as
-the ConfigMap and the PyTorchJob. The Helm chart in `helm/shardctl-job` is the
-twin of `objects_from_values` written in Go templates, so `helm template` of
-the values rendered here yields the very same objects (a test compares them).
+Python decides every value; the objects are plain data. The decisions are made
+once, in `values_from(spec, ...)`, and `objects_from_values(values)` lays them out
+as the ConfigMap and the job, which the spec's `JobKind` (`apis.job_kind`) lays out:
+a PyTorchJob (pytorchjob.py) or a TrainJob (trainjob.py), both from the pod parts in
+pods.py. The Helm chart in `helm/shardctl-job` is the twin of `objects_from_values`
+written in Go templates, so `helm template` of the values rendered here yields the
+very same objects (a test compares them).
 
-Layout inside every pod (the paths are part of the interface, see README `k8s`):
-
-    /etc/shardctl/job.yaml     the validated spec, from the ConfigMap (read-only)
-    /etc/shardctl/launch.sh    the launch script (`launch_script(spec, "k8s", ...)`), and
-                               beside it the files it reads (accelerate config, hostfile)
-    /shardctl/runs/            the PVC (or an emptyDir when no PVC is given); the
-                               run dir is /shardctl/runs/<name>, checkpoints in
-                               /shardctl/runs/<name>/checkpoints, whatever
-                               `checkpoint.dir` said on the submitting machine
-    /shardctl/cache/           writable emptyDir: HOME, Triton and torch caches
-    /tmp, /dev/shm             writable emptyDirs (/dev/shm in memory, for dataloaders)
-
-The root filesystem is read-only by default, so everything a rank writes goes
-to one of those mounts. A pod that is deleted or preempted restarts (restart
-policy OnFailure/ExitCode) with the same PVC and resumes from the newest
-complete checkpoint there.
+The layout inside every pod is described in pods.py. The pods see the spec as
+`pod_spec` rewrites it: the run dir and the checkpoints on the volume at RUNS_MOUNT,
+an entrypoint's code where it travelled.
 """
 
 from __future__ import annotations
 
-import copy
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,30 +35,23 @@ from ...render import common_artifacts
 from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
 from ...spec import ExtraVolume, JobSpec, parse_spec
 from ..base import NodeView
+from .apis import job_kind
+from .jobkind import AdminRuntime
+from .pods import (
+    CACHE_MOUNT,
+    CODE_DIR,
+    LAUNCH_FILE,
+    RUNS_MOUNT,
+    SPEC_DIR,
+    SPEC_FILE,
+    configmap_name,
+    cut_name,
+    object_metadata,
+)
 
-API_VERSION = "kubeflow.org/v1"
-KIND = "PyTorchJob"
-GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-
-SPEC_DIR = "/etc/shardctl"
-CODE_DIR = f"{SPEC_DIR}/code"  # an entrypoint's code, when it travels in the ConfigMap
 # Kubernetes refuses a ConfigMap whose data exceeds 1 MiB.
 CONFIGMAP_LIMIT = 1024 * 1024
-SPEC_FILE = "job.yaml"
-LAUNCH_FILE = "launch.sh"
-RUNS_MOUNT = "/shardctl/runs"
-CACHE_MOUNT = "/shardctl/cache"
-CONTAINER = "pytorch"  # the operator finds the training container by this name
-PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port of this name
-# Kubernetes object names and label values are at most 63 characters (DNS-1123 label).
-NAME_LIMIT = 63
 
-# The operator injects RANK (the *node* rank) and WORLD_SIZE (the node count)
-# into every pod of a PyTorchJob. torchrun sets both per process for its
-# children, but nothing before it may take them for the rank's own: the
-# container starts the launch script with both removed, and the script reads
-# the PET_* variables the operator provides for torchrun.
-OPERATOR_MISLEADING_ENV = ("RANK", "WORLD_SIZE")
 
 # Writable places for tools that assume a writable HOME or cache dir; the root
 # filesystem stays read-only.
@@ -84,35 +64,6 @@ CACHE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "TMPDIR": "/tmp",
 }
-
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_COMPONENT = "app.kubernetes.io/component"
-LABEL_PART_OF = "app.kubernetes.io/part-of"
-
-
-def cut_name(name: str, suffix: str = "") -> str:
-    """`name + suffix` cut to 63 characters, one trailing '-' removed.
-
-    Exactly what the chart's `shardctl-job.name` helper does (`trunc 63 | trimSuffix "-"`).
-    """
-    return (name + suffix)[:NAME_LIMIT].removesuffix("-")
-
-
-def configmap_name(job_name: str) -> str:
-    return cut_name(job_name, "-spec")
-
-
-def labels(job_name: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The user's `k8s.labels`, then shardctl's own (which always win: the CLI finds
-    its objects by them)."""
-    return {
-        **(extra or {}),
-        LABEL_NAME: "shardctl",
-        LABEL_INSTANCE: cut_name(job_name),
-        LABEL_COMPONENT: "training",
-        LABEL_PART_OF: "shardctl",
-    }
 
 
 # ----------------------------------------------------------------- decisions
@@ -226,12 +177,8 @@ def pod_spec(spec: JobSpec) -> JobSpec:
 def runtime_env(spec: JobSpec) -> list[EnvLine]:
     """A pod learns its place from the variables the Kubeflow operator injects: the
     training operator's (PyTorchJob) or Trainer v2's torch plugin (TrainJob)."""
-    if spec.k8s.api == "trainjob":
-        where = "set by the torch plugin of Kubeflow Trainer in TrainJob pods"
-        master = ("PET_MASTER_ADDR", "PET_MASTER_PORT")
-    else:
-        where = "set by the Kubeflow training operator in PyTorchJob pods"
-        master = ("MASTER_ADDR", "MASTER_PORT")
+    kind = job_kind(spec.k8s.api)
+    where, master = kind.env_source, kind.master_env
     return [
         export_from("SHARDCTL_NNODES", "PET_NNODES", where),
         export_from("SHARDCTL_NODE_RANK", "PET_NODE_RANK", where),
@@ -347,11 +294,9 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
         t.model_dump(by_alias=True, exclude_none=True)
         for t in k.tolerations  # key/operator/value/effect/tolerationSeconds: the k8s names
     ]
-    from .trainjob import trainjob_values  # the TrainJob layout builds on this module
-
     return {
         "api": k.api,
-        **(trainjob_values(spec) if k.api == "trainjob" else {"runtimeRef": None}),
+        **job_kind(k.api).values(spec),
         "name": spec.name,
         "namespace": k.namespace,
         "image": k.image,
@@ -402,23 +347,17 @@ def values_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> dict[s
 
 def objects_from_values(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The ConfigMap and the job (a PyTorchJob or a TrainJob) laid out from chart values."""
-    from .trainjob import trainjob_from_values  # it builds on this module's pod parts
-
+    kind = job_kind(values["api"])
     name = cut_name(values["name"])
-    if values["api"] == "trainjob":
-        return {
-            "configmap": _configmap(values, name),
-            "trainjob": trainjob_from_values(values, name),
-        }
     return {
         "configmap": _configmap(values, name),
-        "pytorchjob": _pytorchjob(values, name),
+        kind.api: kind.job_object(values, name),
     }
 
 
 def job_key(objects: dict[str, Any]) -> str:
     """ "pytorchjob" or "trainjob": the key of the job among the rendered objects."""
-    return "trainjob" if "trainjob" in objects else "pytorchjob"
+    return next(key for key in objects if key != "configmap")
 
 
 def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
@@ -439,183 +378,6 @@ def _configmap(values: dict[str, Any], name: str) -> dict[str, Any]:
     }
 
 
-def object_metadata(values: dict[str, Any], name: str) -> dict[str, Any]:
-    """Labels (the user's and shardctl's) and the user's annotations, when any."""
-    meta: dict[str, Any] = {"labels": labels(name, values["labels"])}
-    if values["annotations"]:
-        meta["annotations"] = dict(values["annotations"])
-    return meta
-
-
-def _pytorchjob(values: dict[str, Any], name: str) -> dict[str, Any]:
-    nodes = values["nodes"]
-    # Each replica gets its own copy of the pod template: one shared dict would
-    # make a change to the Master's silently change the Workers'.
-    replica_specs: dict[str, Any] = {
-        "Master": {
-            "replicas": 1,
-            "restartPolicy": values["restartPolicy"],
-            "template": _pod_template(values, name),
-        }
-    }
-    if nodes > 1:
-        replica_specs["Worker"] = {
-            "replicas": nodes - 1,
-            "restartPolicy": values["restartPolicy"],
-            "template": _pod_template(values, name),
-        }
-    job_spec: dict[str, Any] = {
-        "nprocPerNode": str(values["nprocPerNode"]),
-        "pytorchReplicaSpecs": replica_specs,
-        "runPolicy": dict(values["runPolicy"]),
-    }
-    if values.get("elastic"):
-        # c10d: torchrun's own rendezvous on the master; no etcd to run.
-        job_spec["elasticPolicy"] = {**values["elastic"], "rdzvBackend": "c10d"}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {
-            "name": name,
-            "namespace": values["namespace"],
-            **object_metadata(values, name),
-        },
-        "spec": job_spec,
-    }
-
-
-def pod_volumes(values: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """The pod's volumes: the spec ConfigMap, the run dir, writable scratch, the user's."""
-    claim = values["storage"]["claimName"]
-    runs_volume: dict[str, Any] = (
-        {"name": "runs", "persistentVolumeClaim": {"claimName": claim}}
-        if claim
-        else {"name": "runs", "emptyDir": {}}
-    )
-    spec_volume: dict[str, Any] = {"name": configmap_name(name), "defaultMode": 0o444}
-    if values["codeFiles"]:
-        # ConfigMap keys cannot hold '/': code files are put at their paths by `items`,
-        # which then must list every file the pod needs.
-        spec_volume["items"] = [
-            *({"key": k, "path": k} for k in sorted(values["launcherFiles"])),
-            {"key": SPEC_FILE, "path": SPEC_FILE},
-            {"key": LAUNCH_FILE, "path": LAUNCH_FILE},
-            *({"key": f["key"], "path": f["path"]} for f in values["codeFiles"]),
-        ]
-    return copy.deepcopy(
-        [
-            {"name": "spec", "configMap": spec_volume},
-            runs_volume,
-            {"name": "cache", "emptyDir": {}},
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": values["shmSize"]}},
-            *(extra["volume"] for extra in values["extraVolumes"]),
-        ]
-    )
-
-
-def volume_mounts(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return copy.deepcopy(
-        [
-            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
-            {"name": "runs", "mountPath": RUNS_MOUNT},
-            {"name": "cache", "mountPath": CACHE_MOUNT},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "dshm", "mountPath": "/dev/shm"},
-            *(extra["mount"] for extra in values["extraVolumes"]),
-        ]
-    )
-
-
-def container_command() -> list[str]:
-    """The launch script, started with the operator's node-level RANK/WORLD_SIZE removed."""
-    unset: list[str] = []
-    for var in OPERATOR_MISLEADING_ENV:
-        unset += ["-u", var]
-    return ["env", *unset, "bash", f"{SPEC_DIR}/{LAUNCH_FILE}"]
-
-
-def container_env(values: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"name": k, "value": v} for k, v in sorted(values["env"].items())]
-
-
-def env_from(values: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"configMapRef": {"name": n}} for n in values["envFrom"]["configMaps"]] + [
-        {"secretRef": {"name": n}} for n in values["envFrom"]["secrets"]
-    ]
-
-
-def container_security(values: dict[str, Any]) -> dict[str, Any]:
-    security = values["securityContext"]
-    return {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "privileged": False,
-        "readOnlyRootFilesystem": security["readOnlyRootFilesystem"],
-        "runAsNonRoot": True,
-        "runAsUser": security["runAsUser"],
-    }
-
-
-def pod_security(values: dict[str, Any]) -> dict[str, Any]:
-    uid = values["securityContext"]["runAsUser"]
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": uid,
-        # fsGroup makes the PVC writable by the non-root user.
-        "fsGroup": uid,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def pod_placement(values: dict[str, Any]) -> dict[str, Any]:
-    """Where the pods may run and what they pull with: only the settings the spec gives."""
-    values = copy.deepcopy(values)
-    placed: dict[str, Any] = {}
-    if values["nodeSelector"]:
-        placed["nodeSelector"] = values["nodeSelector"]
-    if values["tolerations"]:
-        placed["tolerations"] = values["tolerations"]
-    if values["affinity"]:
-        placed["affinity"] = values["affinity"]
-    if values["imagePullSecrets"]:
-        placed["imagePullSecrets"] = [{"name": n} for n in values["imagePullSecrets"]]
-    return placed
-
-
-def _pod_template(values: dict[str, Any], name: str) -> dict[str, Any]:
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": values["image"],
-        "imagePullPolicy": values["imagePullPolicy"],
-        "command": container_command(),
-        "workingDir": RUNS_MOUNT,
-        "env": container_env(values),
-        "ports": [{"name": PORT_NAME, "containerPort": values["masterPort"]}],
-        "resources": copy.deepcopy(values["resources"]),
-        "volumeMounts": volume_mounts(values),
-        "securityContext": container_security(values),
-    }
-    if values["envFrom"]["configMaps"] or values["envFrom"]["secrets"]:
-        container["envFrom"] = env_from(values)
-    pod: dict[str, Any] = {
-        # Training ranks never call the Kubernetes API: no token in the pod.
-        "automountServiceAccountToken": False,
-        "serviceAccountName": values["serviceAccount"]["name"],
-        "terminationGracePeriodSeconds": values["terminationGracePeriodSeconds"],
-        "securityContext": pod_security(values),
-        "containers": [container],
-        "volumes": pod_volumes(values, name),
-        **pod_placement(values),
-    }
-    if values["schedulerName"]:
-        pod["schedulerName"] = values["schedulerName"]
-    if values.get("priorityClassName"):
-        pod["priorityClassName"] = values["priorityClassName"]
-    return {"metadata": object_metadata(values, name), "spec": pod}
-
-
 # --------------------------------------------------------------------- public
 
 
@@ -627,8 +389,13 @@ class K8sRender:
     common: dict[str, str]  # job.yaml, env.sh, launch.sh, launcher files (pod view)
     values: dict[str, Any]  # the Helm chart's values
     objects: dict[str, dict[str, Any]]  # {"configmap": ..., "pytorchjob"|"trainjob": ...}
-    # TrainJob only: the runtime a cluster admin installs when the stock one does not fit.
-    runtime: dict[str, Any] | None = None
+    # What a cluster admin installs beside the job, when its kind needs one (a TrainJob's
+    # runtime, for when the stock one does not fit).
+    admin: AdminRuntime | None = None
+
+    @property
+    def runtime(self) -> dict[str, Any] | None:
+        return self.admin.object if self.admin is not None else None
 
     @property
     def job(self) -> dict[str, Any]:
@@ -643,8 +410,8 @@ class K8sRender:
             "values.yaml": "# Values for the chart helm/shardctl-job (rendered by shardctl)\n"
             + dump(self.values),
         }
-        if self.runtime is not None:
-            files["trainingruntime.yaml"] = RUNTIME_HEADER + dump(self.runtime)
+        if self.admin is not None:
+            files[self.admin.file] = self.admin.header + dump(self.admin.object)
         return files
 
     @property
@@ -680,10 +447,7 @@ def check_runnable(spec: JobSpec) -> None:
             "each pod would hold only "
             "its own shards and resume would find no complete checkpoint"
         )
-    if spec.k8s.api == "trainjob":
-        from .trainjob import trainjob_problems
-
-        problems += trainjob_problems(spec)
+    problems += job_kind(spec.k8s.api).problems(spec)
     if problems:
         raise SpecError(problems)
 
@@ -691,12 +455,8 @@ def check_runnable(spec: JobSpec) -> None:
 def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
     check_runnable(spec)
     values = values_from(spec, node, common)
-    runtime = None
-    if spec.k8s.api == "trainjob":
-        from .trainjob import runtime_object
-
-        runtime = runtime_object(spec, values)
-    rendered = K8sRender(node, common, values, objects_from_values(values), runtime)
+    admin = job_kind(spec.k8s.api).admin_runtime(spec, values)
+    rendered = K8sRender(node, common, values, objects_from_values(values), admin)
     data = rendered.objects["configmap"]["data"]
     size = sum(len(text.encode("utf-8")) for text in data.values())
     if size > CONFIGMAP_LIMIT:
@@ -745,15 +505,6 @@ def manifests(spec: JobSpec) -> str:
     return render(spec).manifests
 
 
-RUNTIME_HEADER = (
-    "# A Kubeflow Trainer v2.3 training runtime for shardctl's TrainJobs, rendered from the\n"
-    "# job spec. Jobs on the stock 'torch-distributed' runtime do not need it. Install it\n"
-    "# once (a cluster admin: kubectl apply --server-side -f trainingruntime.yaml) when the\n"
-    "# spec sets what only a runtime can carry (scheduler, priority class, envFrom, pull\n"
-    "# policy, restarts of every pod), and give the jobs k8s.runtime: <its name>.\n"
-)
-
-
 class _Dumper(yaml.SafeDumper):
     """Deterministic YAML: sorted keys, multi-line strings as literal blocks, no aliases
     (Master and Worker share one pod template dict; kubectl users expect it spelled out)."""
@@ -772,7 +523,3 @@ _Dumper.add_representer(str, _str)
 
 def dump(obj: Any) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
-
-
-# A k8s label value / object name: what `cut_name` must always produce.
-DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -19,15 +19,19 @@ PET_MASTER_PORT (29500); the launch script reads those, as it reads the PyTorchJ
 operator's variables on the other API.
 
 `trainjob_from_values` is mirrored by helm/shardctl-job/templates/trainjob.yaml;
-tests/test_helm_chart.py compares their output.
+tests/test_helm_chart.py compares their output. This module builds on the shared pod
+parts (`pods.py`) and imports nothing of the PyTorchJob's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ...spec import JobSpec
-from .objects import (
+from ..base import JobState, JobStatus
+from .jobkind import AdminRuntime, Prerequisite, positive_int
+from .pods import (
     RUNS_MOUNT,
     container_command,
     container_env,
@@ -279,17 +283,17 @@ def runtime_object(spec: JobSpec, values: dict[str, Any]) -> dict[str, Any]:
 # also Created and Running) and, while none of them holds, the state of its JobSet's
 # jobs, which the controller copies into status.jobsStatus → shardctl's states.
 # `trainjob_native_state` decides the native name; this table is the only mapping.
-TRAINJOB_STATES: dict[str, str] = {
-    "Pending": "PENDING",  # no status yet: the controller has not built the JobSet
-    "Created": "PENDING",  # the JobSet exists, no job has started a pod
-    "Starting": "PENDING",  # pods are being scheduled or pulled
-    "Suspended": "PENDING",  # spec.suspend (e.g. Kueue holds it in its queue)
-    "Running": "RUNNING",  # every pod of the trainer's job is ready
+TRAINJOB_STATES: dict[str, JobState] = {
+    "Pending": JobState.PENDING,  # no status yet: the controller has not built the JobSet
+    "Created": JobState.PENDING,  # the JobSet exists, no job has started a pod
+    "Starting": JobState.PENDING,  # pods are being scheduled or pulled
+    "Suspended": JobState.PENDING,  # spec.suspend (e.g. Kueue holds it in its queue)
+    "Running": JobState.RUNNING,  # every pod of the trainer's job is ready
     # A job of the JobSet failed (a pod preempted, deleted or crashed) and the
     # JobSet's failure policy recreates its pods; they resume from the checkpoint.
-    "Restarting": "PREEMPTED",
-    "Complete": "SUCCEEDED",
-    "Failed": "FAILED",
+    "Restarting": JobState.PREEMPTED,
+    "Complete": JobState.SUCCEEDED,
+    "Failed": JobState.FAILED,
 }
 TERMINAL_CONDITIONS = ("Complete", "Failed")
 
@@ -322,3 +326,140 @@ def trainjob_native_state(job: dict[str, Any]) -> tuple[str, str]:
     if total("active"):
         return "Starting", ""
     return "Created", ""
+
+
+# ---------------------------------------------------------------- the client
+
+
+def runtime_missing(spec: JobSpec) -> str:
+    """The job's runtime does not exist: which, where, and how to get it."""
+    kind, name = spec.k8s.runtime_kind, runtime_name(spec)
+    where = (
+        "in the cluster"
+        if kind == "ClusterTrainingRuntime"
+        else (f"in namespace {spec.k8s.namespace!r}")
+    )
+    if name in STOCK_RUNTIMES:
+        how = INSTALL_HINT
+    else:
+        how = (
+            "have a cluster admin install it: `shardctl render SPEC --cluster k8s --out DIR` "
+            "writes DIR/trainingruntime.yaml, then `kubectl apply --server-side -f "
+            "DIR/trainingruntime.yaml`"
+        )
+    return f"the {kind} {name!r} (k8s.runtime) does not exist {where}; {how}"
+
+
+def runtime_rejection(spec: JobSpec) -> Callable[[str], str | None]:
+    """Trainer's admission webhook refuses a TrainJob whose runtime is missing."""
+
+    def better(reason: str) -> str | None:
+        if "must be created before the TrainJob" in reason:
+            return f"{runtime_missing(spec)}. Server said: {reason}"
+        return None
+
+    return better
+
+
+# ---------------------------------------------------------------------- kind
+
+RUNTIME_FILE = "trainingruntime.yaml"
+RUNTIME_HEADER = (
+    "# A Kubeflow Trainer v2.3 training runtime for shardctl's TrainJobs, rendered from the\n"
+    "# job spec. Jobs on the stock 'torch-distributed' runtime do not need it. Install it\n"
+    "# once (a cluster admin: kubectl apply --server-side -f trainingruntime.yaml) when the\n"
+    "# spec sets what only a runtime can carry (scheduler, priority class, envFrom, pull\n"
+    "# policy, restarts of every pod), and give the jobs k8s.runtime: <its name>.\n"
+)
+
+# Labels JobSet puts on every pod of a TrainJob (the JobSet is named like the TrainJob).
+LABEL_JOBSET = "jobset.sigs.k8s.io/jobset-name"
+LABEL_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
+LABEL_INDEX = "batch.kubernetes.io/job-completion-index"  # the node rank
+
+
+def _completion_index(pod: dict[str, Any], default: str | None) -> str | None:
+    """A pod's completion index: its label, else its annotation (older Job controllers)."""
+    meta = pod["metadata"]
+    return (meta.get("labels") or {}).get(LABEL_INDEX) or (meta.get("annotations") or {}).get(
+        LABEL_INDEX, default
+    )
+
+
+class TrainJobKind:
+    """`k8s.api: trainjob` (the `JobKind` protocol)."""
+
+    api = "trainjob"
+    kind = KIND
+    group, version, plural = GROUP, VERSION, PLURAL
+    container = TRAINER_CONTAINER
+    pod_label = LABEL_JOBSET
+    install_hint = INSTALL_HINT
+    env_source = "set by the torch plugin of Kubeflow Trainer in TrainJob pods"
+    master_env = ("PET_MASTER_ADDR", "PET_MASTER_PORT")
+
+    def values(self, spec: JobSpec) -> dict[str, Any]:
+        return trainjob_values(spec)
+
+    def job_object(self, values: dict[str, Any], name: str) -> dict[str, Any]:
+        return trainjob_from_values(values, name)
+
+    def admin_runtime(self, spec: JobSpec, values: dict[str, Any]) -> AdminRuntime | None:
+        return AdminRuntime(RUNTIME_FILE, RUNTIME_HEADER, runtime_object(spec, values))
+
+    def problems(self, spec: JobSpec) -> list[str]:
+        return trainjob_problems(spec)
+
+    def next_step(self, spec: JobSpec) -> str:
+        runtime = (
+            "its runtime is Trainer's stock one"
+            if is_stock(spec)
+            else "a cluster admin installs its runtime once: kubectl apply --server-side -f "
+            f"{{out}}/{RUNTIME_FILE}"
+        )
+        return (
+            "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/trainjob.yaml\n"
+            "       or: helm install {name} {chart} -f {out}/values.yaml\n"
+            f"       ({runtime})"
+        )
+
+    def state_of(self, job: dict[str, Any]) -> JobStatus:
+        native, message = trainjob_native_state(job)
+        state = TRAINJOB_STATES.get(native, JobState.UNKNOWN)
+        return JobStatus(state=state, native_state=native, detail=message)
+
+    def prerequisite(self, spec: JobSpec) -> Prerequisite | None:
+        """The runtime the TrainJob names."""
+        kind = spec.k8s.runtime_kind
+        return Prerequisite(
+            what="runtime",
+            group=GROUP,
+            version=VERSION,
+            kind=kind,
+            plural=RUNTIME_PLURALS[kind],
+            name=runtime_name(spec),
+            namespaced=kind != "ClusterTrainingRuntime",
+            missing=runtime_missing(spec),
+        )
+
+    def rejection(self, spec: JobSpec) -> Callable[[str], str | None] | None:
+        return runtime_rejection(spec)
+
+    def pod_order(self, pod: dict[str, Any]) -> tuple[int, int, str]:
+        index = _completion_index(pod, "")
+        return (0, int(index) if str(index).isdigit() else 0, pod["metadata"]["name"])
+
+    def role(self, pod: dict[str, Any]) -> str:
+        pod_labels = pod["metadata"].get("labels") or {}
+        return f"{pod_labels.get(LABEL_RJOB, '?')} {_completion_index(pod, '?')}"
+
+    def node(self, pod: dict[str, Any]) -> int | None:
+        """The completion index."""
+        raw = _completion_index(pod, None)
+        return int(raw) if str(raw).isdigit() else None
+
+    def procs_per_node(self, job: dict[str, Any]) -> int | None:
+        return positive_int(((job.get("spec") or {}).get("trainer") or {}).get("numProcPerNode"))
+
+
+TRAINJOB = TrainJobKind()
