@@ -2,9 +2,9 @@
 
 Python decides every value; the objects are plain data. The decisions are made
 once, in `values_from(spec, ...)`, and `objects_from_values(values)` lays them out
-as the ConfigMap and the job, which the spec's `JobKind` (`apis.job_kind`) lays out:
-a PyTorchJob (pytorchjob.py) or a TrainJob (trainjob.py), both from the pod parts in
-pods.py. The Helm chart in `helm/shardctl-job` is the twin of `objects_from_values`
+as the ConfigMap and the job; the job is the spec's `JobKind`'s (`apis.job_kind`) to
+lay out: a PyTorchJob (pytorchjob.py) or a TrainJob (trainjob.py), both built from
+the pod parts in pods.py. The Helm chart in `helm/shardctl-job` is the twin of `objects_from_values`
 written in Go templates, so `helm template` of the values rendered here yields the
 very same objects (a test compares them).
 

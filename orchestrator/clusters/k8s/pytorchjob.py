@@ -1,5 +1,5 @@
 """The Kubeflow training operator's `PyTorchJob` (kubeflow.org/v1): its object, its
-state table and its pods.
+state table, its pods, and `PYTORCHJOB`, the `JobKind` of `k8s.api: pytorchjob`.
 
 A Master replica (node 0) and `nodes - 1` Workers, each pod from the shared pod
 parts (`pods.py`); the operator injects PET_NNODES, PET_NODE_RANK,

@@ -1,5 +1,6 @@
 """The Kubeflow Trainer v2 side of a job: a `TrainJob` (trainer.kubeflow.org/v1alpha1,
-the v2.3 API) and the training runtime a cluster admin installs for it.
+the v2.3 API), the training runtime a cluster admin installs for it, its state table,
+its pods, and `TRAINJOB`, the `JobKind` of `k8s.api: trainjob`.
 
 A TrainJob names a runtime (`k8s.runtime`, default the stock `torch-distributed`)
 and changes it in two ways only: `spec.trainer` (image, command, env, node and
