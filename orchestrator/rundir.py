@@ -11,12 +11,22 @@ A run directory (`spec.run_dir`, default `runs/<name>`) holds:
     checkpoints/step-NNNNNNNN/         sharded checkpoints, unless checkpoint.dir
                                        points elsewhere (a scratch file system)
     model/                             the consolidated full state dict
-    DONE                               JSON {"step"}: every step ran, final save exists
-    PREEMPTED                          JSON {"step", "reason"}: saved on a signal;
-                                       submit again (or requeue) to resume
-    HUNG                               JSON {"step", "node", "ranks", ...}: the node
-                                       watchdog found no rank advancing and ended
-                                       the ranks (shardctl.train.watchdog)
+    DONE                               JSON {"kind": "done", "step"}: every step
+                                       ran, final save exists
+    PREEMPTED                          JSON {"kind": "preempted", "step", "signal",
+                                       "reason"}: saved on a signal; submit again
+                                       (or requeue) to resume
+    HUNG                               JSON {"kind": "hung", "step", "node", "rank",
+                                       "ranks", ...}: the node watchdog found no rank
+                                       advancing and ended the ranks
+                                       (shardctl.train.watchdog)
+    FAILED                             JSON {"kind": "failed", "code", "rank"}: a user
+                                       script's own non-zero exit (shardctl.train.entry)
+    CANCELLED                          JSON {"kind": "cancelled"}: `shardctl cancel`
+                                       (local)
+
+The typed fields (`kind` and its own) are what supervisors decide on, through
+`shardctl.orchestrator.outcome`; `reason` is for people.
     logs/hang-*.txt                    that watchdog's report and every rank's stack
 
 Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
@@ -69,6 +79,7 @@ DONE_FILE = "DONE"
 PREEMPTED_FILE = "PREEMPTED"
 FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
 HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job hung
+CANCELLED_FILE = "CANCELLED"  # JSON {"kind": "cancelled"}: written by a local `cancel`
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

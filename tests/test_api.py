@@ -245,7 +245,9 @@ def test_example_stopped_at_k_resumes_at_k_bit_exact(tmp_path: Path) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-def _start_ranks(tmp_path: Path, out: Path, world: int = 2) -> list[subprocess.Popen]:
+def _start_ranks(
+    tmp_path: Path, out: Path, world: int = 2, extra_env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """The ranks as torchrun would start them (same variables), but each one our own
     child: its exit code is its own, not the launcher's summary."""
     port = str(free_port())
@@ -256,6 +258,7 @@ def _start_ranks(tmp_path: Path, out: Path, world: int = 2) -> list[subprocess.P
             LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
             SHARDCTL_RUN_DIR=str(tmp_path / "run"),
             SHARDCTL_CHECKPOINT_DIR=str(tmp_path / "run" / "checkpoints"),
+            **(extra_env or {}),
         )  # fmt: skip
         log = open(out / f"log-{rank}.txt", "w")  # noqa: SIM115 (closed with the process)
         procs.append(
@@ -298,7 +301,12 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(
     assert len(steps) == 1, steps  # every rank stopped after the same step
     step = steps.pop()
     marker = json.loads((tmp_path / "run" / "PREEMPTED").read_text())
-    assert marker == {"step": step, "reason": f"signal {sig.name}"}
+    assert marker == {
+        "kind": "preempted",
+        "step": step,
+        "signal": sig.name,
+        "reason": f"signal {sig.name}",
+    }
     ckpt = tmp_path / "run" / "checkpoints" / f"step-{step:08d}"
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert (manifest["step"], manifest["world_size"]) == (step, 2)

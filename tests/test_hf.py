@@ -191,7 +191,12 @@ def test_a_signal_saves_then_exits_42(tmp_path: Path, restore_signals) -> None:
         cb.on_save(args, state, control)
     assert exit_.value.code == EXIT_PREEMPTED
     marker = json.loads((tmp_path / "PREEMPTED").read_text())
-    assert marker == {"step": 7, "reason": "signal SIGUSR2"}
+    assert marker == {
+        "kind": "preempted",
+        "step": 7,
+        "signal": "SIGUSR2",
+        "reason": "signal SIGUSR2",
+    }
 
 
 def test_a_signal_after_the_last_step_is_not_held(tmp_path: Path, restore_signals) -> None:

@@ -83,9 +83,14 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
     st = local.status(ref)
     assert st.state == JobState.CANCELLED, st
     step = json.loads((run_dir / "PREEMPTED").read_text())["step"]
-    assert "signal SIGTERM" in (run_dir / "PREEMPTED").read_text()
+    marker = json.loads((run_dir / "PREEMPTED").read_text())
+    assert (marker["kind"], marker["signal"]) == ("preempted", "SIGTERM")
     assert (run_dir / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
     assert local.exit_code(ref) == 42
+    # The supervisor asked the classifier too, and recorded its verdict: a cancel, stop.
+    verdict = json.loads((run_dir / "local.outcome").read_text())
+    assert (verdict["decision"], verdict["outcome"]["kind"]) == ("stop", "cancelled")
+    assert verdict["outcome"]["step"] == step
 
     # The CLI in the foreground: resumes where the cancel saved, exits with the job's code.
     # (The same run, shortened to end 3 steps after the saved one.)

@@ -260,8 +260,10 @@ def test_standalone_batch_script_has_the_same_resources_and_requeues(tmp_path: P
         assert line in standalone.splitlines(), flag
     assert "_submit" not in standalone and "SUBMITIT" not in standalone
     assert 'shardctl-node "${here}/launch.sh"' in standalone
-    assert f"-lt {spec.slurm.max_requeues} ]]" in standalone
-    assert "scontrol requeue" in standalone
+    # The policy is the classifier's (python -m), not a bash copy of it.
+    assert "-m shardctl.orchestrator.outcome" in standalone
+    assert f"--max-retries {spec.slurm.max_requeues}" in standalone
+    assert "scontrol requeue" in standalone and "PREEMPTED" not in standalone
 
 
 STANDALONE_SCONTROL = """#!/bin/bash
@@ -272,11 +274,17 @@ case "$1" in
 esac
 """
 # The ranks' side of an attempt: a node watchdog writes HUNG and srun ends with 124,
-# or the ranks save (PREEMPTED), or a plain failure.
+# or the ranks save (PREEMPTED: on the warning; written before typed markers; on a
+# TERM alone, i.e. `scancel --signal=TERM`), or a plain failure.
 STANDALONE_SRUN = """#!/bin/bash
 case "${FAKE_END}" in
-  hung) echo '{"step": 20, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
-  preempted) echo '{"step": 20}' > "${FAKE_RUN}/PREEMPTED"; exit 1 ;;
+  hung) echo '{"kind": "hung", "step": 20, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
+  preempted) echo '{"kind": "preempted", "step": 20, "signal": "SIGUSR2"}' \\
+      > "${FAKE_RUN}/PREEMPTED"; exit 1 ;;
+  old-preempted) echo '{"step": 20, "reason": "signal SIGUSR2"}' \\
+      > "${FAKE_RUN}/PREEMPTED"; exit 1 ;;
+  term) echo '{"kind": "preempted", "step": 20, "signal": "SIGTERM"}' \\
+      > "${FAKE_RUN}/PREEMPTED"; exit 1 ;;
   *) exit 3 ;;
 esac
 """
@@ -285,10 +293,19 @@ esac
 @pytest.mark.parametrize(
     ("end", "restarts", "code", "requeued", "said"),
     [
-        ("hung", "0", 0, True, "shardctl: hung (see the hang report in the logs); requeueing"),
-        ("hung", "3", 124, False, "hung; not requeued (slurm.max_requeues 3)"),
-        ("preempted", "0", 0, True, "preempted, checkpoint saved; requeueing"),
-        ("failed", "0", 3, False, ""),
+        ("hung", "0", 0, True, "shardctl: hung at step 20 (node 1's watchdog); requeueing job 7"),
+        ("hung", "3", 124, False, "out of retries (3 of at most 3); not requeued"),
+        (
+            "preempted",
+            "0",
+            0,
+            True,
+            "preempted (signal SIGUSR2), checkpoint saved at step 20; requeueing job 7",
+        ),
+        ("old-preempted", "0", 0, True, "preempted, checkpoint saved at step 20; requeueing"),
+        # A save on TERM alone is a cancel, as in the node task: never requeued.
+        ("term", "0", 1, False, "cancelled (signal SIGTERM); checkpoint at step 20; not requeued"),
+        ("failed", "0", 3, False, "failed: the launcher exited with code 3; not requeued"),
     ],
 )
 def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
@@ -317,6 +334,8 @@ def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
         "FAKE_OUT": str(out),
         "FAKE_RUN": str(run_dir),
         "FAKE_END": end,
+        # The classifier's interpreter (the batch host's python3 would lack shardctl here).
+        "SHARDCTL_PYTHON": sys.executable,
     }
     proc = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
@@ -434,12 +453,20 @@ def test_node_task_success_and_failure(tmp_path, monkeypatch):
 def test_node_task_requeues_after_the_ranks_saved_without_a_signal(tmp_path):
     # The ranks stopped and saved by themselves (SHARDCTL_STOP_AFTER_STEP, or a signal
     # only they saw): rank 0's PREEMPTED marker written during this attempt counts.
-    launcher = 'echo \'{{"step": 7, "reason": "signal SIGUSR2"}}\' > {out}/../PREEMPTED\nexit 1\n'
+    marker = '{{"kind": "preempted", "step": 7, "signal": "SIGUSR2", "reason": "signal SIGUSR2"}}'
+    launcher = f"echo '{marker}' > {{out}}/../PREEMPTED\nexit 1\n"
     out = _run_task(tmp_path, launcher.replace("{out}/..", str(tmp_path)), node=1)
     assert "RESULT preempted" in out, out
-    # A marker from a save caused by SIGTERM alone (a cancel) never requeues.
-    term = launcher.replace("SIGUSR2", "SIGTERM").replace("{out}/..", str(tmp_path))
-    assert "RESULT terminated" in _run_task(tmp_path, term, node=0)
+    # A marker from a save caused by SIGTERM alone (a cancel) never requeues: read from
+    # the typed field; the human reason says nothing to the decision.
+    term = launcher.replace('"signal": "SIGUSR2"', '"signal": "SIGTERM"')
+    assert "RESULT terminated" in _run_task(
+        tmp_path, term.replace("{out}/..", str(tmp_path)), node=0
+    )
+    # A marker written before the typed fields (no `signal`) counts as a preemption.
+    old = 'echo \'{{"step": 7, "reason": "signal SIGTERM"}}\' > {out}/../PREEMPTED\nexit 1\n'
+    out = _run_task(tmp_path, old.replace("{out}/..", str(tmp_path)), node=1)
+    assert "RESULT preempted" in out, out
 
 
 HUNG = {"step": 9, "node": 1, "attempt": 0, "first": [1], "ranks": [{"rank": 1, "step": 9}]}

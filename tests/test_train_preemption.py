@@ -78,6 +78,7 @@ def test_sigusr2_to_one_rank_saves_everywhere_and_resumes(tmp_path: Path) -> Non
     marker = json.loads((run_dir / "PREEMPTED").read_text())
     step = marker["step"]
     assert 1 <= step < 5000 and marker["reason"] == "signal SIGUSR2"
+    assert (marker["kind"], marker["signal"]) == ("preempted", "SIGUSR2")
     ckpt = run_dir / "checkpoints" / f"step-{step:08d}"
     manifest = json.loads((ckpt / "manifest.json").read_text())
     assert manifest["step"] == step and manifest["world_size"] == 2

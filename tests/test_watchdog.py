@@ -351,7 +351,10 @@ def test_the_marker_keeps_the_node_that_names_the_culprit(tmp_path: Path) -> Non
 
     rule, since = HangRule(explicit=15.0), time.time()
     write_hung_marker(str(tmp_path), verdict([100.0, 90.0]), rule, 1, 0, "r1", since)
-    assert json.loads((tmp_path / HUNG_FILE).read_text())["first"] == [1]
+    marker = json.loads((tmp_path / HUNG_FILE).read_text())
+    assert marker["first"] == [1]
+    # The typed outcome the classifier reads: hung, the rank stuck first, step, node.
+    assert (marker["kind"], marker["rank"], marker["step"], marker["node"]) == ("hung", 1, 5, 1)
     # Another node, whose ranks all wait together, names nobody: the first one stays.
     write_hung_marker(str(tmp_path), verdict([100.0, 100.0]), rule, 0, 0, "r0", since)
     assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r1"

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from shardctl.orchestrator.errors import CheckpointError, UsageError
+from shardctl.orchestrator.outcome import done_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
     ENV_ATTEMPT,
@@ -76,6 +77,7 @@ from shardctl.orchestrator.rundir import (
 )
 
 from . import heartbeat as _heartbeat
+from . import stop as stop_rule
 from .api_states import DeepSpeedEngineState, RankState, Strategy, deepspeed_state, model_state
 from .backends.base import Stateful
 from .preemption import PreemptionFlag
@@ -314,8 +316,8 @@ class Checkpointer:
             world_size=self.world_size,
             model_meta=self.model_meta,
         )
-        # [ranks wanting to stop, ranks that received a signal, sum of their signal
-        # numbers, then the step time of rank 0..W-1 (each rank fills its own slot)]:
+        # [the stop agreement's slots, then the step time of rank 0..W-1 (each rank
+        # fills its own slot)]:
         # one small all-reduce per step, on a gloo group of its own: the manager's
         # group carries an async save's collectives from a background thread, and two
         # threads on one group could order them differently per rank; the default
@@ -353,7 +355,7 @@ class Checkpointer:
         stop, signum = self._agree_to_stop(step, time.perf_counter() - self._t_returned)
         _heartbeat.beat(step)  # the node's watchdog: this rank advanced
         if stop:
-            self.stop(step, reason=self.flag.reason(signum))
+            self.stop(step, reason=self.flag.reason(signum), signal=signum)
         saved = step % self.config.every_steps == 0
         if saved:
             manager.save(step, self._rank_state)
@@ -361,9 +363,12 @@ class Checkpointer:
         self._t_returned = time.perf_counter()
         return saved
 
-    def stop(self, step: int, reason: str = "stopped by the script") -> None:
-        """Save `step` (blocking), rank 0 writes PREEMPTED {"step", "reason"}, and every
-        rank raises `Preempted` (exit code 42: "saved, resume me")."""
+    def stop(
+        self, step: int, reason: str = "stopped by the script", *, signal: int | None = None
+    ) -> None:
+        """Save `step` (blocking), rank 0 writes PREEMPTED {"kind", "step", "signal",
+        "reason"} (`signal`: the one that stopped the ranks, if one did), and every rank
+        raises `Preempted` (exit code 42: "saved, resume me")."""
         manager = self._need_manager("stop")
         self._rank_state.step = step  # type: ignore[union-attr]
         if self._saved_step != step:
@@ -372,7 +377,7 @@ class Checkpointer:
         self._saved_step = step
         if self.rank == 0:
             if self.run_dir is not None:
-                self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
+                self.run_dir.write_marker(PREEMPTED_FILE, preempted_marker(step, signal, reason))
             _say(f"preempted ({reason}): saved step {step}; exiting with code {EXIT_PREEMPTED}")
             close_metrics("preempted")
         # Leave together, once the marker exists: a launcher tears down the other ranks
@@ -396,7 +401,7 @@ class Checkpointer:
         _heartbeat.beat(step, "finish")
         if self.rank == 0:
             if self.run_dir is not None:
-                self.run_dir.write_marker(DONE_FILE, {"step": step, "time": time.time()})
+                self.run_dir.write_marker(DONE_FILE, done_marker(step))
             _say(f"finished at step {step}; checkpoints in {self.config.dir}")
         self.close()
 
@@ -425,30 +430,25 @@ class Checkpointer:
         return self._manager
 
     def _agree_to_stop(self, step: int, step_s: float = 0.0) -> tuple[bool, int | None]:
-        """Whether any rank wants to stop after `step`, and the signal (if any) that
-        made it; every rank gets the same answer. `step_s`: this rank's step time,
-        shared with every rank in the same all-reduce (kept for `log_metrics`)."""
-        import torch.distributed as dist
-
-        signum = self.flag.signum
+        """Whether the ranks stop after `step`, and the signal that names it (the one
+        agreement, `shardctl.train.stop`); every rank gets the same answer. `step_s`:
+        this rank's step time, shared with every rank in the same all-reduce (kept for
+        `log_metrics`)."""
         agree = self._agree
         agree.zero_()  # the other ranks' times of the previous step
-        agree[0] = 1.0 if self.flag.local(step) else 0.0
-        agree[1] = 1.0 if signum is not None else 0.0
-        agree[2] = float(signum or 0)
+        stop_rule.fill(agree, 0, self.flag.local(step), self.flag.signum)
         agree[_AGREE_FIXED + self.rank] = step_s
         if self._agree_group is not None:
-            dist.all_reduce(agree, group=self._agree_group)
+            stop_rule.all_reduce(agree, group=self._agree_group)
         if self.world_size > 1 and _step_times is not None:
             _step_times.add(agree[_AGREE_FIXED:].tolist())
-        n_signalled = int(agree[1])
-        agreed = round(float(agree[2]) / n_signalled) if n_signalled else None
-        return bool(agree[0] > 0), agreed
+        agreed = stop_rule.read(agree[:_AGREE_FIXED].tolist())
+        return agreed.stop, agreed.signum
 
 
-# The agreement buffer's fixed slots (stop, signalled, signal numbers); the per-rank
-# step times follow them.
-_AGREE_FIXED = 3
+# The agreement buffer: the stop agreement's slots (`shardctl.train.stop`), then the
+# per-rank step times.
+_AGREE_FIXED = stop_rule.SLOTS
 
 
 class _StepTimes:
@@ -608,15 +608,14 @@ def close_metrics(outcome: str | None = None) -> None:
 
 
 def _outcome_from_markers(run_dir: Path) -> str:
-    from shardctl.orchestrator.rundir import FAILED_FILE
+    """What the trackers record, from the markers written since the process started,
+    as the one classifier reads them (`shardctl.orchestrator.outcome`)."""
+    from shardctl.orchestrator.outcome import Evidence, Kind, classify
 
-    for name, outcome in ((FAILED_FILE, "failed"), (PREEMPTED_FILE, "preempted")):
-        try:
-            if (run_dir / name).stat().st_mtime >= _metrics_started - 1.0:
-                return outcome
-        except OSError:
-            continue
-    return "finished"
+    kind = classify(Evidence.gather(run_dir, _metrics_started, None)).kind
+    if kind is Kind.FAILED:
+        return "failed"
+    return "preempted" if kind in (Kind.PREEMPTED, Kind.CANCELLED) else "finished"
 
 
 def _metrics_rank() -> int:

@@ -15,11 +15,15 @@ exit 1:
 - anything else: the first rank to fail writes `<run dir>/FAILED` with its code, so
   `status` says "FAILED, exit 3" rather than the launcher's 1.
 
+The markers carry the typed outcome (`kind`, `code`, `rank`, ...) that the one
+classifier, `shardctl.orchestrator.outcome`, reads.
+
 Torch-free and import-light: it must not cost the user's script start-up time.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import sys
@@ -27,6 +31,7 @@ import time
 import traceback
 from pathlib import Path
 
+from shardctl.orchestrator.outcome import done_marker, failed_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
     ENV_RUN_DIR,
@@ -81,8 +86,9 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
         marker = folder.root / name
         fresh = marker.exists() and marker.stat().st_mtime >= started - 1.0
         if rank == 0 and not fresh:
-            reason = {"reason": "exit 42"} if code == EXIT_PREEMPTED else {}
-            folder.write_marker(name, {"step": None, **reason, "time": time.time()})
+            # The script's own 42 names no signal: a preemption it handled itself.
+            data = done_marker(None) if code == EXIT_OK else preempted_marker(None, None, "exit 42")
+            folder.write_marker(name, {**data, "time": time.time()})
         return
     path = folder.root / FAILED_FILE
     try:
@@ -94,7 +100,7 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
     except OSError:  # another rank was first, or the run dir is unwritable
         return
     with os.fdopen(fd, "w") as f:
-        f.write(f'{{"code": {code}, "rank": {rank}, "time": {time.time()}}}\n')
+        f.write(json.dumps(failed_marker(code, rank)) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

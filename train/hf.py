@@ -36,8 +36,10 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from shardctl.orchestrator.outcome import preempted_marker
 from shardctl.orchestrator.rundir import ENV_RUN_DIR, EXIT_PREEMPTED, PREEMPTED_FILE, RunDir
 from shardctl.train import heartbeat
+from shardctl.train import stop as stop_rule
 from shardctl.train.preemption import SIGNALS, PreemptionFlag
 from transformers.trainer_callback import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -298,6 +300,7 @@ class PreemptionCallback(TrainerCallback):
         self._installed = False
         self._stopping_at: int | None = None  # the step being saved because of a stop
         self._reason = ""
+        self._signum: int | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         # Installed here, not in __init__: a signal while the model and data are
@@ -325,6 +328,7 @@ class PreemptionCallback(TrainerCallback):
             return
         self._stopping_at = state.global_step
         self._reason = self._flag.reason(signum)
+        self._signum = signum
         control.should_save = True
         control.should_training_stop = True
         # No evaluation in the grace period; with save_strategy="best" an evaluation
@@ -340,7 +344,7 @@ class PreemptionCallback(TrainerCallback):
         # written before the marker says the checkpoint can be resumed from.
         _barrier()
         if state.is_world_process_zero:
-            marker = {"step": step, "reason": self._reason}
+            marker = preempted_marker(step, self._signum, self._reason)
             self._marker_dir(args).write_marker(PREEMPTED_FILE, marker)
             logger.warning(
                 "preempted (%s): saved %s-%d; exiting with code %d",
@@ -371,18 +375,10 @@ class PreemptionCallback(TrainerCallback):
         return RunDir.of(self.run_dir or os.environ.get(ENV_RUN_DIR) or args.output_dir)
 
     def _agree(self, local: bool, device: Any) -> tuple[bool, int | None]:
-        """(any rank wants to stop, the signal any rank received) — the same on all ranks."""
-        import torch
-        import torch.distributed as dist
-
-        signum = self._flag.signum
-        if not (dist.is_available() and dist.is_initialized()):
-            return local, signum
-        # MAX of (stop, signal number): one tiny collective per optimizer step.
-        agreed = torch.tensor([int(local), signum or 0], dtype=torch.int64, device=device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        stop, sig = (int(v) for v in agreed.tolist())
-        return bool(stop), sig or None
+        """(the ranks stop, the signal that names it) — the same on all ranks: the one
+        agreement (`shardctl.train.stop`), one tiny collective per optimizer step."""
+        agreed = stop_rule.agree(local, self._flag.signum, device)
+        return agreed.stop, agreed.signum
 
 
 def _barrier() -> None:

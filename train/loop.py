@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.outcome import done_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
     PREEMPTED_FILE,
@@ -55,6 +56,7 @@ from shardctl.orchestrator.rundir import (
 from shardctl.orchestrator.spec import JobSpec
 
 from . import distributed, heartbeat
+from . import stop as stop_rule
 from .backends import TrainingBackend, build_backend
 from .distributed import DistEnv
 from .precision import resolve as resolve_precision
@@ -62,9 +64,10 @@ from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
 
 log = logging.getLogger("shardctl.train")
 
-# The agreement buffer's fixed slots (loss, stop, signalled, signal numbers); the
-# per-rank step and data times follow them.
-_AGREE_FIXED = 4
+# The agreement buffer: the loss, the stop agreement's slots (`shardctl.train.stop`),
+# then the per-rank step and data times.
+_STOP_AT = 1
+_AGREE_FIXED = _STOP_AT + stop_rule.SLOTS
 
 
 def is_complete(spec: JobSpec) -> bool:
@@ -146,10 +149,9 @@ class Trainer:
         )
         self.run_dir = RunDir.of(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
-        # One buffer, one all-reduce (sum) per step: [loss, ranks wanting to stop,
-        # ranks that received a signal, sum of their signal numbers, then the step time
-        # of rank 0..W-1, then the data time of rank 0..W-1]. A rank fills only its own
-        # time slots, and only on logged steps (0 otherwise).
+        # One buffer, one all-reduce (sum) per step: [loss, the stop agreement's slots,
+        # then the step time of rank 0..W-1, then the data time of rank 0..W-1]. A rank
+        # fills only its own time slots, and only on logged steps (0 otherwise).
         self._agree = torch.zeros(
             _AGREE_FIXED + 2 * env.world_size, dtype=torch.float64, device=env.device
         )
@@ -162,28 +164,23 @@ class Trainer:
         step: int,
         times: tuple[float, float] | None = None,
     ) -> tuple[float, bool, dict[str, float | int] | None]:
-        """Mean loss over ranks, whether any rank wants to stop after `step`, and with
-        `times` (this rank's step and data time; every rank passes them or none does)
-        the per-rank fields of the metrics line."""
-        import torch.distributed as dist
-
+        """Mean loss over ranks, whether the ranks stop after `step` (`stop`: the one
+        agreement, which also sets `stop_signal`), and with `times` (this rank's step
+        and data time; every rank passes them or none does) the per-rank fields of the
+        metrics line."""
         agree, world = self._agree, self.env.world_size
-        signum = flag.signum
         agree[0] = loss
-        agree[1] = 1.0 if flag.local(step) else 0.0
-        agree[2] = 1.0 if signum is not None else 0.0
-        agree[3] = float(signum or 0)
+        stop_rule.fill(agree, _STOP_AT, flag.local(step), flag.signum)
         if times is not None:
             agree[_AGREE_FIXED + self.env.rank] = times[0]
             agree[_AGREE_FIXED + world + self.env.rank] = times[1]
-        if distributed.is_initialized() and world > 1:
-            dist.all_reduce(agree)
+        stop_rule.all_reduce(agree)
         # One copy to the host for everything read (each element read is a sync on
         # an accelerator); the times only when they were filled in.
         values = (agree if times is not None else agree[:_AGREE_FIXED]).tolist()
-        n_signalled = int(values[2])
-        if n_signalled:
-            self.stop_signal = round(values[3] / n_signalled)
+        agreed = stop_rule.read(values, _STOP_AT)
+        if agreed.signum is not None:
+            self.stop_signal = agreed.signum
         ranks = None
         if times is not None:
             from .metrics import rank_times
@@ -191,7 +188,7 @@ class Trainer:
             agree[_AGREE_FIXED:].zero_()  # the next unlogged step adds nothing
             per_rank = values[_AGREE_FIXED:]
             ranks = rank_times(per_rank[:world], per_rank[world:])
-        return values[0] / world, values[1] > 0, ranks
+        return values[0] / world, agreed.stop, ranks
 
     def _arrived(self, t_last: float) -> float:
         """This rank's step time so far; on CUDA after the queued kernels ran (a host
@@ -287,7 +284,8 @@ class Trainer:
                     self.ckpt.wait()
                     if env.is_main:
                         reason = flag.reason(self.stop_signal)
-                        self.run_dir.write_marker(PREEMPTED_FILE, {"step": step, "reason": reason})
+                        marker = preempted_marker(step, self.stop_signal, reason)
+                        self.run_dir.write_marker(PREEMPTED_FILE, marker)
                         metrics.info(
                             f"preempted ({reason}): saved step {step}; "
                             f"exiting with code {EXIT_PREEMPTED}"
@@ -343,6 +341,6 @@ def run(spec: JobSpec) -> int:
     if spec.checkpoint.consolidate_on_finish:
         out = _consolidate(spec, step)
         print(f"{spec.name}: consolidated model written to {out}", flush=True)
-    RunDir.of(spec.run_dir).write_marker(DONE_FILE, {"step": step, "time": time.time()})
+    RunDir.of(spec.run_dir).write_marker(DONE_FILE, done_marker(step))
     print(f"{spec.name}: finished {step} steps; checkpoints in {spec.checkpoint_dir}", flush=True)
     return EXIT_OK

@@ -13,6 +13,11 @@ supervisors that only see the launcher's code read that marker.
 Testing aid: `SHARDCTL_STOP_AFTER_STEP=K` makes the loop behave exactly as if a
 preemption signal had arrived during step K (save step K, exit `EXIT_PREEMPTED`).
 It exists so tests can stop a run at a known step; do not set it in real jobs.
+`SHARDCTL_HOLD_AT_STEP=K:DIR` (testing aid too) holds every rank at step K's
+agreement: it touches `DIR/held-<RANK>` and waits until a signal reached it, so a
+test can send each rank its own signal within one step (`shardctl.train.stop`).
+
+Which signal names a stop when ranks received different ones: `shardctl.train.stop`.
 
 This module imports nothing heavy. The exit codes are defined in
 `shardctl.orchestrator.rundir` and re-exported here.
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 from types import FrameType
 
 # The codes live with the run-directory contract (torch-free, shared with every
@@ -33,6 +40,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_PREEMPTED",
     "EXIT_SPEC",
+    "HOLD_AT_STEP_ENV",
     "SIGNALS",
     "STOP_AFTER_STEP_ENV",
     "PreemptionFlag",
@@ -40,6 +48,8 @@ __all__ = [
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 STOP_AFTER_STEP_ENV = "SHARDCTL_STOP_AFTER_STEP"
+HOLD_AT_STEP_ENV = "SHARDCTL_HOLD_AT_STEP"
+HOLD_WAIT_S = 300.0  # a test that never signals fails instead of hanging for ever
 
 
 class PreemptionFlag:
@@ -49,6 +59,9 @@ class PreemptionFlag:
         self.signum: int | None = None
         raw = os.environ.get(STOP_AFTER_STEP_ENV, "").strip()
         self.stop_after_step = int(raw) if raw else None
+        hold = os.environ.get(HOLD_AT_STEP_ENV, "").strip()
+        step, _, folder = hold.partition(":")
+        self._hold = (int(step), Path(folder)) if hold else None
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -65,9 +78,19 @@ class PreemptionFlag:
 
     def local(self, step: int) -> bool:
         """Whether this rank wants to stop after `step` (before agreement)."""
+        if self._hold is not None and self._hold[0] == step:
+            self._wait_for_signal(self._hold[1])
         if self.signum is not None:
             return True
         return self.stop_after_step is not None and step >= self.stop_after_step
+
+    def _wait_for_signal(self, folder: Path) -> None:
+        """The hold testing aid: say this rank is at the agreement, wait for a signal
+        (its handler runs during the sleep)."""
+        (folder / f"held-{os.environ.get('RANK', '0')}").touch()
+        deadline = time.monotonic() + HOLD_WAIT_S
+        while self.signum is None and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def reason(self, signum: int | None) -> str:
         """Why the ranks stopped; `signum` is the signal any rank received (agreed)."""

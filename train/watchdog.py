@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from shardctl.orchestrator.outcome import Kind
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
@@ -356,7 +357,11 @@ def write_hung_marker(
     if not first and other is not None and other.get("first"):
         return
     data = {
+        # The typed outcome (shardctl.orchestrator.outcome): hung, at which step, the
+        # rank that stopped first (None: none of this node stands out), which node.
+        "kind": Kind.HUNG.value,
         "step": min(v.beat.step for v in verdict.ranks),
+        "rank": first[0] if first else None,
         "node": node,
         "attempt": attempt,
         "idle_s": round(verdict.idle_s, 1),

@@ -12,16 +12,18 @@ Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
     launch.sh, env.sh, ...   the rendered artifacts (what runs)
     local.pid                "<pid> <start-ticks>" of the supervisor (its process group)
     local.exit               the launch script's exit code, once it ended
+    local.outcome            the supervisor's verdict then (`shardctl.orchestrator.outcome`)
     CANCELLED                written by `cancel`
     logs/launcher.out|.err   everything the launcher and its ranks print
     DONE / PREEMPTED         written by the trainer (see `shardctl.train.loop`)
 
-Status comes from those files: RUNNING while the supervisor lives; then SUCCEEDED
-(exit 0), PREEMPTED (a `PREEMPTED` marker: the ranks saved a checkpoint on a signal;
+Status comes from those files: RUNNING while the supervisor lives; then what the one
+classifier (`shardctl.orchestrator.outcome`) makes of the exit code and this start's
+markers: SUCCEEDED, PREEMPTED (the ranks saved a checkpoint on the cluster's warning;
 submit again to resume — torchrun reports that as exit 1, so the marker decides),
-HUNG (the node watchdog ended ranks that stopped advancing: exit 124 and a `HUNG`
-marker; submit again to resume from the newest complete checkpoint), CANCELLED, or
-FAILED. Submitting a spec again resumes from its newest complete
+HUNG (the node watchdog ended ranks that stopped advancing; submit again to resume
+from the newest complete checkpoint), CANCELLED (`cancel`, or the ranks saved on a
+TERM alone), or FAILED. Submitting a spec again resumes from its newest complete
 checkpoint, or does nothing when the run is already complete (`DONE`).
 
 `cancel` sends SIGTERM to the supervisor's process group and to every process
@@ -46,12 +48,11 @@ from ..durable import write_text_atomic
 from ..errors import ClusterError, UsageError
 from ..launch import PYTHON_VAR, EnvLine, export
 from ..launcher_output import PreemptionReport, readable
+from ..outcome import Evidence, Kind, Verdict, cancelled_marker, judge
 from ..proctree import Proc, alive, descendants, signal_all, start_ticks
 from ..rundir import (
-    DONE_FILE,
+    CANCELLED_FILE,
     ENV_ATTEMPT,
-    EXIT_HUNG,
-    EXIT_PREEMPTED,
     FAILED_FILE,
     HUNG_FILE,
     LAUNCH_FILE,
@@ -77,19 +78,21 @@ from .writer import write_rendered
 PID_FILE = "local.pid"
 EXIT_FILE = "local.exit"
 ATTEMPT_FILE = "local.attempt"
-CANCELLED_FILE = "CANCELLED"
+OUTCOME_FILE = "local.outcome"
 LOG_FILES = ("launcher.out", "launcher.err")
 # Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
 CANCEL_GRACE_S = 60.0
 
 # Runs the launch script once per node of the spec (SHARDCTL_NODE_RANK=0..nodes-1:
 # a multi-node spec runs all its "nodes" on this host, meeting at 127.0.0.1),
-# forwards TERM/INT, and records the exit code (the first non-zero one). A trap
-# handler, not an ignored signal, keeps the children's default dispositions; `wait`
-# returns early when a trapped signal arrives, so it is repeated until the node's own
-# status comes back.
+# forwards TERM/INT, and records the exit code (the first non-zero one), then the
+# verdict of the one classifier (`shardctl.orchestrator.outcome`: how the start ended,
+# and whether to go again). A trap handler, not an ignored signal, keeps the
+# children's default dispositions; `wait` returns early when a trapped signal
+# arrives, so it is repeated until the node's own status comes back.
 SUPERVISOR = r"""
-launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"
+launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"; outcome_file="$6"
+started="$(date +%s)"
 pids=()
 for ((i = 0; i < nnodes; i++)); do
   SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
@@ -107,8 +110,17 @@ for pid in "${pids[@]}"; do
   if [ "$rc" = 0 ]; then rc="$node_rc"; fi
 done
 printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
+"${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.outcome "$(dirname -- "$launch")" \
+  --exit-code "$rc" --since "$started" --write "$outcome_file" >/dev/null 2>>"$err" || true
 exit "$rc"
 """
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _read(path: Path) -> str | None:
@@ -204,7 +216,8 @@ class LocalCluster(Cluster):
         write_rendered(dryrun.artifacts, run_dir)
         logs.mkdir(parents=True, exist_ok=True)
         offsets = {n: (logs / n).stat().st_size if (logs / n).is_file() else 0 for n in LOG_FILES}
-        for stale in (EXIT_FILE, CANCELLED_FILE, PID_FILE, PREEMPTED_FILE, FAILED_FILE, HUNG_FILE):
+        stale_files = (EXIT_FILE, OUTCOME_FILE, CANCELLED_FILE, PID_FILE, PREEMPTED_FILE)
+        for stale in (*stale_files, FAILED_FILE, HUNG_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         attempt = self._next_attempt(run_dir)
         env = dict(os.environ)
@@ -223,6 +236,7 @@ class LocalCluster(Cluster):
                 str(logs / LOG_FILES[1]),
                 str(run_dir / EXIT_FILE),
                 str(spec.resources.nodes),
+                str(run_dir / OUTCOME_FILE),
             ],
             cwd=os.getcwd(),
             env=env,
@@ -269,44 +283,53 @@ class LocalCluster(Cluster):
         except ValueError:
             return None
 
-    def status(self, ref: JobRef) -> JobStatus:
+    def verdict(self, ref: JobRef) -> Verdict | None:
+        """How the last start here ended (`shardctl.orchestrator.outcome`), from the exit
+        code the supervisor recorded and the markers of this start; None while it runs."""
         run_dir = Path(ref.run_dir)
         pid_info = self._pid(run_dir)
         if pid_info is not None and alive(*pid_info):
-            return JobStatus(JobState.RUNNING, "running", f"pid {pid_info[0]}")
+            return None
+        # Markers older than this start are an earlier start's (schedule removes all
+        # but DONE, which a longer run of the same spec leaves behind).
+        started = _mtime(run_dir / PID_FILE)
+        return judge(Evidence.gather(run_dir, started, self._exit_code(run_dir)))
+
+    def status(self, ref: JobRef) -> JobStatus:
+        run_dir = Path(ref.run_dir)
+        pid_info = self._pid(run_dir)
+        verdict = self.verdict(ref)
+        if verdict is None:
+            return JobStatus(JobState.RUNNING, "running", f"pid {pid_info[0] if pid_info else '?'}")
         rc = self._exit_code(run_dir)
-        done = RunDir(run_dir).read_marker(DONE_FILE)
-        preempted = RunDir(run_dir).read_marker(PREEMPTED_FILE)
-        if (run_dir / CANCELLED_FILE).exists() and (rc is None or rc != 0 or preempted):
-            step = f"; checkpoint at step {preempted['step']}" if preempted else ""
-            return JobStatus(JobState.CANCELLED, "cancelled", f"cancelled by the user{step}")
-        hung = RunDir(run_dir).read_marker(HUNG_FILE)
-        if rc is not None and rc != 0 and (rc == EXIT_HUNG or hung is not None):
-            return JobStatus(JobState.HUNG, f"exit {rc}", hung_detail(hung, ref.name))
-        if preempted is not None and rc != 0:
-            step = preempted.get("step")
-            at = f" at step {step}" if step is not None else ""
+        out = verdict.outcome
+        native = f"exit {rc}" if rc is not None else out.kind.value
+        if out.kind is Kind.CANCELLED:
+            step = f"; checkpoint at step {out.step}" if out.step is not None else ""
+            by = out.reason or (f"stopped by {out.signal}" if out.signal else "cancelled")
+            return JobStatus(JobState.CANCELLED, "cancelled", f"{by}{step}")
+        if out.kind is Kind.HUNG:
+            return JobStatus(JobState.HUNG, native, hung_detail(dict(out.marker), ref.name))
+        if out.kind is Kind.PREEMPTED:
+            at = f" at step {out.step}" if out.step is not None else ""
+            why = f"signal {out.signal}" if out.signal else (out.reason or "no signal")
             return JobStatus(
                 JobState.PREEMPTED,
-                f"exit {rc}" if rc is not None else "preempted",
-                f"preempted{at} ({preempted.get('reason')}), checkpoint saved; submit the "
-                "spec again to resume",
+                native if rc is not None else "preempted",
+                f"preempted{at} ({why}), checkpoint saved; submit the spec again to resume",
             )
-        if rc == 0 or (rc is None and pid_info is None and done is not None):
-            detail = "exit 0"
-            if done is not None and done.get("step") is not None:
-                detail = f"finished step {done['step']}"
+        if out.kind is Kind.DONE:
+            detail = "exit 0" if out.step is None else f"finished step {out.step}"
             if (run_dir / MODEL_DIR).is_dir():
                 detail += f"; consolidated model in {run_dir / MODEL_DIR}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
-        if rc is not None:
-            code = self._failed_code(run_dir)
-            if code is not None:  # the script's own code, not the launcher's 1
+        if out.kind is Kind.FAILED:
+            if out.rank is not None:  # the script's own code, not the launcher's 1
                 return JobStatus(
-                    JobState.FAILED, f"exit {code}", f"a rank exited with code {code}; see "
-                    f"`shardctl logs {ref.name}`"
+                    JobState.FAILED, f"exit {out.code}", f"a rank exited with code {out.code}; "
+                    f"see `shardctl logs {ref.name}`"
                 )  # fmt: skip
-            return JobStatus(JobState.FAILED, f"exit {rc}", f"see `shardctl logs {ref.name}`")
+            return JobStatus(JobState.FAILED, native, f"see `shardctl logs {ref.name}`")
         if pid_info is not None:
             return JobStatus(
                 JobState.FAILED,
@@ -316,28 +339,11 @@ class LocalCluster(Cluster):
         return JobStatus(JobState.UNKNOWN, "no record", f"nothing started in {run_dir}")
 
     def exit_code(self, ref: JobRef) -> int:
-        """The job's exit code for `submit --wait`: the launch script's own, except that
-        a preempted run reports EXIT_PREEMPTED (torchrun turns every rank failure into 1)."""
-        st = self.status(ref)
-        if st.state in (JobState.PREEMPTED, JobState.CANCELLED):
-            return EXIT_PREEMPTED
-        if st.state is JobState.HUNG:
-            return EXIT_HUNG
-        rc = self._exit_code(Path(ref.run_dir))
-        if st.state == JobState.FAILED:
-            code = self._failed_code(Path(ref.run_dir))
-            if code is not None:
-                return code
-        if rc is not None:
-            return rc
-        return 0 if st.state == JobState.SUCCEEDED else 1
-
-    @staticmethod
-    def _failed_code(run_dir: Path) -> int | None:
-        """The exit code a user script's rank recorded in FAILED (shardctl.train.entry)."""
-        data = RunDir(run_dir).read_marker(FAILED_FILE)
-        code = data.get("code") if data else None
-        return code if isinstance(code, int) and not isinstance(code, bool) and code else None
+        """The job's exit code for `submit --wait`: the verdict's (`outcome.POLICY`): 0
+        finished, 42 preempted or cancelled (torchrun turns every rank's 42 into 1), 124
+        hung, a failed rank's own code, else the launch script's."""
+        verdict = self.verdict(ref)
+        return verdict.exit_code if verdict is not None else 1
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         logs = Path(ref.run_dir) / LOGS_DIR
@@ -366,7 +372,7 @@ class LocalCluster(Cluster):
             )
         grace = CANCEL_GRACE_S if grace_s is None else grace_s
         pid, ticks = pid_info
-        (run_dir / CANCELLED_FILE).write_text(f"{time.time()}\n")
+        RunDir(run_dir).write_marker(CANCELLED_FILE, cancelled_marker())
         # Collected before signalling: once a parent exits, its children are re-parented
         # and no longer look like ours.
         procs = [Proc(pid, ticks), *descendants(pid)]

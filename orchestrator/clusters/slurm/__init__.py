@@ -43,11 +43,14 @@ and counts signals that come late in a job as time-outs against
   also got it from Slurm sees one flag either way. The ranks stop on USR2 (and
   TERM): a `slurm.signal` of USR1 or INT reaches them ignored (inherited from
   the launcher) and is passed on as USR2;
-- when the launcher has exited, node 0 decides: preempted (the ranks saved, or
-  the signal came) → requeue; finished → done; anything else → the job fails
-  (a dead node, a crash), and resubmitting resumes from the newest complete
-  checkpoint. SIGTERM alone (`scancel`, `shardctl cancel`, or a Slurm
-  preemption that requeues by itself) is forwarded but never requeues.
+- when the launcher has exited, shardctl's one classifier
+  (`shardctl.orchestrator.outcome`) judges the attempt from the launcher's code,
+  the markers and the signals this task received; node 0 carries it out:
+  preempted (the warning came, or the ranks saved on it) → requeue; finished →
+  done; anything else → the job fails (a dead node, a crash), and resubmitting
+  resumes from the newest complete checkpoint. SIGTERM alone (`scancel`,
+  `shardctl cancel`, or a Slurm preemption that requeues by itself), received by
+  the task or recorded as the ranks' signal, is a cancel: never requeued.
 
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
@@ -85,16 +88,9 @@ from typing import Any
 from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
+from ...outcome import Evidence, Kind, from_marker, judge
 from ...proctree import forward_to_catchers
-from ...rundir import (
-    ENV_ATTEMPT,
-    EXIT_HUNG,
-    EXIT_PREEMPTED,
-    FAILED_FILE,
-    HUNG_FILE,
-    PREEMPTED_FILE,
-    RunDir,
-)
+from ...rundir import ENV_ATTEMPT, HUNG_FILE, PREEMPTED_FILE, RunDir
 from ...spec import JobSpec, parse_spec
 from ..base import (
     Cluster,
@@ -375,13 +371,17 @@ def _hang_of(ref: JobRef, state: JobState, of_interest: Callable[[dict[str, Any]
     marker = RunDir.of(ref.run_dir).read_marker(HUNG_FILE) if ref.run_dir else None
     if marker is None or not of_interest(marker):
         return ""
+    # Read as the classifier reads it: a typed outcome (display text from its marker).
+    hung = from_marker(HUNG_FILE, marker)
+    if hung.kind is not Kind.HUNG:
+        return ""
     if state is JobState.FAILED:
         return hung_detail(marker, ref.name)
     report = str(marker.get("report") or "")
     with contextlib.suppress(ValueError):
         report = str(Path(report).relative_to(ref.run_dir))
     see = f" (see {report})" if report else ""
-    return f"last attempt hung at step {marker.get('step', '?')}{see}"
+    return f"last attempt hung at step {_or_q(hung.step)}{see}"
 
 
 def _slurm_time(text: str) -> float | None:
@@ -625,68 +625,62 @@ class NodeTask:
         preempt_sig: signal.Signals,
         started: float,
     ) -> str:
-        if rc == 0:
+        """The one classifier (`shardctl.orchestrator.outcome`) judges this node's end
+        from the launcher's code, this attempt's markers and the signals this task
+        received; node 0 carries out a retry (requeue) within `max_requeues`."""
+        evidence = Evidence.gather(
+            self.run_dir, started, rc,
+            signals=[signal.Signals(s).name for s in received],
+            warning=preempt_sig.name,
+            # Global rank 0 (which writes the markers) may run on another node, and this
+            # node's ranks may have exited a moment before it wrote one.
+            wait_s=MARKER_WAIT_S,
+        )  # fmt: skip
+        verdict = judge(evidence, retries=restarts, max_retries=self.max_requeues)
+        out = verdict.outcome
+        if out.kind is Kind.DONE:
             _say(f"node {node}: launcher finished")
             return "finished"
-        markers = RunDir.of(self.run_dir)
-        saved = markers.fresh_marker(PREEMPTED_FILE, started)
-        # A save caused only by SIGTERM is a cancel (or a preemption Slurm requeues itself).
-        by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
-        preempted = preempt_sig in received or (saved is not None and not by_term_only)
-        if not preempted and not by_term_only and signal.SIGTERM not in received:
-            # A watchdog's end (this node's: 124; another node's: its fresh HUNG).
-            hung = markers.fresh_marker(HUNG_FILE, started)
-            if rc == EXIT_HUNG or hung is not None:
-                return self._after_hang(node, job_id, restarts, rc, hung)
-        if not preempted and saved is None and rc in (1, EXIT_PREEMPTED):
-            # Global rank 0 may run on another node (the rendezvous picks ranks), and
-            # this node's ranks may have exited a moment before it wrote the marker.
-            # (torchrun and accelerate exit 1 when a rank exits 42.)
-            saved = markers.wait_for_marker(PREEMPTED_FILE, started, MARKER_WAIT_S)
-            by_term_only = saved is not None and "SIGTERM" in str(saved.get("reason", ""))
-            preempted = saved is not None and not by_term_only
-        if not preempted:
-            if signal.SIGTERM in received or by_term_only:
-                _say(f"node {node}: stopped by SIGTERM (cancel); launcher exit {rc}")
-                return "terminated"
-            failed = markers.fresh_marker(FAILED_FILE, started)
-            code = f"; a rank exited with code {failed.get('code')}" if failed else ""
-            raise RuntimeError(
-                f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "
-                "job failed. Resubmitting resumes from the newest complete checkpoint."
-            )
-        what = f"saved step {saved['step']}" if saved else "no new checkpoint"
-        return self._retry(
-            node, job_id, restarts, f"preempted ({what})", f"was preempted ({what})",
-            result="preempted", resume="",
-        )  # fmt: skip
-
-    def _after_hang(
-        self, node: int, job_id: str, restarts: int, rc: int, hung: dict[str, Any] | None
-    ) -> str:
-        """A node's watchdog ended the ranks (exit 124, a HUNG marker): a fault that a
-        retry may clear, so node 0 requeues like a preemption. Nothing was saved: the
-        next attempt resumes from the newest complete checkpoint."""
-        if hung is not None:
-            what = f"hung at step {hung.get('step', '?')} (node {hung.get('node', '?')}'s watchdog)"
-        else:
-            what = f"hung (the launcher exited with {rc}; no HUNG marker)"
-        return self._retry(
-            node, job_id, restarts, what, what,
-            result="hung", resume=" from the newest complete checkpoint",
-        )  # fmt: skip
+        if out.kind is Kind.CANCELLED:
+            by = out.signal or "SIGTERM"
+            _say(f"node {node}: stopped by {by} (cancel); launcher exit {rc}")
+            return "terminated"
+        if out.kind is Kind.PREEMPTED:
+            saved = PREEMPTED_FILE in evidence.markers
+            what = f"saved step {out.step}" if saved else "no new checkpoint"
+            return self._retry(
+                node, job_id, restarts, f"preempted ({what})", f"was preempted ({what})",
+                result="preempted", resume="", out_of_retries=verdict.out_of_retries,
+            )  # fmt: skip
+        if out.kind is Kind.HUNG:
+            # Nothing was saved: the next attempt resumes from the newest complete checkpoint.
+            if HUNG_FILE in evidence.markers:
+                what = f"hung at step {_or_q(out.step)} (node {_or_q(out.node)}'s watchdog)"
+            else:
+                what = f"hung (the launcher exited with {rc}; no HUNG marker)"
+            return self._retry(
+                node, job_id, restarts, what, what,
+                result="hung", resume=" from the newest complete checkpoint",
+                out_of_retries=verdict.out_of_retries,
+            )  # fmt: skip
+        code = f"; a rank exited with code {out.code}" if out.rank is not None else ""
+        raise RuntimeError(
+            f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "
+            "job failed. Resubmitting resumes from the newest complete checkpoint."
+        )
 
     def _retry(
         self, node: int, job_id: str, restarts: int, event: str, job_event: str,
-        *, result: str, resume: str,
+        *, result: str, resume: str, out_of_retries: bool,
     ) -> str:  # fmt: skip
-        """After a preemption or a hang: node 0 requeues the job within max_requeues
-        (`event`: what happened, for the log; `job_event`: the same after "job J");
-        the other nodes return `result` and leave it to node 0."""
+        """After a preemption or a hang (the classifier's RETRY): node 0 requeues the
+        job, or fails it when the verdict says the retries are spent (`event`: what
+        happened, for the log; `job_event`: the same after "job J"); the other nodes
+        return `result` and leave it to node 0."""
         if node != 0:
             _say(f"node {node}: {event}; node 0 requeues the job")
             return result
-        if restarts >= self.max_requeues:
+        if out_of_retries:
             raise RuntimeError(
                 f"job {job_id} {job_event} after {restarts} requeue(s), which is "
                 f"slurm.max_requeues ({self.max_requeues}); not requeued. Resubmit to "
@@ -696,6 +690,10 @@ class NodeTask:
         _say(f"node 0: {event}; requeueing job {job_id} ({restarts + 1} of at most "
              f"{self.max_requeues}){then}")  # fmt: skip
         return _requeue(job_id, job_event)
+
+
+def _or_q(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def _requeue(job_id: str, what: str) -> str:

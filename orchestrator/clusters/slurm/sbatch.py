@@ -41,7 +41,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from ...errors import SpecError
-from ...rundir import HUNG_FILE, LAUNCH_FILE, PREEMPTED_FILE
+from ...rundir import LAUNCH_FILE
 from ...spec import JobSpec, PyxisMount, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
@@ -319,10 +319,11 @@ def standalone_batch(spec: JobSpec) -> str:
     The same resources, time, signal and requeue flags as the submitit script; one
     `srun` starts the node launch script (found beside this script) on every node.
     The launcher ignores the preemption signal while the ranks catch it and save;
-    afterwards the batch shell requeues the job when the ranks wrote PREEMPTED, or a
-    node watchdog wrote HUNG, during this attempt, at most `slurm.max_requeues`
-    times. With no submitit task to translate, the ranks' own signal USR2 is asked
-    for whatever `slurm.signal` says.
+    afterwards the batch shell asks shardctl's one classifier (`python -m
+    shardctl.orchestrator.outcome`, the same policy as the node task) and requeues
+    when it says retry (a preemption, a hang), at most `slurm.max_requeues` times.
+    With no submitit task to translate, the ranks' own signal USR2 is asked for
+    whatever `slurm.signal` says.
     """
     params = submitit_parameters(spec)
     flags = {k: v for k, v in params.items() if k not in _NON_SLURM}
@@ -347,16 +348,14 @@ def standalone_batch(spec: JobSpec) -> str:
         if spec.slurm.container is not None
         else []
     )
-    marker = str(PurePosixPath(spec.run_dir) / PREEMPTED_FILE)
-    hung_marker = str(PurePosixPath(spec.run_dir) / HUNG_FILE)
+    max_requeues = spec.slurm.max_requeues
     lines += [
         "",
         "# Slurm keeps a copy of this script; the original's folder holds launch.sh.",
         'script="$(scontrol show job -o "${SLURM_JOB_ID:?run this with sbatch}" '
         "| sed -n 's/.* Command=\\([^ ]*\\).*/\\1/p' || true)\"",
         'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
-        f"marker={shlex.quote(marker)}",
-        f"hung_marker={shlex.quote(hung_marker)}",
+        f"run_dir={shlex.quote(spec.run_dir)}",
         'started="$(date +%s)"',
         "rc=0",
         *mounts_here,
@@ -366,27 +365,24 @@ def standalone_batch(spec: JobSpec) -> str:
         + ' bash -c \'trap "" USR2; exec bash "$1"\' shardctl-node "${here}/'
         + LAUNCH_FILE
         + '" || rc=$?',
-        'saved_at="$(stat -c %Y "${marker}" 2>/dev/null || echo 0)"',
-        'if [[ "${rc}" -ne 0 && "${saved_at}" -ge "${started}" ]]; then',
-        f'    if [[ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.slurm.max_requeues} ]]; then',
-        '        echo "shardctl: preempted, checkpoint saved; requeueing job ${SLURM_JOB_ID}" >&2',
-        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0',
-        "    fi",
-        '    echo "shardctl: preempted, checkpoint saved; not requeued (slurm.max_requeues '
-        f'{spec.slurm.max_requeues}); sbatch again to resume" >&2',
-        "fi",
-        "# A node watchdog ended ranks that stopped advancing (exit 124, HUNG): resume",
-        "# from the newest complete checkpoint, like after a preemption.",
-        'hung_at="$(stat -c %Y "${hung_marker}" 2>/dev/null || echo 0)"',
-        'if [[ "${rc}" -ne 0 && "${hung_at}" -ge "${started}" ]]; then',
-        f'    if [[ "${{SLURM_RESTART_COUNT:-0}}" -lt {spec.slurm.max_requeues} ]]; then',
-        '        echo "shardctl: hung (see the hang report in the logs); requeueing job '
-        '${SLURM_JOB_ID}" >&2',
-        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0',
-        "    fi",
-        '    echo "shardctl: hung; not requeued (slurm.max_requeues '
-        f'{spec.slurm.max_requeues}); sbatch again to resume" >&2',
-        "fi",
+        "# How the attempt ended and whether to requeue: shardctl's one classifier",
+        "# (README: How an attempt ends), from the exit code and this attempt's markers.",
+        'python="${SHARDCTL_PYTHON:-python3}"',
+        'verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '
+        '--exit-code "${rc}" --since "${started}" --wait 10 '
+        f'--retries "${{SLURM_RESTART_COUNT:-0}}" --max-retries {max_requeues})" || verdict=""',
+        'case "${verdict%% *}" in',
+        "    retry)",
+        '        echo "shardctl: ${verdict#* }; requeueing job ${SLURM_JOB_ID}" >&2',
+        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0 ;;',
+        "    finish) ;;",
+        "    stop)",
+        '        echo "shardctl: ${verdict#* }; not requeued (slurm.max_requeues '
+        f'{max_requeues}); sbatch again to resume" >&2 ;;',
+        "    *)",
+        '        echo "shardctl: ${python} -m shardctl.orchestrator.outcome could not judge '
+        'this attempt (is shardctl installed for it? set SHARDCTL_PYTHON); not requeued" >&2 ;;',
+        "esac",
         'exit "${rc}"',
         "",
     ]

@@ -1,0 +1,170 @@
+"""The one classifier of how an attempt ends (`shardctl.orchestrator.outcome`): every
+rule and every row of the policy, written out here (not computed by the module),
+the markers on disk, and `python -m` as job.sbatch and the local supervisor call it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator import outcome as oc
+from shardctl.orchestrator.outcome import Decision, Evidence, Kind
+
+PREEMPTED_USR2 = {"kind": "preempted", "step": 7, "signal": "SIGUSR2", "reason": "signal SIGUSR2"}
+PREEMPTED_TERM = {"kind": "preempted", "step": 7, "signal": "SIGTERM", "reason": "signal SIGTERM"}
+HUNG = {"kind": "hung", "step": 9, "node": 1, "rank": 3, "first": [3]}
+FAILED = {"kind": "failed", "code": 5, "rank": 2}
+
+
+# (exit code, markers, signals the supervisor received) → (kind, step, signal, rank, code)
+@pytest.mark.parametrize(
+    ("rc", "markers", "signals", "expected"),
+    [
+        # exit 0 is done, whatever else lies there
+        (0, {"DONE": {"kind": "done", "step": 20}}, (), (Kind.DONE, 20, None, None, None)),
+        (0, {"CANCELLED": {}}, ("SIGTERM",), (Kind.DONE, None, None, None, None)),
+        # `shardctl cancel` wrote CANCELLED: a cancel, even over the ranks' warning save
+        (1, {"CANCELLED": {}, "PREEMPTED": PREEMPTED_USR2}, (),
+         (Kind.CANCELLED, 7, "SIGUSR2", None, None)),
+        # the supervisor got the cluster's warning: a preemption, even with a TERM after it
+        (1, {"PREEMPTED": PREEMPTED_TERM}, ("SIGUSR2", "SIGTERM"),
+         (Kind.PREEMPTED, 7, "SIGUSR2", None, None)),
+        (1, {}, ("SIGUSR1",), (Kind.PREEMPTED, None, "SIGUSR1", None, None)),
+        # the supervisor got TERM alone: a cancel, never a hang
+        (124, {"HUNG": HUNG}, ("SIGTERM",), (Kind.CANCELLED, None, "SIGTERM", None, None)),
+        # the ranks' marker: its typed signal decides
+        (1, {"PREEMPTED": PREEMPTED_USR2}, (), (Kind.PREEMPTED, 7, "SIGUSR2", None, None)),
+        (1, {"PREEMPTED": PREEMPTED_TERM}, (), (Kind.CANCELLED, 7, "SIGTERM", None, None)),
+        (1, {"PREEMPTED": {**PREEMPTED_USR2, "signal": "SIGINT"}}, (),
+         (Kind.CANCELLED, 7, "SIGINT", None, None)),
+        # an old marker (no kind, no signal; the text is never read): a preemption
+        (1, {"PREEMPTED": {"step": 4, "reason": "signal SIGTERM"}}, (),
+         (Kind.PREEMPTED, 4, None, None, None)),
+        # a saved checkpoint outranks a hang declared after it
+        (124, {"PREEMPTED": PREEMPTED_USR2, "HUNG": HUNG}, (),
+         (Kind.PREEMPTED, 7, "SIGUSR2", None, None)),
+        # hung: the marker's rank and step, or exit 124 alone
+        (1, {"HUNG": HUNG}, (), (Kind.HUNG, 9, None, 3, None)),
+        (124, {}, (), (Kind.HUNG, None, None, None, None)),
+        (None, {"HUNG": {"step": 2, "node": 0, "first": [1]}}, (),
+         (Kind.HUNG, 2, None, 1, None)),
+        # failed: the rank's own code, else the launcher's; 42 without a marker too
+        (1, {"FAILED": FAILED}, (), (Kind.FAILED, None, None, 2, 5)),
+        (7, {}, (), (Kind.FAILED, None, None, None, 7)),
+        (42, {}, (), (Kind.FAILED, None, None, None, 42)),
+        # no exit code recorded: DONE, else nothing known
+        (None, {"DONE": {"step": 3}}, (), (Kind.DONE, 3, None, None, None)),
+        (None, {}, (), (Kind.UNKNOWN, None, None, None, None)),
+    ],
+)  # fmt: skip
+def test_every_rule(rc, markers, signals, expected) -> None:
+    got = oc.classify(Evidence(rc, markers, signals, warning="SIGUSR2"))
+    assert (got.kind, got.step, got.signal, got.rank, got.code) == expected
+
+
+def test_the_clusters_own_warning_signal_counts() -> None:
+    # slurm.signal INT: an INT the task received is the warning, not a Ctrl-C.
+    got = oc.classify(Evidence(1, {}, ("SIGINT",), warning="SIGINT"))
+    assert got.kind is Kind.PREEMPTED and got.signal == "SIGINT"
+
+
+@pytest.mark.parametrize(
+    ("kind", "decision", "code"),
+    [
+        (Kind.DONE, Decision.FINISH, 0),
+        (Kind.PREEMPTED, Decision.RETRY, 42),
+        (Kind.CANCELLED, Decision.STOP, 42),
+        (Kind.HUNG, Decision.RETRY, 124),
+        (Kind.FAILED, Decision.STOP, 5),
+        (Kind.UNKNOWN, Decision.STOP, 1),
+    ],
+)
+def test_every_row_of_the_policy(kind: Kind, decision: Decision, code: int) -> None:
+    verdict = oc.decide(oc.Outcome(kind, code=5 if kind is Kind.FAILED else None))
+    assert (verdict.decision, verdict.exit_code, verdict.out_of_retries) == (decision, code, False)
+
+
+def test_the_policy_has_one_row_per_kind() -> None:
+    assert set(oc.POLICY) == set(Kind)
+
+
+@pytest.mark.parametrize("kind", [Kind.PREEMPTED, Kind.HUNG])
+def test_a_retry_past_the_budget_stops(kind: Kind) -> None:
+    assert oc.decide(oc.Outcome(kind), retries=2, max_retries=3).decision is Decision.RETRY
+    spent = oc.decide(oc.Outcome(kind), retries=3, max_retries=3)
+    assert spent.decision is Decision.STOP and spent.out_of_retries
+    assert spent.summary().endswith("; out of retries (3 of at most 3)")
+
+
+def test_markers_of_an_earlier_attempt_are_left_out(tmp_path: Path) -> None:
+    (tmp_path / "PREEMPTED").write_text(json.dumps(PREEMPTED_USR2))
+    os.utime(tmp_path / "PREEMPTED", (1, 1))
+    (tmp_path / "FAILED").write_text(json.dumps(FAILED))
+    evidence = Evidence.gather(tmp_path, time.time() - 5, 1)
+    assert set(evidence.markers) == {"FAILED"}
+    assert oc.classify(evidence).kind is Kind.FAILED
+    # No start time (a local status of a run dir that schedule cleaned): every marker.
+    assert set(Evidence.gather(tmp_path, None, 1).markers) == {"PREEMPTED", "FAILED"}
+
+
+def test_an_old_cancelled_file_still_counts(tmp_path: Path) -> None:
+    (tmp_path / "CANCELLED").write_text(f"{time.time()}\n")  # not JSON: before the kinds
+    assert oc.classify(Evidence.gather(tmp_path, time.time() - 5, 1)).kind is Kind.CANCELLED
+
+
+def test_the_writers_markers_read_back(tmp_path: Path) -> None:
+    from shardctl.orchestrator.rundir import RunDir
+
+    run = RunDir.of(tmp_path)
+    run.write_marker("PREEMPTED", oc.preempted_marker(6, 12, "signal SIGUSR2"))
+    assert json.loads((tmp_path / "PREEMPTED").read_text())["signal"] == "SIGUSR2"
+    got = oc.from_marker("PREEMPTED", run.read_marker("PREEMPTED") or {})
+    assert (got.kind, got.step, got.signal) == (Kind.PREEMPTED, 6, "SIGUSR2")
+    got = oc.from_marker("FAILED", oc.failed_marker(3, 1))
+    assert (got.kind, got.code, got.rank) == (Kind.FAILED, 3, 1)
+
+
+def _cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.outcome", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_python_dash_m_prints_the_decision_and_records_the_verdict(tmp_path: Path) -> None:
+    (tmp_path / "HUNG").write_text(json.dumps(HUNG))
+    verdict = tmp_path / "verdict.json"
+    out = _cli(str(tmp_path), "--exit-code", "124", "--since", str(time.time() - 5),
+               "--retries", "1", "--max-retries", "3", "--write", str(verdict))  # fmt: skip
+    assert out == "retry hung at step 9 (node 1's watchdog)\n"
+    recorded = json.loads(verdict.read_text())
+    assert recorded["decision"] == "retry" and recorded["outcome"]["kind"] == "hung"
+    assert recorded["exit_code"] == 124 and recorded["outcome"]["rank"] == 3
+    out = _cli(str(tmp_path), "--exit-code", "1", "--signal", "SIGTERM")
+    assert out == "stop cancelled (signal SIGTERM)\n"
+
+
+def test_the_readme_table_is_the_policy() -> None:
+    """README's "How an attempt ends" policy table says what `POLICY` does."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### How an attempt ends", 1)[1].split("\n### ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in {k.value for k in Kind}:
+            rows[Kind(cells[0])] = (cells[1].split(" ")[0].strip(":,"), cells[2])
+    assert set(rows) == set(Kind) - {Kind.UNKNOWN}
+    for kind, (decision, code) in rows.items():
+        rule = oc.POLICY[kind]
+        assert decision == rule.decision.value, kind
+        written = str(rule.exit_code) if rule.exit_code is not None else "the rank's code"
+        assert code.startswith(written), (kind, code)
+    rules = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(rules) == len(oc.RULES)
