@@ -14,6 +14,10 @@ gives determines the other, and a pair that disagrees is rejected.
     llama.py     `train.model.llama`: LlamaConfig's keywords, without transformers
     job.py       `JobSpec` and the checks across sections; parse, load, `with_command`
     explain.py   pydantic's errors as one line each, with did-you-mean
+
+No cluster is named here: each cluster's section (`local:`, `slurm:`, `k8s:`, a
+plugin's) lives in its own package (orchestrator/clusters/<name>/section.py) and
+`spec_model` adds it to `JobSpec` from the cluster registry.
 """
 
 from .common import (
@@ -36,12 +40,10 @@ from .common import (
     RESERVED_ENV,
     SHARDING_TO_ZERO,
     ZERO_TO_SHARDING,
+    ClusterSection,
     Section,
 )
-from .job import JobSpec, load_spec, parse_spec, with_command
-
-# Step 1 of moving the clusters' sections into their packages.
-from .k8s_section import ExtraVolume  # noqa: F401
+from .job import JobSpec, load_spec, parse_spec, spec_model, with_command
 from .llama import LLAMA_CONFIG_KEYS, LLAMA_EXTRA_KEYS, LLAMA_REFUSED_KEYS, llama_problems
 from .sections import (
     Checkpoint,
@@ -54,7 +56,6 @@ from .sections import (
     Train,
     Watchdog,
 )
-from .slurm_section import PyxisMount, slurm_time_minutes  # noqa: F401
 
 __all__ = [
     "LLAMA_CONFIG_KEYS",
@@ -80,6 +81,7 @@ __all__ = [
     "SHARDING_TO_ZERO",
     "ZERO_TO_SHARDING",
     "Checkpoint",
+    "ClusterSection",
     "DataSource",
     "Entrypoint",
     "JobSpec",
@@ -93,5 +95,6 @@ __all__ = [
     "llama_problems",
     "load_spec",
     "parse_spec",
+    "spec_model",
     "with_command",
 ]

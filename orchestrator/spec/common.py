@@ -28,11 +28,6 @@ NAME_MAX = 50
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-# Kept for the renderers that still read memory as text (orchestrator/clusters/).
-# A pod's CPU: cores (`8`, `0.5`) or whole millicores (`1500m`).
-K8S_CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?|[0-9]+(?=m$))(m)?$")
 # Control characters in a path end up in #SBATCH lines, log names and YAML; none is
 # ever meant (a tab or newline there is a paste accident, a NUL cannot reach open()).
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
@@ -46,7 +41,6 @@ PATH_MAX = 4096  # Linux's PATH_MAX: open() refuses longer paths anyway
 MAX_NODES = 100_000  # the largest machines have tens of thousands of nodes
 MAX_PROCS_PER_NODE = 1024  # one rank per GPU or per core; nodes have at most hundreds
 MAX_CPUS_PER_PROC = 1024  # more cores than any one machine has
-MAX_POD_CPUS = 4096  # k8s.cpu per pod, in cores
 # Checkpoint folders are step-NNNNNNNN: eight digits, so resume finds at most this step.
 MAX_STEPS = 99_999_999
 MAX_BATCH = 65_536  # micro_batch_size and grad_accum
@@ -55,7 +49,6 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed and the rank re-seeding take a 64-bit 
 MAX_KEEP = 1000  # checkpoints kept
 MAX_RETRIES = 1000  # requeues, pod restarts, backoff
 MAX_SECONDS = 366 * 86400  # a year: time limits, deadlines, TTLs
-MAX_UID = 2**31 - 1  # the largest uid Kubernetes' runAsUser and every Linux tool agree on
 MAX_LR = 10.0  # AdamW diverges long before; 1e30 is a typo
 MAX_WEIGHT_DECAY = 10.0  # decoupled decay of lr × wd > 1 flips weights' signs every step
 MAX_CLIP = 1e6  # a larger norm never clips; 0 is how to say "no clipping"
@@ -171,3 +164,24 @@ def type_name(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     names.update({list: "a list", dict: "a mapping", type(None): "null"})
     return names.get(type(value), type(value).__name__)
+
+
+class ClusterSection(Section):
+    """Base of a cluster's own section (`local:`, `slurm:`, `k8s:`, a plugin's): a
+    top-level key of the spec named after the cluster, validated with every spec
+    whatever cluster it is rendered for.
+
+    Two hooks see the whole spec (`spec` is the `JobSpec`, typed loosely here: the
+    core spec is built from the sections):
+    - `spec_problems`: what this section cannot mean with the rest of the spec; run
+      by every validation, one line per problem, each naming its fields;
+    - `run_problems`: what running on this cluster needs that the spec alone does not
+      promise (an image, a shared volume ...); run only when the job is rendered or
+      submitted for this cluster (`Cluster.check`), with the spec as its nodes read it.
+    """
+
+    def spec_problems(self, spec: Any) -> list[str]:
+        return []
+
+    def run_problems(self, spec: Any) -> list[str]:
+        return []

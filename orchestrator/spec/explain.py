@@ -11,12 +11,17 @@ from pydantic import BaseModel, ValidationError
 from ..errors import SpecError
 from .common import show, type_name
 
+NAMED_FIELDS = ("strategy.", "checkpoint.", "launcher", "train.", "resources.", "unknown key ")
+
 
 def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str]:
     """Turn pydantic's errors into one line each: field, value (shown once), what is
     accepted. `model`: the spec model `data` was validated against (for the keys an
     unknown key could have meant)."""
     problems: list[str] = []
+    # Messages that name their fields already (cross-field checks, a cluster's own).
+    clusters = getattr(model, "cluster_sections", ())
+    own_fields = (*NAMED_FIELDS, *(f"{name}." for name in clusters))
     for err in exc.errors(include_url=False):
         loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
         field = _dotted(loc)
@@ -59,10 +64,7 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
         if ours:
             msg = msg.split(", ", 1)[1]
             # Cross-field checks already name their fields; one line each.
-            if not loc or msg.startswith(
-                ("strategy.", "checkpoint.", "launcher", "train.", "k8s.", "resources.",
-                 "unknown key ")
-            ):  # fmt: skip
+            if not loc or msg.startswith(own_fields):
                 problems.extend(msg.split("\n"))
                 continue
         # The value once: our own validators show it (or the bad item of a list) in

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, create_model, field_validator, model_validator
 
 from ..errors import SpecError
 from ..rundir import (
@@ -31,8 +32,6 @@ from .common import (
     show,
 )  # fmt: skip
 from .explain import explain, key_text
-from .k8s_section import K8sCluster
-from .local_section import LocalCluster
 from .sections import (
     Checkpoint,
     Entrypoint,
@@ -42,7 +41,6 @@ from .sections import (
     Train,
     Watchdog,
 )  # fmt: skip
-from .slurm_section import SlurmCluster
 
 
 class JobSpec(Section):
@@ -68,9 +66,11 @@ class JobSpec(Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every rank; values of at most 131072 characters (Linux's
     MAX_ARG_STRLEN: execve refuses a longer variable)."""
-    local: LocalCluster = Field(default_factory=LocalCluster)
-    slurm: SlurmCluster = Field(default_factory=SlurmCluster)
-    k8s: K8sCluster = Field(default_factory=K8sCluster)
+    # Then one section per cluster, each under the cluster's name (`local`, `slurm`,
+    # `k8s`, a plugin's): added by `spec_model` from the cluster registry.
+
+    # The cluster sections this model holds, in the order they are written.
+    cluster_sections: ClassVar[tuple[str, ...]] = ()
 
     @field_validator("name")
     @classmethod
@@ -170,24 +170,14 @@ class JobSpec(Section):
                 "give exactly one of train (the built-in loop) and entrypoint (your own "
                 f"script); got {'both' if t is not None else 'neither'}"
             )
-        if self.k8s.code == "configmap" and (self.entrypoint is None or not self.entrypoint.script):
-            problems.append(
-                "k8s.code 'configmap' ships entrypoint.script (or entrypoint.code_dir) to the "
-                "pods; accepted without a script: image (a module must be in the image)"
-            )
         if t is not None and c.every_steps > t.steps:
             problems.append(
                 f"checkpoint.every_steps ({c.every_steps}) is larger than train.steps "
                 f"({t.steps}), so no periodic checkpoint would ever be written; "
                 f"accepted: 1..{t.steps}"
             )
-        if self.k8s.elastic is not None and not (
-            self.k8s.elastic.min_nodes <= r.nodes <= self.k8s.elastic.max_nodes
-        ):
-            problems.append(
-                f"resources.nodes ({r.nodes}) must lie within k8s.elastic "
-                f"[{self.k8s.elastic.min_nodes}, {self.k8s.elastic.max_nodes}]"
-            )
+        for name in self.cluster_sections:
+            problems.extend(self.cluster_section(name).spec_problems(self))
         run_dir = self.run_dir if self.run_dir is not None else default_run_dir(self.name)
         if c.dir is not None:
             problems.extend(_checkpoint_dir_problems(c.dir, run_dir))
@@ -208,6 +198,16 @@ class JobSpec(Section):
     def checkpoint_dir(self) -> str:
         assert self.checkpoint.dir is not None  # filled in by validation
         return self.checkpoint.dir
+
+    def cluster_section(self, name: str) -> Any:
+        """The section of cluster `name` (`spec.slurm` is `spec.cluster_section("slurm")`);
+        its defaults when this spec was read without it (a plugin's, not asked for)."""
+        if name in self.cluster_sections:
+            return getattr(self, name)
+        from ..clusters import section_model
+
+        section = section_model(name)
+        return section() if section is not None else None
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The validated spec (derived fields filled in) as plain data, by alias."""
@@ -290,8 +290,51 @@ def _offload_problems(s: Strategy, r: Resources) -> list[str]:
 # --------------------------------------------------------------------- loading
 
 
-def parse_spec(data: Any, source: str | None = None) -> JobSpec:
-    """Validate plain data (from YAML) into a `JobSpec`, or raise `SpecError`."""
+def spec_model(clusters: Iterable[str] = ()) -> type[JobSpec]:
+    """`JobSpec` with a section for every built-in cluster and for each of `clusters`
+    (clusters installed as plugins), built once per set (building costs start-up time)."""
+    from ..clusters import CLUSTER_NAMES
+
+    return _spec_model(tuple(sorted(set(clusters) - set(CLUSTER_NAMES))))
+
+
+@functools.cache
+def _spec_model(plugins: tuple[str, ...]) -> type[JobSpec]:
+    from ..clusters import CLUSTER_NAMES, section_model
+
+    fields: dict[str, Any] = {}
+    for name in (*CLUSTER_NAMES, *plugins):
+        section = section_model(name)
+        if section is not None:
+            fields[name] = (section, Field(default_factory=section))
+    model = create_model(
+        "JobSpec", __base__=JobSpec, __module__=__name__, __doc__=JobSpec.__doc__, **fields
+    )
+    type.__setattr__(model, "cluster_sections", tuple(fields))
+    return model
+
+
+def _plugin_keys(data: dict[Any, Any]) -> list[str]:
+    """Top-level keys of `data` that are the sections of clusters installed as plugins.
+    Entry points are read only when a key is neither core nor a built-in cluster's."""
+    from ..clusters import CLUSTER_NAMES, plugin_names
+
+    unknown = [
+        k
+        for k in data
+        if isinstance(k, str) and k not in JobSpec.model_fields and k not in CLUSTER_NAMES
+    ]
+    if not unknown:
+        return []
+    installed = plugin_names()
+    return [k for k in unknown if k in installed]
+
+
+def parse_spec(data: Any, source: str | None = None, cluster: str | None = None) -> JobSpec:
+    """Validate plain data (from YAML) into a `JobSpec`, or raise `SpecError`.
+
+    The model holds every built-in cluster's section, the section of each installed
+    plugin cluster the data names at its top level, and `cluster`'s (the one asked for)."""
     if not isinstance(data, dict):
         raise SpecError(
             [
@@ -300,15 +343,19 @@ def parse_spec(data: Any, source: str | None = None) -> JobSpec:
             ],
             source,
         )
+    model = spec_model([*_plugin_keys(data), *([cluster] if cluster else [])])
     try:
-        return JobSpec.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(explain(exc, data, JobSpec), source) from None
+        raise SpecError(explain(exc, data, model), source) from None
 
 
-def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
+def load_spec(
+    path: str | Path, overrides: Sequence[str] = (), cluster: str | None = None
+) -> JobSpec:
     """Read and validate a YAML job spec file, after the command line's `--set
-    KEY.PATH=VALUE` overrides (see `orchestrator/overrides.py`).
+    KEY.PATH=VALUE` overrides (see `orchestrator/overrides.py`); `cluster`: the cluster
+    it is read for (see `parse_spec`).
 
     An entrypoint's relative script path is taken from the spec file's folder, as a
     user reads it, whatever the current directory."""
@@ -316,7 +363,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> JobSpec:
 
     data = apply_overrides(read_yaml_file(path), overrides)
     source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
-    spec = parse_spec(data, source)
+    spec = parse_spec(data, source, cluster)
     if spec.entrypoint is not None:
         resolved = spec.entrypoint.resolved(Path(path).resolve().parent)
         if resolved is not spec.entrypoint:

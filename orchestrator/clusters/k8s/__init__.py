@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...assets import manifest
 from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
@@ -39,6 +39,10 @@ from .objects import (
     configmap_name,
     job_key,
 )
+from .section import K8sSection
+
+if TYPE_CHECKING:
+    from ...doctor import Check, Preflight
 
 T = TypeVar("T")
 
@@ -197,6 +201,32 @@ class K8sCluster(Cluster):
         "apply it: kubectl apply -f {out}/configmap.yaml -f {out}/pytorchjob.yaml\n"
         "       or: helm install {name} {chart} -f {out}/values.yaml"
     )
+
+    spec_section = K8sSection
+    no_preemption_budget = ""  # never: a pod always gets its grace period
+
+    def preflight(self, spec: JobSpec) -> Preflight:
+        from ...doctor import Preflight
+        from .preflight import k8s_checks
+
+        return Preflight(k8s_checks(spec, api_client=self._api_client))
+
+    def preemption_budget(self, spec: JobSpec) -> tuple[int, str] | None:
+        return spec.k8s.termination_grace_s, "k8s.termination_grace_s"
+
+    def network_check(self, spec: JobSpec, var: str) -> Check | None:
+        from ...doctor import Check
+
+        chosen = spec.env.get(var)
+        detail = (
+            f"{var}={chosen}"
+            if chosen
+            else (
+                f"{var} is not set: pods have one interface (eth0) unless the network plugin "
+                f"adds more (Multus, RDMA); then set env.{var}"
+            )
+        )
+        return Check("network interface", "ok", detail)
 
     def next_step_for(self, spec: JobSpec) -> str:
         if spec.k8s.api != "trainjob":

@@ -46,8 +46,9 @@ from ...launch import (
 )
 from ...render import common_artifacts
 from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
-from ...spec import ExtraVolume, JobSpec, parse_spec
+from ...spec import JobSpec, parse_spec
 from ..base import NodeView
+from .section import ExtraVolume
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -659,37 +660,10 @@ class K8sRender:
         return travels + "---\n" + dump(self.objects["configmap"]) + "---\n" + dump(self.job)
 
 
-def check_runnable(spec: JobSpec) -> None:
-    """What a job needs to run on Kubernetes that the spec alone cannot promise."""
-    problems = []
-    if spec.k8s.image is None:
-        problems.append(
-            "k8s.image is required for --cluster k8s: the pods need an image with torch and "
-            "shardctl. Build one with the project's Containerfile (`scripts/build-image -t "
-            "REGISTRY/shardctl:TAG`, push it, set k8s.image to it), or give an image with "
-            "torch (e.g. 'pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime') plus k8s.setup "
-            'lines that install shardctl at start (e.g. "python -m pip install --user '
-            "'shardctl[train]'\")"
-        )
-    if spec.resources.nodes > 1 and spec.k8s.pvc is None:
-        problems.append(
-            f"k8s.pvc is required for a {spec.resources.nodes}-node job: the ranks on "
-            "different pods write one checkpoint together, which needs one volume they all "
-            "mount (a ReadWriteMany PersistentVolumeClaim, e.g. on NFS/CephFS/Lustre; "
-            "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
-            "each pod would hold only "
-            "its own shards and resume would find no complete checkpoint"
-        )
-    if spec.k8s.api == "trainjob":
-        from .trainjob import trainjob_problems
-
-        problems += trainjob_problems(spec)
+def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
+    problems = spec.k8s.run_problems(spec)
     if problems:
         raise SpecError(problems)
-
-
-def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
-    check_runnable(spec)
     values = values_from(spec, node, common)
     runtime = None
     if spec.k8s.api == "trainjob":

@@ -8,14 +8,12 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ..sizes import MemorySize
-from .common import (
+from ...sizes import MemorySize
+from ...spec.common import (
     CONTROL_RE,
-    K8S_CPU_RE,
-    MAX_POD_CPUS,
     MAX_SECONDS,
-    MAX_UID,
     NAME_RE,
+    ClusterSection,
     Nodes,
     PositiveSeconds,
     Retries,
@@ -25,6 +23,11 @@ from .common import (
     shell_lines,
     show,
 )  # fmt: skip
+
+# A pod's CPU: cores (`8`, `0.5`) or whole millicores (`1500m`).
+K8S_CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?|[0-9]+(?=m$))(m)?$")
+MAX_POD_CPUS = 4096  # k8s.cpu per pod, in cores
+MAX_UID = 2**31 - 1  # the largest uid Kubernetes' runAsUser and every Linux tool agree on
 
 
 class Toleration(Section):
@@ -279,7 +282,7 @@ class ExtraVolume(Section):
         return next(s for s in self.SOURCES if getattr(self, s) not in (None, False))
 
 
-class K8sCluster(Section):
+class K8sSection(ClusterSection):
     """Settings for `--cluster k8s`: a Kubeflow PyTorchJob or a Kubeflow Trainer v2 TrainJob."""
 
     api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
@@ -487,7 +490,7 @@ class K8sCluster(Section):
         return bool(getattr(self, field) != default)
 
     @model_validator(mode="after")
-    def _api_fields(self) -> K8sCluster:
+    def _api_fields(self) -> K8sSection:
         given = {k for k in (*self.PYTORCHJOB_ONLY, *self.TRAINJOB_ONLY) if self.is_set(k)}
         if self.api == "trainjob":
             wrong = [f"{k} ({why})" for k, why in self.PYTORCHJOB_ONLY.items() if k in given]
@@ -504,3 +507,48 @@ class K8sCluster(Section):
                     "renders a PyTorchJob); set k8s.api: trainjob or remove it"
                 )
         return self
+
+    def spec_problems(self, spec: Any) -> list[str]:
+        problems: list[str] = []
+        entry = spec.entrypoint
+        if self.code == "configmap" and (entry is None or not entry.script):
+            problems.append(
+                "k8s.code 'configmap' ships entrypoint.script (or entrypoint.code_dir) to the "
+                "pods; accepted without a script: image (a module must be in the image)"
+            )
+        nodes = spec.resources.nodes
+        if self.elastic is not None and not (
+            self.elastic.min_nodes <= nodes <= self.elastic.max_nodes
+        ):
+            problems.append(
+                f"resources.nodes ({nodes}) must lie within k8s.elastic "
+                f"[{self.elastic.min_nodes}, {self.elastic.max_nodes}]"
+            )
+        return problems
+
+    def run_problems(self, spec: Any) -> list[str]:
+        """What a job needs to run on Kubernetes that the spec alone cannot promise."""
+        problems: list[str] = []
+        if self.image is None:
+            problems.append(
+                "k8s.image is required for --cluster k8s: the pods need an image with torch and "
+                "shardctl. Build one with the project's Containerfile (`scripts/build-image -t "
+                "REGISTRY/shardctl:TAG`, push it, set k8s.image to it), or give an image with "
+                "torch (e.g. 'pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime') plus k8s.setup "
+                'lines that install shardctl at start (e.g. "python -m pip install --user '
+                "'shardctl[train]'\")"
+            )
+        if spec.resources.nodes > 1 and self.pvc is None:
+            problems.append(
+                f"k8s.pvc is required for a {spec.resources.nodes}-node job: the ranks on "
+                "different pods write one checkpoint together, which needs one volume they all "
+                "mount (a ReadWriteMany PersistentVolumeClaim, e.g. on NFS/CephFS/Lustre; "
+                "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
+                "each pod would hold only "
+                "its own shards and resume would find no complete checkpoint"
+            )
+        if self.api == "trainjob":
+            from .trainjob import trainjob_problems  # the TrainJob's own rules
+
+            problems += trainjob_problems(spec)
+        return problems

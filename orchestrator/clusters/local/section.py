@@ -6,12 +6,10 @@ from typing import Annotated
 
 from pydantic import Field
 
-from .common import Section
-
-# ------------------------------------------------------------------------ clusters
+from ...spec.common import ClusterSection
 
 
-class LocalCluster(Section):
+class LocalSection(ClusterSection):
     """Settings for `--cluster local` (torchrun on this host)."""
 
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29500

@@ -5,16 +5,17 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .common import (
+from ...spec.common import (
     CONTROL_RE,
     ENV_NAME_RE,
     MAX_SECONDS,
     PATH_MAX,
-    SLURM_TIME_RE,
+    ClusterSection,
     Retries,
     Section,
     path_text,
@@ -22,6 +23,9 @@ from .common import (
     show,
     type_name,
 )  # fmt: skip
+
+# Slurm's --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 
 # ------------------------------------------------------------ Slurm: sbatch options
 
@@ -194,7 +198,7 @@ def sbatch_option_problem(name: str, value: Any) -> str | None:
 
 
 def _sbatch_option(item: Any) -> Any:
-    # The value arrives with its name (see SlurmCluster._sbatch_named), so that pydantic
+    # The value arrives with its name (see SlurmSection._sbatch_named), so that pydantic
     # places the error at slurm.sbatch_options.<name>; the value alone is kept.
     name, value = item
     problem = sbatch_option_problem(name, value)
@@ -337,7 +341,7 @@ class SlurmContainer(Section):
         return [PyxisMount.parse(m) for m in self.mounts]
 
 
-class SlurmCluster(Section):
+class SlurmSection(ClusterSection):
     """Settings for `--cluster slurm` (through submitit)."""
 
     partition: str | None = None
@@ -385,7 +389,7 @@ class SlurmCluster(Section):
         return {key: (key, value) for key, value in v.items()}
 
     @model_validator(mode="after")
-    def _one_container(self) -> SlurmCluster:
+    def _one_container(self) -> SlurmSection:
         pyxis = [w for w in self.srun_args if w.startswith(("--container-", "--no-container-"))]
         if self.container is not None and pyxis:
             raise ValueError(
@@ -429,6 +433,31 @@ class SlurmCluster(Section):
                 raise ValueError(f"{show(word)}: an srun word holds no control characters")
         return v
 
+    def run_problems(self, spec: Any) -> list[str]:
+        """What this section cannot mean together with the rest of the spec, one line
+        each: checked when the job is rendered for Slurm, with the run and checkpoint
+        directories made absolute as the nodes read them."""
+        s, r = self, spec.resources
+        problems: list[str] = []
+        given = s.sbatch_options
+        for name in ("mem-per-cpu", "mem-per-gpu"):
+            if name in given and r.memory is not None:
+                problems.append(
+                    f"slurm.sbatch_options.{name} {given[name]!r} and resources.memory "
+                    f"{str(r.memory)!r} both size the job's memory, and Slurm takes one of --mem, "
+                    "--mem-per-cpu, --mem-per-gpu; accepted: one of the two"
+                )
+        gpus = given.get("gpus-per-task")
+        if gpus is not None and str(gpus) != str(r.procs_per_node):
+            problems.append(
+                f"slurm.sbatch_options.gpus-per-task {gpus!r}: shardctl runs one task per node, "
+                f"whose launcher starts resources.procs_per_node ({r.procs_per_node}) ranks with "
+                f"one GPU each; accepted: {r.procs_per_node}, or leave it out"
+            )
+        if s.container is not None:
+            problems += mount_plan(spec).problems
+        return problems
+
 
 def slurm_time_minutes(value: str) -> int | None:
     """Slurm --time string → whole minutes (rounded up), or None when malformed."""
@@ -445,3 +474,58 @@ def slurm_time_minutes(value: str) -> int | None:
     else:  # M
         seconds = int(a) * 60
     return -(-seconds // 60) if seconds > 0 else None
+
+
+# ------------------------------------------------- Slurm: the container's mounts
+
+
+def _own_folders(spec: Any) -> list[tuple[str, str, bool]]:
+    """The folders the ranks need inside a container: (path, what, written to)."""
+    folders = [(spec.run_dir, "the run directory", True)]
+    folders.append((spec.checkpoint_dir, "the checkpoint directory (checkpoint.dir)", True))
+    entry = spec.entrypoint
+    if entry is not None and (entry.code_dir or entry.script):
+        code = entry.code_dir or posixpath.dirname(entry.script or "")
+        folders.append((code, "your script's folder (entrypoint)", False))
+    return folders
+
+
+@dataclass(frozen=True)
+class MountPlan:
+    """`entries`: the `--container-mounts` list, the user's mounts first; `added`: the
+    folders shardctl added at their own paths; `problems`: a user's mount that hides or
+    write-protects a folder the ranks need, one line each."""
+
+    entries: list[str]
+    added: list[str]
+    problems: list[str]
+
+
+def mount_plan(spec: Any) -> MountPlan:
+    """Every folder the ranks need is mounted at its own path unless a mount covers it."""
+    assert spec.slurm.container is not None
+    mine = spec.slurm.container.mounts
+    mounts = [PyxisMount.parse(m) for m in mine]
+    plan = MountPlan(entries=list(mine), added=[], problems=[])
+    for path, what, written in _own_folders(spec):
+        norm = posixpath.normpath(path)
+        cover = next(
+            (m for m in mounts if norm == m.target or norm.startswith(m.target.rstrip("/") + "/")),
+            None,
+        )
+        if cover is None:
+            mounts.append(PyxisMount(source=norm, target=norm))
+            plan.entries.append(norm)
+            plan.added.append(norm)
+        elif cover.source != cover.target:
+            plan.problems.append(
+                f"slurm.container.mounts {cover.text()!r} puts {cover.source} at "
+                f"{cover.target}, so {what} {norm!r} inside the container is another folder "
+                f"than on the host; accepted: mount {cover.source} at its own path, or elsewhere"
+            )
+        elif written and cover.read_only:
+            plan.problems.append(
+                f"slurm.container.mounts {cover.text()!r} is read-only, but the ranks write "
+                f"{what} {norm!r} beneath it; accepted: the mount without ro"
+            )
+    return plan
