@@ -186,3 +186,10 @@ def test_entry_points_are_read_only_for_a_name_not_built_in(
             parse_spec(SPEC)
     finally:
         clusters._entry_points.cache_clear()
+
+
+@pytest.mark.parametrize("name", clusters.CLUSTER_NAMES)
+def test_a_builtin_section_is_its_cluster_class_s(name: str) -> None:
+    """REGISTRY names a built-in's section beside its class (so that a spec is read
+    without the backend); both must be the one class."""
+    assert clusters.section_model(name) is clusters.cluster_class(name).spec_section
