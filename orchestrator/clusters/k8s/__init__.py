@@ -203,7 +203,6 @@ class K8sCluster(Cluster):
     )
 
     spec_section = K8sSection
-    no_preemption_budget = ""  # never: a pod always gets its grace period
 
     def preflight(self, spec: JobSpec) -> Preflight:
         from ...doctor import Preflight

@@ -169,7 +169,6 @@ class SlurmCluster(Cluster):
     )
 
     spec_section = SlurmSection
-    no_preemption_budget = ""  # never: Slurm always signals before the time limit
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python
