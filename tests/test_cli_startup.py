@@ -107,6 +107,25 @@ def test_command_imports_no_heavy_package(tmp_path: Path, command: str):
     assert heavy_in(modules) == [], f"`shardctl {' '.join(COMMANDS[command])}` imported them"
 
 
+CLUSTERS = "shardctl.orchestrator.clusters"
+
+
+@pytest.mark.parametrize(
+    ("command", "backends"),
+    [("validate", set()), ("render-local", {"local"}), ("render-slurm", {"slurm"})],
+)
+def test_a_command_loads_only_the_cluster_asked_for(
+    tmp_path: Path, command: str, backends: set[str]
+):
+    """Every spec holds every built-in cluster's section, but a section loads without
+    its cluster's backend: only the cluster asked for is imported."""
+    rc, stderr, modules = run_cli(tmp_path, COMMANDS[command])
+    assert rc == 0, stderr
+    assert {f"{CLUSTERS}.{n}.section" for n in ("local", "slurm", "k8s")} <= set(modules)
+    loaded = {n for n in ("local", "slurm", "k8s") if f"{CLUSTERS}.{n}" in modules}
+    assert loaded == backends
+
+
 def test_the_check_sees_a_heavy_import(tmp_path: Path):
     """The same harness, with submitit imported first, must report it."""
     rc, stderr, modules = run_cli(tmp_path, ["--version"], preload="submitit")

@@ -557,7 +557,7 @@ def test_build_image_sends_docker_no_ignored_files(tmp_path: Path) -> None:
     entry = json.loads(record.read_text())
     assert entry["argv"] == ["build", "-f", "Containerfile", "-t", "x:1", "-"]
     names = {n.removeprefix("./") for n in entry["context"]}
-    assert {"Containerfile", "pyproject.toml", "orchestrator/spec.py"} <= names
+    assert {"Containerfile", "pyproject.toml", "orchestrator/spec/__init__.py"} <= names
     for dropped in (".venv", "runs", ".git", "tests/golden", ".ruff_cache"):
         assert not any(n == dropped or n.startswith(dropped + "/") for n in names), dropped
     assert not any("__pycache__" in n for n in names)

@@ -70,7 +70,8 @@ def test_k8s_node_files_are_the_ones_the_pods_get() -> None:
 
 
 def test_missing_cluster_module_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(clusters.REGISTRY, "slurm", "no_such_mod:X")
+    section = clusters.REGISTRY["slurm"].section  # a spec still reads its slurm: section
+    monkeypatch.setitem(clusters.REGISTRY, "slurm", clusters.Builtin("no_such_mod:X", section))
     with pytest.raises(RenderError, match=r"cluster 'slurm' needs the module .*no_such_mod"):
         render_artifacts(variant(), "slurm")
     # Local rendering never needs it.

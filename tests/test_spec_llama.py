@@ -59,7 +59,7 @@ def test_table_matches_the_installed_llama_config() -> None:
     missing = sorted(set(real) - set(LLAMA_CONFIG_KEYS))
     extra = sorted(set(LLAMA_CONFIG_KEYS) - set(real))
     assert not missing and not extra, (
-        f"orchestrator/spec.py LLAMA_CONFIG_KEYS is out of date with transformers "
+        f"orchestrator/spec/llama.py LLAMA_CONFIG_KEYS is out of date with transformers "
         f"{transformers.__version__}: add {missing}, remove {extra}"
     )
     for key, (type_text, default) in real.items():

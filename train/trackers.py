@@ -3,7 +3,7 @@
 Rank 0 alone writes, the scalars of `logs/metrics.jsonl` (the built-in loop: loss, lr,
 grad_norm, tokens_per_s; a user script: whatever it gives `api.log_metrics`), with the
 step as the global step. The spec's `logging:` section picks the trackers
-(`orchestrator/spec.py`, `Logging`); each package is imported only when its tracker
+(`orchestrator/spec/sections.py`, `Logging`); each package is imported only when its tracker
 is asked for, and a missing one is refused at start (`check_installed`, on every rank,
 before the model is built) with the `pip install 'shardctl[...]'` that adds it.
 

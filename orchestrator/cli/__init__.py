@@ -13,8 +13,14 @@ from pathlib import Path
 import click
 
 from .. import __version__
-from ..clusters import CLUSTER_NAMES
-from .common import command_argument, echo_json, handle_errors, output_option, set_option
+from .common import (
+    ClusterChoice,
+    command_argument,
+    echo_json,
+    handle_errors,
+    output_option,
+    set_option,
+)
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -75,7 +81,7 @@ def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @command_argument
-@click.option("--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True)
+@click.option("--cluster", type=ClusterChoice(), default="local", show_default=True)
 @click.option(
     "--dry-run", is_flag=True, help="Print exactly what would be submitted; contact nothing."
 )
@@ -116,7 +122,7 @@ def submit(
     from ..errors import UsageError
     from ..spec import load_spec, with_command
 
-    job = with_command(load_spec(spec, overrides), command)
+    job = with_command(load_spec(spec, overrides, cluster), command)
     kind = cluster_class(cluster)
     if replace and not getattr(kind, "supports_replace", False):
         raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")

@@ -89,3 +89,24 @@ def human_size(n: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+class ClusterChoice(click.Choice):  # type: ignore[type-arg]
+    """`--cluster`: a built-in cluster's name or an installed plugin's. The plugins'
+    entry points are read only for a name that is not built in (they cost start-up)."""
+
+    def __init__(self) -> None:
+        from ..clusters import CLUSTER_NAMES
+
+        super().__init__(CLUSTER_NAMES)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value not in self.choices:
+            from ..clusters import plugin_names
+
+            plugins = plugin_names()
+            if value in plugins:
+                return value
+            # Refused with every name accepted here, the plugins' too.
+            return click.Choice((*self.choices, *plugins)).convert(value, param, ctx)
+        return super().convert(value, param, ctx)

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import click
 
-from ..clusters import CLUSTER_NAMES
-from .common import echo_json, handle_errors, output_option, set_option
+from .common import ClusterChoice, echo_json, handle_errors, output_option, set_option
 
 
 @click.command("doctor")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True)
+@click.option("--cluster", type=ClusterChoice(), default="local", show_default=True)
 @click.option(
     "--checkpoints",
     type=click.Path(file_okay=False, path_type=Path),
@@ -41,7 +40,7 @@ def doctor_cmd(
     from ..doctor import run_doctor
     from ..spec import load_spec
 
-    job = load_spec(spec, overrides)
+    job = load_spec(spec, overrides, cluster)
     checks = run_doctor(job, cluster, str(checkpoints) if checkpoints else None)
     failed = any(c.status == "fail" for c in checks)
     if output == "json":

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..clusters import CLUSTER_NAMES
-from .common import echo_json, handle_errors, output_option
+from .common import ClusterChoice, echo_json, handle_errors, output_option
 
 if TYPE_CHECKING:
     from ..clusters.base import Cluster, JobRef, JobStatus
@@ -363,7 +362,7 @@ def _ls_command(name: str, help_text: str) -> click.Command:
     @click.command(name, help=help_text)
     @click.option(
         "--cluster",
-        type=click.Choice(CLUSTER_NAMES),
+        type=ClusterChoice(),
         default=None,
         help="Only the jobs of this cluster.",
     )

@@ -14,15 +14,14 @@ from pathlib import Path
 import click
 
 from ..assets import shipped_paths
-from ..clusters import CLUSTER_NAMES
-from .common import command_argument, echo_json, handle_errors, set_option
+from .common import ClusterChoice, command_argument, echo_json, handle_errors, set_option
 
 
 @click.command("render")
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @command_argument
 @click.option(
-    "--cluster", type=click.Choice(CLUSTER_NAMES), default="local", show_default=True,
+    "--cluster", type=ClusterChoice(), default="local", show_default=True,
     help="Which cluster's artifacts (local always included: job.yaml, env.sh, launch.sh ...).",
 )  # fmt: skip
 @click.option(
@@ -59,7 +58,7 @@ def render_cmd(
     from ..rundir import RunDir
     from ..spec import load_spec, with_command
 
-    job = with_command(load_spec(spec, overrides), command)
+    job = with_command(load_spec(spec, overrides, cluster), command)
     backend = get_cluster(cluster)
     files = backend.dryrun(job).artifacts
     target = out if out is not None else RunDir.of(job.run_dir).rendered(cluster)

@@ -12,7 +12,11 @@ clusters:
 - `dryrun(spec)`: pure; renders exactly what will be sent and talks to no
   cluster. `shardctl render` writes the dry run's artifacts.
 - `schedule(dryrun)`: sends that and nothing else; `status`, `logs`, `cancel`;
-  `follow_logs` (`logs -f`), `has_ended` and `exit_code_of` (`status --watch`).
+  `follow_logs` (`logs -f`), `has_ended` and `exit_code_of` (`status --watch`);
+- `spec_section`: its section of the job spec (a `ClusterSection` under the
+  cluster's name), whose `run_problems` `check(spec)` raises before any render;
+- `preflight(spec)`, `preemption_budget(spec)`, `network_check(spec, var)`,
+  `one_machine`: what `shardctl doctor` asks of it.
 
 Backend states map to `JobState` through one explicit table per backend, with
 UNKNOWN as the default. This module imports no cluster module.
@@ -25,13 +29,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import RenderError, ShardctlError, SpecError, UsageError
 from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
 from ..render import common_artifacts
 from ..rundir import EXIT_HUNG, EXIT_PREEMPTED, SPEC_FILE
 from ..spec import JobSpec
+
+if TYPE_CHECKING:
+    from ..doctor import Check, Preflight
+    from ..spec.common import ClusterSection
 
 
 class JobState(enum.StrEnum):
@@ -139,6 +147,9 @@ class Cluster(ABC):
     """One cluster backend."""
 
     name: ClassVar[str]
+    # The spec section under `name` (None: the cluster takes no settings). A built-in
+    # cluster's is also named in REGISTRY, so that a spec is read without this module.
+    spec_section: ClassVar[type[ClusterSection] | None] = None
     # What `shardctl render` prints after writing the files ({out}, {name}, {spec},
     # {chart}, {manifests}); `next_step_for` may pick it per spec.
     next_step: ClassVar[str] = ""
@@ -160,9 +171,19 @@ class Cluster(ABC):
         """Files only this cluster needs; `common` holds the shared ones already."""
         return {}
 
+    def check(self, spec: JobSpec) -> None:
+        """Raise `SpecError` naming what running on this cluster needs that `spec` (as
+        the nodes read it) lacks: its section's `run_problems`, one line each."""
+        section = spec.cluster_section(self.name)
+        problems = section.run_problems(spec) if section is not None else []
+        if problems:
+            raise SpecError(problems)
+
     def artifacts(self, spec: JobSpec) -> dict[str, str]:
-        """Every file of the job for this cluster, sorted by name. Pure, deterministic."""
+        """Every file of the job for this cluster, sorted by name. Pure, deterministic.
+        A cluster whose `dryrun` renders without this calls `check` itself."""
         node = self.node_view(spec)
+        self.check(node.spec)
         files = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
         own = self.own_artifacts(node, dict(files))
         clash = sorted(k for k in own.keys() & files.keys() if own[k] != files[k])
@@ -211,6 +232,30 @@ class Cluster(ABC):
     poll_s: ClassVar[float] = 2.0
     # `follow` takes `write=` and `tick=` (the `submit --wait` progress bar).
     follow_ticks: ClassVar[bool] = False
+
+    # -- shardctl doctor -------------------------------------------------------------
+
+    # Every node is this machine: collectives never cross a network.
+    one_machine: ClassVar[bool] = False
+    # What the preemption budget check says where `preemption_budget` is None.
+    no_preemption_budget: ClassVar[str] = "this cluster gives no time to save before a stop"
+
+    def preflight(self, spec: JobSpec) -> Preflight:
+        """This cluster's own pre-flight checks (master address, port, a shared
+        checkpoint dir ...); each says `skip` when it cannot run, never passes silently."""
+        from ..doctor import Preflight
+
+        return Preflight()
+
+    def preemption_budget(self, spec: JobSpec) -> tuple[int, str] | None:
+        """Seconds the ranks get to save between the stop signal and the kill, and the
+        spec field that sets them; None when nothing stops the job on a deadline."""
+        return None
+
+    def network_check(self, spec: JobSpec, var: str) -> Check | None:
+        """The network interface check of a multi-node job, where this cluster knows
+        better than the nodes' interfaces (`var`: the *_SOCKET_IFNAME that picks one)."""
+        return None
 
     def follow(self, ref: JobRef) -> int:
         """`submit --wait`: follow the job until it ends and return its exit code."""

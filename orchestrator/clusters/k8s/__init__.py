@@ -20,10 +20,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...assets import manifest
-from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
+from ...errors import ClusterError, JobNotFoundError, MissingDependencyError, SpecError
 from ...launch import EnvLine
 from ...render import common_artifacts
 from ...spec import JobSpec
@@ -32,6 +32,11 @@ from . import objects as k8s_render
 from .apis import job_kind
 from .jobkind import JobKind, Prerequisite
 from .pods import RUNS_MOUNT, configmap_name
+from .preflight import k8s_checks
+from .section import K8sSection
+
+if TYPE_CHECKING:
+    from ...doctor import Check, Preflight
 
 T = TypeVar("T")
 
@@ -51,6 +56,35 @@ def kind_of(ref: JobRef) -> JobKind:
 
 class K8sCluster(Cluster):
     name = "k8s"
+
+    spec_section = K8sSection
+
+    def check(self, spec: JobSpec) -> None:
+        problems = k8s_render.run_problems(spec)
+        if problems:
+            raise SpecError(problems)
+
+    def preflight(self, spec: JobSpec) -> Preflight:
+        from ...doctor import Preflight
+
+        return Preflight(k8s_checks(spec, self))
+
+    def preemption_budget(self, spec: JobSpec) -> tuple[int, str] | None:
+        return spec.k8s.termination_grace_s, "k8s.termination_grace_s"
+
+    def network_check(self, spec: JobSpec, var: str) -> Check | None:
+        from ...doctor import Check
+
+        chosen = spec.env.get(var)
+        detail = (
+            f"{var}={chosen}"
+            if chosen
+            else (
+                f"{var} is not set: pods have one interface (eth0) unless the network plugin "
+                f"adds more (Multus, RDMA); then set env.{var}"
+            )
+        )
+        return Check("network interface", "ok", detail)
 
     def next_step_for(self, spec: JobSpec) -> str:
         return job_kind(spec.k8s.api).next_step(spec)

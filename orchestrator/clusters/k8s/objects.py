@@ -33,7 +33,7 @@ from ...launch import (
 )
 from ...render import common_artifacts
 from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
-from ...spec import ExtraVolume, JobSpec, parse_spec
+from ...spec import JobSpec, parse_spec
 from ..base import NodeView
 from .apis import job_kind
 from .jobkind import AdminRuntime
@@ -48,6 +48,7 @@ from .pods import (
     cut_name,
     object_metadata,
 )
+from .section import ExtraVolume
 
 # Kubernetes refuses a ConfigMap whose data exceeds 1 MiB.
 CONFIGMAP_LIMIT = 1024 * 1024
@@ -426,34 +427,16 @@ class K8sRender:
         return travels + "---\n" + dump(self.objects["configmap"]) + "---\n" + dump(self.job)
 
 
-def check_runnable(spec: JobSpec) -> None:
-    """What a job needs to run on Kubernetes that the spec alone cannot promise."""
-    problems = []
-    if spec.k8s.image is None:
-        problems.append(
-            "k8s.image is required for --cluster k8s: the pods need an image with torch and "
-            "shardctl. Build one with the project's Containerfile (`scripts/build-image -t "
-            "REGISTRY/shardctl:TAG`, push it, set k8s.image to it), or give an image with "
-            "torch (e.g. 'pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime') plus k8s.setup "
-            'lines that install shardctl at start (e.g. "python -m pip install --user '
-            "'shardctl[train]'\")"
-        )
-    if spec.resources.nodes > 1 and spec.k8s.pvc is None:
-        problems.append(
-            f"k8s.pvc is required for a {spec.resources.nodes}-node job: the ranks on "
-            "different pods write one checkpoint together, which needs one volume they all "
-            "mount (a ReadWriteMany PersistentVolumeClaim, e.g. on NFS/CephFS/Lustre; "
-            "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
-            "each pod would hold only "
-            "its own shards and resume would find no complete checkpoint"
-        )
-    problems += job_kind(spec.k8s.api).problems(spec)
-    if problems:
-        raise SpecError(problems)
+def run_problems(spec: JobSpec) -> list[str]:
+    """What a job needs to run on Kubernetes that the spec alone cannot promise: the
+    section's rules, then those of its API (a TrainJob's runtime, ...)."""
+    return spec.k8s.run_problems(spec) + job_kind(spec.k8s.api).problems(spec)
 
 
 def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRender:
-    check_runnable(spec)
+    problems = run_problems(spec)
+    if problems:
+        raise SpecError(problems)
     values = values_from(spec, node, common)
     admin = job_kind(spec.k8s.api).admin_runtime(spec, values)
     rendered = K8sRender(node, common, values, objects_from_values(values), admin)

@@ -83,7 +83,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
@@ -106,6 +106,10 @@ from ..base import (
 )
 from ..writer import LEDGER, write_rendered
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
+from .section import SlurmSection
+
+if TYPE_CHECKING:
+    from ...doctor import Preflight
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +164,18 @@ class SlurmCluster(Cluster):
         "every node)\n       or by hand: sbatch {out}/" + STANDALONE_FILE
     )
 
+    spec_section = SlurmSection
+
     def __init__(self, python: str | None = None) -> None:
         self.python = python
+
+    def preflight(self, spec: JobSpec) -> Preflight:
+        from .preflight import slurm_preflight
+
+        return slurm_preflight(spec)
+
+    def preemption_budget(self, spec: JobSpec) -> tuple[int, str] | None:
+        return spec.slurm.signal_delay_s, "slurm.signal_delay_s"
 
     def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
         where = "run this script inside a Slurm allocation (srun)"

@@ -34,15 +34,14 @@ makes its folder absolute).
 from __future__ import annotations
 
 import json
-import posixpath
 import shlex
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from ...errors import SpecError
 from ...rundir import LAUNCH_FILE
-from ...spec import JobSpec, PyxisMount, slurm_time_minutes
+from ...spec import JobSpec
+from .section import mount_plan, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
 SBATCH_FILE = "sbatch.sh"
@@ -83,7 +82,7 @@ def submitit_folder(run_dir: str) -> str:
 
 def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     """The parameters given to `SlurmExecutor.update_parameters`, in submitit's names."""
-    problems = slurm_problems(spec)
+    problems = spec.slurm.run_problems(spec)
     if problems:
         raise SpecError(problems)
     s, r = spec.slurm, spec.resources
@@ -132,90 +131,13 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     return params
 
 
-def slurm_problems(spec: JobSpec) -> list[str]:
-    """What the Slurm section cannot mean together with the rest of the spec, one line
-    each. Checked at render (the spec's sections are validated one by one)."""
-    s, r = spec.slurm, spec.resources
-    problems: list[str] = []
-    given = s.sbatch_options
-    for name in ("mem-per-cpu", "mem-per-gpu"):
-        if name in given and r.memory is not None:
-            problems.append(
-                f"slurm.sbatch_options.{name} {given[name]!r} and resources.memory "
-                f"{str(r.memory)!r} both size the job's memory, and Slurm takes one of --mem, "
-                "--mem-per-cpu, --mem-per-gpu; accepted: one of the two"
-            )
-    gpus = given.get("gpus-per-task")
-    if gpus is not None and str(gpus) != str(r.procs_per_node):
-        problems.append(
-            f"slurm.sbatch_options.gpus-per-task {gpus!r}: shardctl runs one task per node, "
-            f"whose launcher starts resources.procs_per_node ({r.procs_per_node}) ranks with "
-            f"one GPU each; accepted: {r.procs_per_node}, or leave it out"
-        )
-    if s.container is not None:
-        problems += _mount_plan(spec).problems
-    return problems
-
-
-def _own_folders(spec: JobSpec) -> list[tuple[str, str, bool]]:
-    """The folders the ranks need inside a container: (path, what, written to)."""
-    folders = [(spec.run_dir, "the run directory", True)]
-    folders.append((spec.checkpoint_dir, "the checkpoint directory (checkpoint.dir)", True))
-    entry = spec.entrypoint
-    if entry is not None and (entry.code_dir or entry.script):
-        code = entry.code_dir or posixpath.dirname(entry.script or "")
-        folders.append((code, "your script's folder (entrypoint)", False))
-    return folders
-
-
-@dataclass(frozen=True)
-class MountPlan:
-    """`entries`: the `--container-mounts` list, the user's mounts first; `added`: the
-    folders shardctl added at their own paths; `problems`: a user's mount that hides or
-    write-protects a folder the ranks need, one line each."""
-
-    entries: list[str]
-    added: list[str]
-    problems: list[str]
-
-
-def _mount_plan(spec: JobSpec) -> MountPlan:
-    """Every folder the ranks need is mounted at its own path unless a mount covers it."""
-    assert spec.slurm.container is not None
-    mine = spec.slurm.container.mounts
-    mounts = [PyxisMount.parse(m) for m in mine]
-    plan = MountPlan(entries=list(mine), added=[], problems=[])
-    for path, what, written in _own_folders(spec):
-        norm = posixpath.normpath(path)
-        cover = next(
-            (m for m in mounts if norm == m.target or norm.startswith(m.target.rstrip("/") + "/")),
-            None,
-        )
-        if cover is None:
-            mounts.append(PyxisMount(source=norm, target=norm))
-            plan.entries.append(norm)
-            plan.added.append(norm)
-        elif cover.source != cover.target:
-            plan.problems.append(
-                f"slurm.container.mounts {cover.text()!r} puts {cover.source} at "
-                f"{cover.target}, so {what} {norm!r} inside the container is another folder "
-                f"than on the host; accepted: mount {cover.source} at its own path, or elsewhere"
-            )
-        elif written and cover.read_only:
-            plan.problems.append(
-                f"slurm.container.mounts {cover.text()!r} is read-only, but the ranks write "
-                f"{what} {norm!r} beneath it; accepted: the mount without ro"
-            )
-    return plan
-
-
 def container_setup(spec: JobSpec) -> list[str]:
     """Lines of the batch shell (on the host) before srun when the ranks run in a
     container: say what is mounted, and find the rendezvous host for them."""
     c = spec.slurm.container
     if c is None:
         return []
-    added = _mount_plan(spec).added
+    added = mount_plan(spec).added
     mounted = f"; mounted at their own paths by shardctl: {', '.join(added)}" if added else ""
     return [
         f"# pyxis runs every node's launcher in {c.image}{mounted}",
@@ -233,7 +155,7 @@ def srun_args(spec: JobSpec, *, standalone: bool = False) -> list[str]:
     words: list[str] = []
     c = s.container
     if c is not None:
-        mounts = _mount_plan(spec).entries + ([f"{_HERE}:{_HERE}"] if standalone else [])
+        mounts = mount_plan(spec).entries + ([f"{_HERE}:{_HERE}"] if standalone else [])
         words += [f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}"]
         if c.workdir is not None:
             words.append(f"--container-workdir={c.workdir}")

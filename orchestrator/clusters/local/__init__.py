@@ -43,14 +43,15 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..durable import write_text_atomic
-from ..errors import ClusterError, UsageError
-from ..launch import PYTHON_VAR, EnvLine, export
-from ..launcher_output import PreemptionReport, readable
-from ..outcome import Evidence, Kind, Verdict, cancelled_marker, judge
-from ..proctree import Proc, alive, descendants, signal_all, start_ticks
-from ..rundir import (
+from ...durable import write_text_atomic
+from ...errors import ClusterError, UsageError
+from ...launch import PYTHON_VAR, EnvLine, export
+from ...launcher_output import PreemptionReport, readable
+from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
+from ...proctree import Proc, alive, descendants, signal_all, start_ticks
+from ...rundir import (
     CANCELLED_FILE,
     ENV_ATTEMPT,
     FAILED_FILE,
@@ -61,8 +62,8 @@ from ..rundir import (
     PREEMPTED_FILE,
     RunDir,
 )
-from ..spec import JobSpec
-from .base import (
+from ...spec import JobSpec
+from ..base import (
     Cluster,
     DryRun,
     FileTail,
@@ -73,7 +74,11 @@ from .base import (
     require_script,
     run_resources,
 )
-from .writer import write_rendered
+from ..writer import write_rendered
+from .section import LocalSection
+
+if TYPE_CHECKING:
+    from ...doctor import Preflight
 
 PID_FILE = "local.pid"
 EXIT_FILE = "local.exit"
@@ -132,10 +137,19 @@ def _read(path: Path) -> str | None:
 
 class LocalCluster(Cluster):
     name = "local"
+    spec_section = LocalSection
     next_step = "start it here: bash {out}/launch.sh"
     can_follow = True
     follow_ticks = True
     poll_s = 0.5
+    one_machine = True
+    no_preemption_budget = "a local run is stopped by `shardctl cancel`, no deadline"
+
+    def preflight(self, spec: JobSpec) -> Preflight:
+        from ...doctor import Preflight
+        from .preflight import local_checks
+
+        return Preflight(local_checks(spec))
 
     def runtime_env(self, spec: JobSpec) -> list[EnvLine]:
         r = spec.resources

@@ -1,0 +1,121 @@
+"""Pydantic's errors as shardctl says them: one line each, naming the field, the value
+and what is accepted; an unknown key with its did-you-mean."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import SpecError
+from .common import show, type_name
+
+NAMED_FIELDS = ("strategy.", "checkpoint.", "launcher", "train.", "resources.", "unknown key ")
+
+
+def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str]:
+    """Turn pydantic's errors into one line each: field, value (shown once), what is
+    accepted. `model`: the spec model `data` was validated against (for the keys an
+    unknown key could have meant)."""
+    problems: list[str] = []
+    # Messages that name their fields already (cross-field checks, a cluster's own).
+    clusters = getattr(model, "cluster_sections", ())
+    own_fields = (*NAMED_FIELDS, *(f"{name}." for name in clusters))
+    for err in exc.errors(include_url=False):
+        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+        field = _dotted(loc)
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            parent, key = loc[:-1], loc[-1]
+            allowed = _allowed_keys(model, parent)
+            hint = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+            where = _dotted(parent) or "the top level"
+            did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+            # A plain path is quoted; one holding a cut or odd key is quoted inside already.
+            named = repr(field) if field.isprintable() and "'" not in field else field
+            problems.append(
+                f"unknown key {named} in {where}{did_you_mean} "
+                f"(accepted: {', '.join(sorted(allowed))})"
+            )
+            continue
+        if kind == "invalid_key":
+            # YAML made the key a number, null or boolean (`5:`, `~:`, `yes:`).
+            parent, key = loc[:-1], err.get("input", loc[-1] if loc else None)
+            where = _dotted(parent) or "the top level"
+            problems.append(
+                f"key {show(key)} in {where} is {type_name(key)}; accepted: keys that are "
+                "names (quote it if it is one)"
+            )
+            continue
+        if kind == "missing":
+            problems.append(f"{field}: required but missing")
+            continue
+        value = err.get("input")
+        shown = show(value)
+        ctx = err.get("ctx") or {}
+        if kind in ("less_than_equal", "less_than") and not isinstance(value, bool):
+            most = ctx.get("le", ctx.get("lt"))
+            limit = "the most" if kind == "less_than_equal" else "more than the most"
+            problems.append(f"{field}: {shown} is more than {most}, {limit} shardctl accepts")
+            continue
+        msg = err["msg"]
+        ours = msg.startswith(("Value error, ", "Assertion failed, "))
+        if ours:
+            msg = msg.split(", ", 1)[1]
+            # Cross-field checks already name their fields; one line each.
+            if not loc or msg.startswith(own_fields):
+                problems.extend(msg.split("\n"))
+                continue
+        # The value once: our own validators show it (or the bad item of a list) in
+        # their sentence; pydantic's messages never do; a whole section is not printed.
+        got = "" if ours or isinstance(value, dict) else f" (got {shown})"
+        problems.append(f"{field or 'spec'}: {msg}{got}")
+    return problems
+
+
+def _dotted(loc: list[Any] | tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            text = key_text(part)
+            out += f".{text}" if out else text
+    return out
+
+
+def key_text(key: Any) -> str:
+    """A mapping key as part of a dotted path: as written when it is a short printable
+    word, else its repr, cut to a readable length."""
+    text = str(key)
+    if isinstance(key, str) and text.isprintable() and len(text) <= SpecError.MAX_VALUE_CHARS:
+        return text
+    return show(key)
+
+
+def _allowed_keys(spec_model: type[BaseModel], loc: list[Any]) -> list[str]:
+    """The keys accepted at a location of the spec, by alias."""
+    model: Any = spec_model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if field is None:  # an alias
+            field = next((f for f in model.model_fields.values() if f.alias == part), None)
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+        if model is None:
+            return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
