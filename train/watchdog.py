@@ -71,7 +71,7 @@ USAGE = "usage: python3 -m shardctl.train.watchdog -- LAUNCHER [ARGS...]"
 FLOOR_S = 300.0  # never below a few minutes when derived
 STEP_FACTOR = 10.0  # × the median step time
 SAVE_FACTOR = 3.0  # × the longest checkpoint save
-UNMEASURED_FLOOR_S = 900.0  # start-up, restore, saves before any save was measured
+UNMEASURED_FLOOR_S = 900.0  # saves before any save was measured
 # The start-up allowance when `watchdog.startup_timeout_s` is unset (mirrors
 # spec.STARTUP_FLOOR_S, which says why 15 minutes), kept COLLECTIVE_MARGIN_S under
 # the process group's timeout: a rank that waits in a collective for a peer still
@@ -89,7 +89,8 @@ MAX_POLL_S = 5.0
 # signal for the launcher and sends it to the ranks itself).
 TO_LAUNCHER = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TO_RANKS = (signal.SIGUSR1, signal.SIGUSR2)
-SLOW_PHASES = ("start", "restore", "save")
+# Start-up and restore have their own allowance (HangRule.startup_limit).
+SLOW_PHASES = ("save",)
 
 
 def _say(text: str) -> None:
