@@ -44,13 +44,18 @@ def rank_pids(run_dir: Path, attempt: int) -> dict[int, int]:
             env.get(b"SHARDCTL_RUN_DIR") == str(run_dir).encode()
             and env.get(b"SHARDCTL_ATTEMPT") == str(attempt).encode()
             and b"RANK" in env
-            and b"shardctl.train" in cmd
-            and b"watchdog" not in cmd
-            and b"torch.distributed.run" not in cmd
-            and not cmd.startswith(b"torchrun")
+            and _module(cmd.split(b"\0")) in (b"shardctl.train", b"shardctl.train.entry")
         ):
             found[int(env[b"RANK"])] = int(entry.name)
     return found
+
+
+def _module(argv: list[bytes]) -> bytes:
+    """The module a Python command line runs (`-m M`): the first word after the first
+    `-m`. Words, not substrings: the checkout's path may hold "watchdog" or "torchrun"."""
+    if len(argv) > 1 and argv[1].endswith(b"torchrun"):
+        return b"torchrun"  # python .../bin/torchrun ... -m shardctl.train: the launcher
+    return next((argv[i + 1] for i, word in enumerate(argv[:-1]) if word == b"-m"), b"")
 
 
 def _status(name: str) -> dict:
