@@ -35,6 +35,7 @@ from .rundir import (
     ENV_JOB_NAME,
     ENV_RUN_DIR,
     ENV_SPEC,
+    ENV_STARTUP_TIMEOUT,
     SPEC_FILE,
 )
 from .spec import JobSpec
@@ -174,6 +175,8 @@ def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
     w = spec.watchdog
     hang = "" if w.hang_timeout_s is None else str(w.hang_timeout_s)
     lines.append(export(ENV_HANG_TIMEOUT, hang, "watchdog: empty = derived while the job runs"))
+    startup = "" if w.startup_timeout_s is None else str(w.startup_timeout_s)
+    lines.append(export(ENV_STARTUP_TIMEOUT, startup))
     lines.append(export(ENV_COLLECTIVE_TIMEOUT, str(w.collective_timeout)))
     return lines
 

@@ -69,6 +69,7 @@ ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
 # ranks' heartbeats and exports it; the timeouts are rendered into env.sh.
 ENV_HEARTBEAT_DIR = "SHARDCTL_HEARTBEAT_DIR"
 ENV_HANG_TIMEOUT = "SHARDCTL_HANG_TIMEOUT_S"  # empty: derived (shardctl.train.watchdog)
+ENV_STARTUP_TIMEOUT = "SHARDCTL_STARTUP_TIMEOUT_S"  # empty: derived (the watchdog)
 ENV_COLLECTIVE_TIMEOUT = "SHARDCTL_COLLECTIVE_TIMEOUT_S"  # the process group's timeout
 CONTRACT_ENV = (
     ENV_RUN_DIR, ENV_CHECKPOINT_DIR, ENV_JOB_NAME, ENV_ATTEMPT, ENV_SPEC,

@@ -378,6 +378,31 @@ CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["collective_timeout_s 300 is not above hang_timeout_s 600", "e.g. 720"],
     ),
     ("watchdog-enabled", spec(watchdog__enabled="sometimes"), ["watchdog.enabled", "sometimes"]),
+    (
+        "watchdog-startup-typo",
+        spec(watchdog={"startup_timout_s": 900}),
+        ["'watchdog.startup_timout_s'", "did you mean 'startup_timeout_s'"],
+    ),
+    (
+        "watchdog-startup-short",
+        spec(watchdog__startup_timeout_s=4),
+        ["watchdog.startup_timeout_s", "4", "5"],
+    ),
+    (
+        "watchdog-startup-text",
+        spec(watchdog__startup_timeout_s="15m"),
+        ["startup_timeout_s", "15m"],
+    ),
+    (
+        "watchdog-startup-below-hang",
+        spec(watchdog={"hang_timeout_s": 600, "startup_timeout_s": 300}),
+        ["startup_timeout_s 300 is below hang_timeout_s 600", "e.g. 900"],
+    ),
+    (
+        "watchdog-collective-below-startup",
+        spec(watchdog={"startup_timeout_s": 900, "collective_timeout_s": 600}),
+        ["collective_timeout_s 600 is not above startup_timeout_s 900", "e.g. 1020"],
+    ),
     ("watchdog-not-a-map", spec(watchdog=[1]), ["watchdog"]),
 ]
 

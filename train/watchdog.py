@@ -18,9 +18,14 @@ every few seconds. It exits with the launcher's code, except:
 The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
 (`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest
 checkpoint save seen (this attempt's, and the `save_s` that earlier attempts
-recorded in the checkpoint manifests); while no save has been measured, start-up,
-restore and saves get at least 900 s. The clock starts at a rank's first heartbeat:
-before it, the launcher's rendezvous timeout and the collectives' timeout apply.
+recorded in the checkpoint manifests); while no save has been measured, saves get
+at least 900 s. A rank still in start-up (its heartbeat says so: from its first
+heartbeat until it finished its first training step, see `heartbeat`) gets the
+start-up allowance instead: `$SHARDCTL_STARTUP_TIMEOUT_S` when set, else 900 s kept
+120 s under the collectives' timeout (`$SHARDCTL_COLLECTIVE_TIMEOUT_S`), and never
+less than the hang timeout. A rank stuck in start-up is ended too, once that
+allowance is spent. The clock starts at a rank's first heartbeat: before it, the
+launcher's rendezvous timeout and the collectives' timeout apply.
 
 Only this node's ranks are watched: every node decides alone, without a network of
 its own, and in a hang every rank stops (the others wait in a collective for the
@@ -50,9 +55,11 @@ from shardctl.orchestrator.proctree import descendants, forward_to_catchers, sig
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
+    ENV_COLLECTIVE_TIMEOUT,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
     ENV_RUN_DIR,
+    ENV_STARTUP_TIMEOUT,
     EXIT_HUNG,
     HUNG_FILE,
     RunDir,
@@ -65,7 +72,14 @@ USAGE = "usage: python3 -m shardctl.train.watchdog -- LAUNCHER [ARGS...]"
 FLOOR_S = 300.0  # never below a few minutes when derived
 STEP_FACTOR = 10.0  # × the median step time
 SAVE_FACTOR = 3.0  # × the longest checkpoint save
-UNMEASURED_FLOOR_S = 900.0  # start-up, restore, saves before any save was measured
+UNMEASURED_FLOOR_S = 900.0  # saves before any save was measured
+# The start-up allowance when `watchdog.startup_timeout_s` is unset (mirrors
+# spec.STARTUP_FLOOR_S, which says why 15 minutes), kept COLLECTIVE_MARGIN_S under
+# the process group's timeout: a rank that waits in a collective for a peer still
+# importing must not fail (FAILED, no retry) before its peer is ended as hung.
+STARTUP_FLOOR_S = 900.0
+COLLECTIVE_MARGIN_S = 120.0  # mirrors spec.COLLECTIVE_MARGIN_S
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0  # torch's; what env.sh renders when nothing is set
 STACK_WAIT_S = 5.0  # how long the ranks get to write their stacks
 OTHER_NODE_WAIT_S = 10.0  # for another node's HUNG after this node's launcher failed
 MAX_POLL_S = 5.0
@@ -76,7 +90,8 @@ MAX_POLL_S = 5.0
 # signal for the launcher and sends it to the ranks itself).
 TO_LAUNCHER = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 TO_RANKS = (signal.SIGUSR1, signal.SIGUSR2)
-SLOW_PHASES = ("start", "restore", "save")
+# Start-up and restore have their own allowance (HangRule.startup_limit).
+SLOW_PHASES = ("save",)
 
 
 def _say(text: str) -> None:
@@ -94,6 +109,21 @@ class HangRule:
     earlier_saves: list[float] = field(default_factory=list)
     step_times: deque[float] = field(default_factory=lambda: deque(maxlen=200))
     save_times: list[float] = field(default_factory=list)
+    startup_explicit: float | None = None
+    collective_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S
+
+    def startup_base(self) -> float:
+        """The start-up allowance before the hang timeout raises it."""
+        if self.startup_explicit is not None:
+            return self.startup_explicit
+        return min(STARTUP_FLOOR_S, self.collective_s - COLLECTIVE_MARGIN_S)
+
+    def startup_limit(self, phase: str) -> float:
+        """A rank still in start-up: its own allowance, never below the hang timeout."""
+        return max(self.limit(phase), self.startup_base())
+
+    def limit_of(self, beat: Beat) -> float:
+        return self.startup_limit(beat.phase) if beat.starting else self.limit(beat.phase)
 
     def limit(self, phase: str) -> float:
         if self.explicit is not None:
@@ -117,6 +147,20 @@ class HangRule:
         return (
             f"{self.limit('step'):g} s (derived: max({FLOOR_S:g} s, {STEP_FACTOR:g} × median "
             f"step {median}, {SAVE_FACTOR:g} × longest save {longest}))"
+        )
+
+    def describe_startup(self) -> str:
+        """The start-up allowance, as the watchdog's first line and a hang report say it."""
+        if self.startup_explicit is not None:
+            how = "watchdog.startup_timeout_s"
+        else:
+            how = (
+                f"derived: min({STARTUP_FLOOR_S:g} s, collective timeout {self.collective_s:g} s "
+                f"- {COLLECTIVE_MARGIN_S:g} s)"
+            )
+        return (
+            f"{self.startup_limit('start'):g} s ({how}; never below the hang timeout), from a "
+            "rank's first heartbeat until it finished its first training step"
         )
 
 
@@ -151,6 +195,11 @@ class Verdict:
     limit_s: float
     ranks: list[RankView]
 
+    @property
+    def starting(self) -> bool:
+        """Some rank was still in start-up: its allowance, not the hang timeout, ran out."""
+        return any(v.beat.starting for v in self.ranks)
+
 
 class Monitor:
     """What the watchdog knows of this node's ranks, fed one poll at a time."""
@@ -182,10 +231,10 @@ class Monitor:
         watched = self.watched(alive)
         if not watched:
             return None
-        if any(now - v.changed <= self.rule.limit(v.beat.phase) for v in watched):
+        if any(now - v.changed <= self.rule.limit_of(v.beat) for v in watched):
             return None
         idle = now - max(v.changed for v in watched)
-        limit = max(self.rule.limit(v.beat.phase) for v in watched)
+        limit = max(self.rule.limit_of(v.beat) for v in watched)
         return Verdict(idle, limit, sorted(watched, key=lambda v: v.beat.rank))
 
 
@@ -300,15 +349,16 @@ def report_lines(
 ) -> list[str]:
     lines = [
         f"node {node}: HUNG — no rank of this node advanced for {verdict.idle_s:.0f} s "
-        f"(hang timeout {rule.describe()})"
+        f"({describe_limit(verdict, rule)})"
     ]
     culprits = first_stopped(verdict.ranks, states)
     for v in verdict.ranks:
         b = v.beat
         state = states[b.rank]
         first = "  ← stopped advancing first" if b.rank in culprits else ""
+        phase = f"{b.phase}, in start-up" if b.starting else b.phase
         lines.append(
-            f"  rank {b.rank} (pid {b.pid}): last at step {b.step} ({b.phase}), "
+            f"  rank {b.rank} (pid {b.pid}): last at step {b.step} ({phase}), "
             f"{now_wall - b.time:.0f} s ago; process {STATE_WORDS.get(state, state)}"
             f"{_wchan(b.pid)}{first}"
         )
@@ -318,6 +368,13 @@ def report_lines(
             "network, or each other); the other nodes' logs name theirs"
         )
     return lines
+
+
+def describe_limit(verdict: Verdict, rule: HangRule) -> str:
+    """The limit that ran out: the start-up allowance when a rank was still starting."""
+    if verdict.starting:
+        return f"start-up allowance {rule.describe_startup()}"
+    return f"hang timeout {rule.describe()}"
 
 
 STUCK_STATES = ("T", "t", "D")
@@ -366,7 +423,7 @@ def write_hung_marker(
         "attempt": attempt,
         "idle_s": round(verdict.idle_s, 1),
         "timeout_s": round(verdict.limit_s, 1),
-        "rule": rule.describe(),
+        "rule": describe_limit(verdict, rule),
         "ranks": [
             {
                 "rank": v.beat.rank,
@@ -394,8 +451,9 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
-def _explicit_timeout() -> float | None:
-    raw = os.environ.get(ENV_HANG_TIMEOUT, "").strip()
+def _env_seconds(name: str) -> float | None:
+    """A positive number of seconds from the environment; None when unset or bad."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
@@ -403,7 +461,7 @@ def _explicit_timeout() -> float | None:
     except ValueError:
         value = 0.0
     if not value > 0:
-        _say(f"{ENV_HANG_TIMEOUT}={raw!r} is not a positive number of seconds; deriving it")
+        _say(f"{name}={raw!r} is not a positive number of seconds; deriving it")
         return None
     return value
 
@@ -416,8 +474,10 @@ class Watchdog:
         self.attempt = _env_int(ENV_ATTEMPT, 0)
         self.run_dir = os.environ.get(ENV_RUN_DIR) or None
         self.rule = HangRule(
-            explicit=_explicit_timeout(),
+            explicit=_env_seconds(ENV_HANG_TIMEOUT),
             earlier_saves=earlier_save_times(os.environ.get(ENV_CHECKPOINT_DIR)),
+            startup_explicit=_env_seconds(ENV_STARTUP_TIMEOUT),
+            collective_s=_env_seconds(ENV_COLLECTIVE_TIMEOUT) or DEFAULT_COLLECTIVE_TIMEOUT_S,
         )
         self.monitor = Monitor(self.rule)
         self.received: list[int] = []
@@ -461,7 +521,8 @@ class Watchdog:
             _say(f"cannot start {self.command[0]!r}: {exc}")
             return 127
         _say(f"node {self.node}: watching the ranks of {self.command[0]} (pid {child.pid}); "
-             f"hang timeout {self.rule.describe()}")  # fmt: skip
+             f"hang timeout {self.rule.describe()}; start-up allowance "
+             f"{self.rule.describe_startup()}")  # fmt: skip
         forwarded: set[tuple[int, int]] = set()
         next_look = time.monotonic()
         while True:

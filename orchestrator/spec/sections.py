@@ -359,6 +359,14 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 1800
 # With an explicit hang_timeout_s the collectives wait this much longer, so the
 # watchdog (stacks, retry) ends a hang before a collective fails it (a plain failure).
 COLLECTIVE_MARGIN_S = 120
+# The start-up allowance when `startup_timeout_s` is unset: a rank's imports, model
+# build, restore and first step may take this long, however short the hang timeout.
+# 15 minutes, the start-up floor the derived rule always had (and the order of
+# NVIDIA's resiliency launcher's initial-heartbeat timeout and torchrun's rendezvous
+# wait): restarted ranks import torch and transformers from a shared file system,
+# every node at once. Mirrors shardctl.train.watchdog.STARTUP_FLOOR_S (the watchdog
+# imports no pydantic); tests/test_watchdog.py keeps them equal.
+STARTUP_FLOOR_S = 900
 HangSeconds = Annotated[int, Field(ge=MIN_HANG_TIMEOUT_S, le=MAX_SECONDS, strict=True)]
 
 
@@ -379,24 +387,43 @@ class Watchdog(Section):
     """Seconds without a heartbeat from any rank of a node before the job is declared
     hung; 5 to 31622400. Unset: derived while the job runs — the largest of 300 s, 10×
     the median step time and 3× the longest checkpoint save seen (this attempt's and
-    the `save_s` of earlier ones); start-up, restore and saves get at least 900 s until
-    a save has been measured."""
+    the `save_s` of earlier ones); saves get at least 900 s until one has been
+    measured. Start-up has its own allowance (`startup_timeout_s`)."""
+    startup_timeout_s: HangSeconds | None = None
+    """Seconds a rank may stay in start-up before the job is declared hung; 5 to
+    31622400, at least `hang_timeout_s`. Start-up runs from a rank's first heartbeat
+    (the process group is up) until it finishes its first training step: the imports
+    and model build after `init_process_group`, the restore and the first step (it
+    ends early at the rank's first save or evaluation). Unset: the larger of the hang
+    timeout and 900 s, kept `collective_timeout_s` − 120 s or lower when that is set
+    shorter (a collective waiting for a slow peer's start-up must not fail first)."""
     collective_timeout_s: HangSeconds | None = None
     """The process group's timeout: a collective waiting longer fails its rank; 5 to
-    31622400. Unset: `hang_timeout_s` + 120 when that is set, else 1800 (torch's
-    default). It must exceed `hang_timeout_s`: a collective that fails first ends the
-    job as FAILED, without the stacks and the retry of a hang."""
+    31622400. It must exceed `hang_timeout_s` and `startup_timeout_s`: a collective
+    that fails first ends the job as FAILED, without the stacks and the retry of a
+    hang, and in start-up (`init_process_group` included) a rank waits in collectives
+    for its slowest peer's start-up. Unset: the start-up allowance + 120 when
+    `hang_timeout_s` is set; else 1800 (torch's default), or `startup_timeout_s` +
+    120 when that is longer."""
 
     @model_validator(mode="after")
     def _ordered(self) -> Watchdog:
-        hang, coll = self.hang_timeout_s, self.collective_timeout_s
-        if hang is not None and coll is not None and coll <= hang:
+        hang, start, coll = self.hang_timeout_s, self.startup_timeout_s, self.collective_timeout_s
+        if hang is not None and start is not None and start < hang:
             raise ValueError(
-                f"collective_timeout_s {coll} is not above hang_timeout_s {hang}: a collective "
-                "would fail its rank (FAILED, no stacks, no retry) before the watchdog ends the "
-                f"hang; accepted: collective_timeout_s > hang_timeout_s (e.g. {hang + 120}), "
-                "or leave collective_timeout_s unset"
+                f"startup_timeout_s {start} is below hang_timeout_s {hang}: start-up (imports, "
+                "restore, the first step) would be held to less time than a step; accepted: "
+                f"startup_timeout_s >= hang_timeout_s (e.g. {max(hang, STARTUP_FLOOR_S)}), or "
+                "leave startup_timeout_s unset"
             )
+        for name, value in (("hang_timeout_s", hang), ("startup_timeout_s", start)):
+            if value is not None and coll is not None and coll <= value:
+                raise ValueError(
+                    f"collective_timeout_s {coll} is not above {name} {value}: a collective "
+                    "would fail its rank (FAILED, no stacks, no retry) before the watchdog "
+                    f"ends the hang; accepted: collective_timeout_s > {name} (e.g. "
+                    f"{value + COLLECTIVE_MARGIN_S}), or leave collective_timeout_s unset"
+                )
         return self
 
     @property
@@ -405,7 +432,10 @@ class Watchdog(Section):
         if self.collective_timeout_s is not None:
             return self.collective_timeout_s
         if self.hang_timeout_s is not None:
-            return self.hang_timeout_s + COLLECTIVE_MARGIN_S
+            start = self.startup_timeout_s or max(STARTUP_FLOOR_S, self.hang_timeout_s)
+            return start + COLLECTIVE_MARGIN_S
+        if self.startup_timeout_s is not None:
+            return max(DEFAULT_COLLECTIVE_TIMEOUT_S, self.startup_timeout_s + COLLECTIVE_MARGIN_S)
         return DEFAULT_COLLECTIVE_TIMEOUT_S
 
 

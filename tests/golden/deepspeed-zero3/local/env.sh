@@ -12,6 +12,7 @@ export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 export SHARDCTL_DEEPSPEED_CONFIG="${SHARDCTL_RENDER_DIR:-.}"/ds_config.json
 # watchdog: empty = derived while the job runs
 export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_STARTUP_TIMEOUT_S=''
 export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 # this host is every node
 export SHARDCTL_NNODES=1

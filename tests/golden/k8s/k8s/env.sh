@@ -10,6 +10,7 @@ export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/k8s-tiny/checkpoints
 export SHARDCTL_SPEC=/etc/shardctl/job.yaml
 # watchdog: empty = derived while the job runs
 export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_STARTUP_TIMEOUT_S=''
 export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 export SHARDCTL_NNODES="${PET_NNODES:?set by the Kubeflow training operator in PyTorchJob pods}"
 export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the Kubeflow training operator in PyTorchJob pods}"

@@ -16,6 +16,7 @@ export SHARDCTL_CHECKPOINT_DIR=runs/tiny-llama/checkpoints
 export SHARDCTL_SPEC="${SHARDCTL_RENDER_DIR:-.}"/job.yaml
 # watchdog: empty = derived while the job runs
 export SHARDCTL_HANG_TIMEOUT_S=''
+export SHARDCTL_STARTUP_TIMEOUT_S=''
 export SHARDCTL_COLLECTIVE_TIMEOUT_S=1800
 export SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?run this script inside a Slurm allocation (srun)}"
 # this node's index, set by Slurm
