@@ -1,9 +1,10 @@
 """Writes that are never seen half done: temp file → (fsync) → rename → (fsync dir).
 
-The one place shardctl writes a file or publishes a folder atomically. `durable`
-adds the fsyncs that make the result survive a power loss, not only a crash of
-the writer; markers and records skip them (cheap, and a lost one is re-derived),
-checkpoints and consolidated models use them.
+The one place shardctl writes a file atomically. `durable` adds the fsyncs that
+make the result survive a power loss, not only a crash of the writer; markers and
+records skip them (cheap, and a lost one is re-derived), manifests use them.
+Folders (checkpoints, converted checkpoints, consolidated models) are published
+by `shardctl.train.storage`, with the fsync helpers below.
 """
 
 from __future__ import annotations
@@ -61,13 +62,3 @@ def write_text_atomic(
     path: str | Path, text: str, *, durable: bool = True, mode: int | None = None
 ) -> None:
     write_bytes_atomic(path, text.encode("utf-8"), durable=durable, mode=mode)
-
-
-def publish_dir(tmp: str | Path, final: str | Path, *, durable: bool = True) -> None:
-    """Rename a finished folder into its place (which must not exist)."""
-    tmp, final = Path(tmp), Path(final)
-    if durable:
-        fsync_dir(tmp)
-    os.rename(tmp, final)
-    if durable:
-        fsync_dir(final.parent)

@@ -23,6 +23,7 @@ from shardctl.orchestrator.cli import cli  # noqa: E402
 from shardctl.orchestrator.errors import CheckpointError  # noqa: E402
 from shardctl.orchestrator.spec import parse_spec  # noqa: E402
 from shardctl.train import checkpoint as ckpt  # noqa: E402
+from shardctl.train import storage as storage_mod  # noqa: E402
 from shardctl.train.backends.deepspeed import DeepSpeedStateIO  # noqa: E402
 from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState  # noqa: E402
 from shardctl.train.checkpoint import (  # noqa: E402
@@ -32,6 +33,7 @@ from shardctl.train.checkpoint import (  # noqa: E402
     verify,
 )
 from shardctl.train.manifest import sha256_file, share_of  # noqa: E402
+from shardctl.train.storage import PosixStorage  # noqa: E402
 
 
 def make_spec(tmp_path: Path, **checkpoint) -> object:
@@ -236,10 +238,10 @@ def test_crash_before_rename_leaves_previous_set(
     s = Setup(tmp_path)
     s.train_and_save([2])
 
-    def crash(tmp: Path, final: Path) -> None:
+    def crash(self: object, name: str, *, replace: bool = False) -> Path:
         raise OSError("simulated crash before the rename")
 
-    monkeypatch.setattr(ckpt, "_publish", crash)
+    monkeypatch.setattr(PosixStorage, "publish", crash)
     with pytest.raises(CheckpointError, match="simulated crash"):
         s.train_and_save([4])
     monkeypatch.undo()
@@ -376,7 +378,7 @@ def test_resave_without_rename_exchange_still_ends_complete(
 ) -> None:
     s = Setup(tmp_path)
     s.train_and_save([2])
-    monkeypatch.setattr(ckpt, "_rename_exchange", lambda a, b: False)
+    monkeypatch.setattr(storage_mod, "_rename_exchange", lambda a, b: False)
     s.step()
     s.mgr.save(2, s.trainer)
     assert sorted(p.name for p in s.ckdir.iterdir()) == ["step-00000002"]

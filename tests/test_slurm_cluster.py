@@ -14,6 +14,7 @@ the preempted ones log every step exactly once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -29,6 +30,8 @@ import yaml
 from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.records import recall, remember
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from shardctl.orchestrator.errors import ClusterError
+from shardctl.orchestrator.spec import parse_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -127,6 +130,9 @@ def _submitted(tmp_path: Path, spec: dict[str, Any]) -> JobRef:
     assert proc.returncode == 0, proc.stderr
     ref = JobRef(**json.loads(proc.stdout))
     assert ref.extra["sbatch_matches_dry_run"] is True
+    # sbatch received exactly the script the dry run rendered (run_dir/sbatch.sh).
+    submitted = Path(ref.extra["folder"]) / f"{ref.job_id}_submission.sh"
+    assert submitted.read_bytes() == (Path(ref.run_dir) / "sbatch.sh").read_bytes()
     assert recall(spec["name"]).job_id == ref.job_id
     return ref
 
@@ -517,6 +523,34 @@ def test_bad_partition_or_time_is_refused_before_anything_is_written(
     assert not (tmp_path / "runs").exists()
     after = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     assert after == before
+
+
+def test_a_dry_run_that_is_not_what_submitit_makes_is_refused_before_queueing(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    """A dry run altered on purpose (as a submitit that lays its script out otherwise
+    would show): real submitit makes its script from the request, the difference is
+    named, and nothing is written or queued."""
+    name = "shown-differs"
+    spec = parse_spec({**_spec(name), "run_dir": str(tmp_path / "runs" / name)})
+    cluster = SlurmCluster()
+    plan = cluster.dryrun(spec)
+    shown = plan.artifacts["sbatch.sh"]
+    assert "#SBATCH --nodes=2\n" in shown
+    altered = dataclasses.replace(
+        plan,
+        artifacts={**plan.artifacts, "sbatch.sh": shown.replace("--nodes=2\n", "--nodes=1\n")},
+    )
+    with pytest.raises(ClusterError) as refused:
+        cluster.schedule(altered)
+    message = str(refused.value)
+    assert "differs from the one the dry run showed; nothing was queued" in message
+    assert "\n-#SBATCH --nodes=1\n+#SBATCH --nodes=2\n" in message, message
+    assert not (tmp_path / "runs").exists()
+    queued = subprocess.run(
+        ["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True, timeout=30
+    )
+    assert queued.returncode == 0 and queued.stdout.strip() == "", queued.stdout
 
 
 # --------------------------------------------------------- your own training script

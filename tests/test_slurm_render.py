@@ -222,6 +222,29 @@ def test_dryrun_job_yaml_has_the_absolute_run_dir(tmp_path: Path, monkeypatch) -
     assert plan.request["executor"]["python"] == shlex.quote(sys.executable)
 
 
+def test_dryrun_computes_the_submitit_parameters_once_and_renders_from_its_request(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    real = rs.submitit_parameters
+
+    def counted(spec):
+        calls.append(spec.name)
+        return real(spec)
+
+    monkeypatch.setattr(rs, "submitit_parameters", counted)
+    plan = backend.SlurmCluster().dryrun(load_spec(ROOT / "examples" / "slurm-2node.yaml"))
+    assert calls == ["slurm-2node"]
+    # submitit.json is the request schedule hands to submitit, and sbatch.sh its script.
+    assert json.loads(plan.artifacts["submitit.json"]) == plan.request
+    python, folder = plan.request["executor"]["python"], plan.request["executor"]["folder"]
+    command = rs.submitit_command(python, folder)
+    rendered = rs.sbatch_text(plan.request["parameters"], folder, command)
+    assert plan.artifacts["sbatch.sh"] == rendered
+    assert plan.text.endswith(plan.artifacts["sbatch.sh"])
+
+
 # ----------------------------------------------------------------- state mapping
 
 

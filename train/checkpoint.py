@@ -37,11 +37,12 @@ deterministically in `reshard` (`reseed_rng(seed, step, rank)` below does that).
 Whether the backend's state loads on another world size is the `StateIO`'s call
 (`check_resumable`).
 
-Atomicity: everything is written to `step-N.tmp/`; once every rank finished, the
-files are hashed (spread over the ranks), rank 0 writes `manifest.json`, fsyncs,
-and one rename publishes `step-N/` (then the parent folder is fsynced). A crash at
-any instant leaves the previous set of complete checkpoints; `.tmp` leftovers are
-removed at the next save. Retention runs only after the rename and keeps the
+Atomicity: everything is written to the storage's staging folder for `step-N`
+(`step-N.tmp/` on POSIX); once every rank finished, the files are made durable and
+hashed (spread over the ranks), rank 0 writes `manifest.json` and the storage
+publishes `step-N/` at once (`shardctl.train.storage`: on POSIX fsyncs and one
+rename). A crash at any instant leaves the previous set of complete checkpoints;
+staging leftovers are removed at the next save. Retention runs only after the rename and keeps the
 `checkpoint.keep` newest complete checkpoints, always including the new one.
 
 Async save (`checkpoint.async: true`, where the `StateIO` supports it — FSDP): the
@@ -54,11 +55,8 @@ thread hashes, writes the manifest and renames once every rank's write finished
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
 import random
-import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -69,14 +67,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ..orchestrator.errors import CheckpointError
 from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
     FORMAT_VERSION,
     STEP_RE,
-    TRASH_PREFIX,
     CheckpointInfo,
     complete_candidates,
     describe_files,
@@ -90,6 +86,7 @@ from .manifest import (
     verify,
     write_manifest,
 )
+from .storage import CheckpointStorage, PosixStorage
 
 __all__ = [
     "CheckpointError",
@@ -165,39 +162,6 @@ def _read_or_why(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, str(exc)
 
 
-def _rename_exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two directories (Linux renameat2 RENAME_EXCHANGE)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _remove_dir(path: Path) -> None:
-    """Delete a checkpoint folder so that no half-deleted one can look complete:
-    first one rename to a hidden trash name, then the slow recursive delete."""
-    trash = path.parent / f"{TRASH_PREFIX}{path.name}-{os.getpid()}-{time.monotonic_ns()}"
-    os.rename(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _publish(tmp: Path, final: Path) -> None:
-    """The one rename that makes a checkpoint visible."""
-    if not final.exists():
-        publish_dir(tmp, final)  # fsyncs tmp, renames, fsyncs the parent
-        return
-    if _rename_exchange(tmp, final):
-        # `final` now holds the new checkpoint, `tmp` the replaced one.
-        _remove_dir(tmp)
-    else:  # file systems without RENAME_EXCHANGE: a short window without this step
-        _remove_dir(final)
-        os.rename(tmp, final)
-    fsync_dir(final.parent)
-
-
 # ------------------------------------------------------------------- the manager
 
 
@@ -221,6 +185,7 @@ class CheckpointManager:
         world_size: int,
         directory: str | Path | None = None,
         model_meta: dict[str, Any] | None = None,
+        storage: CheckpointStorage | None = None,
     ) -> None:
         self.config = config
         self.state_io = state_io
@@ -229,6 +194,8 @@ class CheckpointManager:
         if where is None:
             raise CheckpointError("checkpoint.dir is not set (validate the spec first)")
         self.dir = Path(where)
+        # Where checkpoints live and how one is published (POSIX unless given).
+        self.storage: CheckpointStorage = storage or PosixStorage(self.dir)
         self.keep: int = config.keep
         self.model_meta = model_meta or {}
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -299,12 +266,12 @@ class CheckpointManager:
         t0 = time.perf_counter()
         self.timings = {}
         name = step_dirname(step)
-        tmp, final_dir = self.dir / f"{name}.tmp", self.dir / name
+        tmp, final_dir = self.storage.staging_path(name), self.dir / name
 
         def prepare() -> None:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._clean_stale()
-            (tmp / TRAINER_DIR).mkdir(parents=True)
+            (self.storage.new_staging(name) / TRAINER_DIR).mkdir()
 
         self._rank0_do(prepare)
         self._write_trainer_state(tmp, step, trainer)
@@ -342,21 +309,19 @@ class CheckpointManager:
             "state": trainer.state_dict() if trainer is not None else None,
         }
         path = tmp / TRAINER_DIR / f"rank-{self.rank:05d}.pt"
-        with open(path, "wb") as f:
+        with open(path, "wb") as f:  # made durable with the other files, in `_finalize`
             torch.save(blob, f)
-            f.flush()
-            os.fsync(f.fileno())
 
     def _finalize(self, step: int, tmp: Path, final_dir: Path, t0: float) -> None:
         """Every rank's files are written: hash them (each rank a share), write the
-        manifest, publish with one rename, apply retention. A collective."""
+        manifest, publish through the storage, apply retention. A collective."""
         self._barrier()
         sizes = self._rank0_do(lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)})
         mine = share_of(sizes, self.rank, self.world_size)
         t_hash = time.perf_counter()
         try:
-            for rel in mine:  # make what this rank reads durable (files closed by writers)
-                fsync_file(tmp / rel)
+            # Make what this rank reads durable (files closed by writers).
+            self.storage.sync(tmp, mine)
             part: Any = ("ok", describe_files(tmp, mine))
         except OSError as exc:  # shared with every rank, so that none waits forever
             part = ("error", f"rank {self.rank}: {exc}")
@@ -373,10 +338,8 @@ class CheckpointManager:
             # How long this save took (state written and hashed): `shardctl doctor`
             # compares the p95 of these with the preemption budget (signal or grace).
             manifest["save_s"] = round(time.perf_counter() - t0, 3)
-            write_manifest(tmp, manifest)
-            for dirpath, _dirs, _files in os.walk(tmp):
-                fsync_dir(dirpath)
-            _publish(tmp, final_dir)
+            write_manifest(tmp, manifest)  # the commit marker, written last
+            self.storage.publish(final_dir.name, replace=True)
             self._retention(final_dir)
 
         self._rank0_do(publish)
@@ -405,19 +368,16 @@ class CheckpointManager:
     def _clean_stale(self) -> None:
         """Remove `.tmp` folders of crashed saves and half-deleted trash. Called by
         rank 0 at the start of a save, after any save of this job has finished."""
-        for entry in self.dir.iterdir():
-            m = STEP_RE.match(entry.name)
-            if (m and m.group(2)) or entry.name.startswith(TRASH_PREFIX):
-                log.info("removing %s (left by an interrupted save or deletion)", entry)
-                shutil.rmtree(entry, ignore_errors=True)
+        for name in self.storage.clean_stale(lambda n: bool(STEP_RE.match(n))):
+            log.info("removed %s (left by an interrupted save or deletion)", self.dir / name)
 
     def _retention(self, newest: Path) -> None:
-        complete = complete_candidates(self.dir)
+        complete = complete_candidates(self.storage)
         keep = set(complete[: self.keep]) | {newest}
         for path in complete:
             if path not in keep:
                 log.info("retention (keep %d): deleting %s", self.keep, path)
-                _remove_dir(path)
+                self.storage.delete(path.name)
 
     def wait(self) -> None:
         """Block until the pending async save is complete; re-raise its failure."""
@@ -446,7 +406,7 @@ class CheckpointManager:
         if explicit:
             candidates = [self._rank0_do(lambda: str(self._check_explicit(Path(mode))))]
         else:
-            candidates = self._rank0_do(lambda: [str(p) for p in complete_candidates(self.dir)])
+            candidates = self._rank0_do(lambda: [str(p) for p in complete_candidates(self.storage)])
         rejected: list[str] = []
         for cand in candidates:
             path = Path(cand)

@@ -9,8 +9,9 @@ after every rank finished writing and rank 0 wrote `manifest.json` into it. So:
 - a complete folder is trusted only after `verify` (every file's size and sha256
   against the manifest) found nothing wrong.
 
-Folders being deleted by retention are first renamed to `.trash-step-NNNNNNNN-*`
-(hidden, never listed) so a half-deleted checkpoint can never look complete.
+Where the folders live and how one becomes visible (staging, the rename, deletion
+through a hidden `.trash-step-NNNNNNNN-*` name so that a half-deleted checkpoint
+can never look complete) is the storage's part: `shardctl.train.storage`.
 
 This module has no torch import on purpose: `shardctl checkpoints` lists and
 verifies checkpoints on a login node in well under a second.
@@ -31,13 +32,13 @@ from typing import Any
 
 from ..orchestrator.durable import write_text_atomic
 from ..orchestrator.errors import CheckpointError
+from .storage import COMMIT_MARKER, CheckpointStorage, PosixStorage
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = COMMIT_MARKER  # the storage publishes a folder; its manifest commits it
 STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
-TRASH_PREFIX = ".trash-"
 # Hashing reads in large blocks: hashlib drops the GIL for them, so a background
 # hashing thread does not slow the training thread down.
 HASH_BLOCK = 8 << 20
@@ -277,16 +278,17 @@ def verify(
     return problems
 
 
-def complete_candidates(checkpoint_dir: str | Path) -> list[Path]:
-    """Folders that look complete (final name + manifest), newest step first."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
+def complete_candidates(checkpoint_dir: str | Path | CheckpointStorage) -> list[Path]:
+    """Folders that look complete (final name + manifest), newest step first.
+    `checkpoint_dir`: a folder (on POSIX storage) or the storage itself."""
+    storage = (
+        PosixStorage(checkpoint_dir) if isinstance(checkpoint_dir, (str, Path)) else checkpoint_dir
+    )
     found = []
-    for entry in root.iterdir():
-        m = STEP_RE.match(entry.name)
-        if m and not m.group(2) and (entry / MANIFEST).is_file():
-            found.append((int(m.group(1)), entry))
+    for name in storage.list_complete():
+        m = STEP_RE.match(name)
+        if m and not m.group(2):
+            found.append((int(m.group(1)), storage.root / name))
     return [p for _s, p in sorted(found, reverse=True)]
 
 

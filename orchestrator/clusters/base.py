@@ -179,13 +179,16 @@ class Cluster(ABC):
         if problems:
             raise SpecError(problems)
 
-    def artifacts(self, spec: JobSpec) -> dict[str, str]:
+    def artifacts(self, spec: JobSpec, *, own: dict[str, str] | None = None) -> dict[str, str]:
         """Every file of the job for this cluster, sorted by name. Pure, deterministic.
-        A cluster whose `dryrun` renders without this calls `check` itself."""
+        A cluster whose `dryrun` renders without this calls `check` itself. `own`: this
+        cluster's own files when the caller made them already (a dry run renders them
+        from the request it holds, so that both come from one computation)."""
         node = self.node_view(spec)
         self.check(node.spec)
         files = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
-        own = self.own_artifacts(node, dict(files))
+        if own is None:
+            own = self.own_artifacts(node, dict(files))
         clash = sorted(k for k in own.keys() & files.keys() if own[k] != files[k])
         if clash:
             raise RenderError(f"{self.name} renders {', '.join(clash)} twice, differently")

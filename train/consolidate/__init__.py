@@ -26,8 +26,6 @@ model is only replaced (with `force`) once the new one is complete.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -35,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...orchestrator.durable import fsync_dir, fsync_file, publish_dir
 from ...orchestrator.errors import CheckpointError, UsageError
+from ..storage import PosixStorage
 from .io import SourceTensor
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -247,38 +245,11 @@ def _check_out(out_dir: Path, force: bool) -> None:
         )
 
 
-def _prepare_tmp(out_dir: Path, force: bool) -> Path:
-    _check_out(out_dir, force)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        if not (tmp / _MARKER).exists():
-            raise UsageError(f"{tmp} exists and was not made by shardctl; move it away first")
-        shutil.rmtree(tmp)  # our own leftover from an interrupted consolidation
-    tmp.mkdir(parents=True)
-    (tmp / _MARKER).write_text(f"pid {os.getpid()}\n")
-    return tmp
-
-
-def _publish(tmp: Path, out_dir: Path, durable: bool) -> None:
-    (tmp / _MARKER).unlink()
-    if durable:
-        for f in tmp.iterdir():  # config and index; the shards are clean already
-            fsync_file(f)
-    if not out_dir.exists():
-        publish_dir(tmp, out_dir, durable=durable)
-        return
-    # Swap: the old model moves aside, the new one takes its place, then the old goes.
-    if durable:
-        fsync_dir(tmp)
-    old = out_dir.with_name(f"{out_dir.name}.old-{os.getpid()}")
-    os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if durable:
-        fsync_dir(out_dir.parent)  # the swap is on disk before the old model goes
-    if old.is_dir():
-        shutil.rmtree(old)
-    else:
-        old.unlink()
+def _storage(out_dir: Path, durable: bool) -> PosixStorage:
+    """The output is published like a checkpoint (`train/storage.py`): staged in
+    `<out>.tmp/`, which carries a marker so that a leftover that is not ours is
+    refused instead of deleted."""
+    return PosixStorage(out_dir.parent, durable=durable, staging_marker=_MARKER)
 
 
 def _write_config(hf_config: dict[str, Any], dtype: str, out: Path) -> None:
@@ -354,20 +325,23 @@ def consolidate(
         sum(s.nbytes for s in t.segments) + sum(c.ref.nbytes for c in t.chunks) for t in tensors
     )
 
-    tmp = _prepare_tmp(out_dir, force)
+    storage = _storage(out_dir, durable)
+    tmp = storage.new_staging(out_dir.name)
     bar, on_bytes = _progress(progress, total_in, step_dir)
     try:
         files = write_shards(shards, tmp, DTYPES[dtype], on_bytes, durable=durable)
         if check is not None:
             check.verify([t.name for t in tensors], step_dir, notes)
             _write_config(hf_config, dtype, tmp)
+        # config.json and the index (the shards were synced as written: cheap again)
+        storage.sync(tmp, [f.name for f in tmp.iterdir() if f.name != _MARKER])
+        storage.publish(out_dir.name, replace=True)  # an old model goes only now
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.discard(out_dir.name)
         raise
     finally:
         if bar is not None:
             bar.stop()
-    _publish(tmp, out_dir, durable)
     return ConsolidationResult(
         checkpoint=step_dir,
         out_dir=out_dir,

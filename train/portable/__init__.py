@@ -6,7 +6,7 @@ another world size / ZeRO stage): model weights, Adam's moments and step counts
 (`state.py` reads them per parameter from either format), the trainer state
 (`train_state/`: step, data position, RNG streams — copied; a run on another
 world size follows the usual reshard policy), a manifest with sha256 of every
-file, and one atomic rename at the end.
+file, and one atomic publish at the end (`train/storage.py`).
 
 - to FSDP (`dcp_out.py`): one process, no process group, one tensor in memory at a
   time. The DCP folder is world-size free.
@@ -22,14 +22,12 @@ DeepSpeed checkpoint is written.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...orchestrator.durable import fsync_dir, publish_dir
 from ...orchestrator.errors import CheckpointError, UsageError
 from ...orchestrator.spec import SHARDING_TO_ZERO, ZERO_TO_SHARDING
 from ..manifest import (
@@ -40,6 +38,7 @@ from ..manifest import (
     package_version,
     write_manifest,
 )
+from ..storage import PosixStorage
 
 BACKENDS = ("fsdp", "deepspeed")
 TRAIN_STATE = "train_state"
@@ -91,10 +90,10 @@ def convert_checkpoint(
     notes: list[str] = []
     target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
 
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)  # an earlier conversion into the same place that died
-    tmp.mkdir(parents=True)
+    # Published like a checkpoint: staged in `<out>.tmp/` (a leftover of an earlier
+    # conversion that died there is removed), made visible by one rename.
+    storage = PosixStorage(out.parent)
+    tmp = storage.new_staging(out.name)
     try:
         if to == "fsdp":
             from .dcp_out import write_dcp
@@ -115,15 +114,14 @@ def convert_checkpoint(
         _copy_train_state(step_dir, tmp)
         new_manifest = _manifest(manifest, step_dir, state, to, ws, stage, target_precision)
         files = [rel for rel in list_files(tmp) if rel != MANIFEST]
+        storage.sync(tmp, files)
         new_manifest["files"] = describe_files(tmp, sorted(files), hashes)
         write_manifest(tmp, new_manifest)
-        for folder, _dirs, _files in os.walk(tmp):
-            fsync_dir(folder)
         if out.exists():  # appeared while we were writing
             raise CheckpointError(f"--out {out} appeared while converting; nothing replaced")
-        publish_dir(tmp, out)
+        storage.publish(out.name)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        storage.discard(out.name)
         raise
     return ConvertReport(
         source=str(step_dir),

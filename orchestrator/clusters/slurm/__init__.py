@@ -223,8 +223,10 @@ class SlurmCluster(Cluster):
         # image's python3 (this interpreter's path means nothing there).
         here = "python3" if spec.slurm.container is not None else shlex.quote(sys.executable)
         python = self.python or here
-        files = SlurmCluster(python=python).artifacts(node_spec)
+        # The submitit parameters, computed once: the request `schedule` hands to
+        # submitit, and the source of submitit.json, sbatch.sh and job.sbatch.
         request = submission(node_spec, python=python, run_dir=node_spec.run_dir)
+        files = self.artifacts(node_spec, own=slurm_artifacts(node_spec, sub=request))
         text = (
             "# submitit.SlurmExecutor(**executor).update_parameters(**parameters); "
             "one task per node runs `task`\n"
@@ -243,20 +245,20 @@ class SlurmCluster(Cluster):
     def schedule(self, dryrun: DryRun) -> JobRef:
         spec, request = dryrun.spec, dryrun.request
         _require_slurm()
+        shown = dryrun.artifacts[SBATCH_FILE]
+        # submitit makes its script from the request, and it must be the one shown:
+        # refused before anything is written or queued; then exactly `shown` is sent.
+        executor = _executor(request, shown)
         # Slurm judges the script before anything is written or submitted.
-        _test_only(spec, dryrun.artifacts[SBATCH_FILE])
+        _test_only(spec, shown)
         run_dir = Path(spec.run_dir)
         created = _write_files(run_dir, dryrun.artifacts)
         before = _listing(run_dir / "submitit")
         try:
-            job = _submit(request)
+            job = _submit(executor, request["task"])
         except BaseException:
             _undo(run_dir, created, before)
             raise
-        submitted = Path(job.paths.submission_file)
-        same = submitted.is_file() and submitted.read_text() == dryrun.artifacts[SBATCH_FILE]
-        if not same:
-            log.warning("the sbatch script submitit wrote differs from the dry run: %s", submitted)
         return JobRef(
             cluster=self.name,
             job_id=str(job.job_id),
@@ -265,7 +267,7 @@ class SlurmCluster(Cluster):
             extra={
                 "folder": str(Path(request["executor"]["folder"].replace("%j", str(job.job_id)))),
                 "nodes": spec.resources.nodes,
-                "sbatch_matches_dry_run": same,
+                "sbatch_matches_dry_run": True,  # or `_executor` had refused
             },
         )
 
@@ -520,18 +522,66 @@ def _undo(run_dir: Path, created: list[Path], before: set[Path]) -> None:
         sub.rmdir()
 
 
-def _submit(request: dict[str, Any]) -> Any:
+def _executor(request: dict[str, Any], shown: str) -> Any:
+    """submitit's `SlurmExecutor` for the dry run's `request`, which submits `shown`.
+
+    submitit makes the sbatch script from the parameters (`_make_submission_file_text`,
+    what its `submit` writes and hands to sbatch); made here first, it must equal
+    `shown`, the script the dry run printed and rendered (`sbatch.sbatch_text`, its
+    mirror), or nothing is queued. At submission the same check runs again and the
+    shown bytes are what sbatch receives.
+    """
     try:
         import submitit
-        from submitit.core.utils import FailedJobError
     except ImportError:
         raise MissingDependencyError("submitit", "slurm", "submitting to Slurm") from None
+
+    class ShownScript(submitit.SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            _same_script(shown, super()._make_submission_file_text(command, uid))
+            return shown
+
     ex = request["executor"]
-    executor = submitit.SlurmExecutor(
+    executor = ShownScript(
         folder=ex["folder"], max_num_timeout=ex["max_num_timeout"], python=ex["python"]
     )
     executor.update_parameters(**request["parameters"])
-    task = request["task"]
+    executor._make_submission_file_text(executor._submitit_command_str, "check")
+    return executor
+
+
+def _same_script(shown: str, made: str) -> None:
+    """Raise, saying what differs, when submitit's script is not the dry run's."""
+    if made == shown:
+        return
+    import difflib
+
+    from submitit import __version__ as submitit_version
+
+    diff = list(
+        difflib.unified_diff(
+            shown.splitlines(),
+            made.splitlines(),
+            f"{SBATCH_FILE} (the dry run)",
+            f"{SBATCH_FILE} (submitit {submitit_version})",
+            lineterm="",
+        )
+    )
+    shown_diff = "\n".join(diff[:40] + (["..."] if len(diff) > 40 else []))
+    raise ClusterError(
+        "the sbatch script submitit would submit differs from the one the dry run showed; "
+        "nothing was queued and no file was written.\n"
+        f"{shown_diff}\n"
+        "shardctl lays this script out itself (render and --dry-run do not import "
+        f"submitit): this submitit ({submitit_version}) writes it otherwise than the one "
+        "shardctl mirrors, or the dry run was changed after it was made; report the "
+        "difference as a shardctl bug"
+    )
+
+
+def _submit(executor: Any, task: dict[str, Any]) -> Any:
+    from submitit.core.utils import FailedJobError
+
     try:
         return executor.submit(
             NodeTask(

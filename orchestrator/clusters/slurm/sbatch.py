@@ -11,8 +11,9 @@ sbatch text is laid out here the way `submitit.slurm.slurm._make_sbatch_string`
 lays it out — sorted `#SBATCH` flags with shlex-quoted values, the setup lines,
 then `srun ... <python> -u -m submitit.core._submit <folder>` — and a test holds
 this function byte-for-byte equal to submitit's own for every example spec.
-When shardctl submits, submitit generates the script itself; the backend checks
-that it is the one shown by `--dry-run`.
+When shardctl submits, it has submitit make the script from the dry run's
+parameters before anything is queued, refuses when it differs from the one
+`--dry-run` showed, and otherwise submits exactly the shown bytes.
 
 One submitit task per node (`ntasks_per_node=1`): the task starts that node's
 launcher (torchrun, accelerate launch or deepspeed), which starts the node's
@@ -235,7 +236,7 @@ def submission(spec: JobSpec, *, python: str = "python3", run_dir: str | None = 
     }
 
 
-def standalone_batch(spec: JobSpec) -> str:
+def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str:
     """A batch script to `sbatch` by hand, without shardctl or submitit on the nodes.
 
     The same resources, time, signal and requeue flags as the submitit script; one
@@ -245,9 +246,11 @@ def standalone_batch(spec: JobSpec) -> str:
     shardctl.orchestrator.outcome`, the same policy as the node task) and requeues
     when it says retry (a preemption, a hang), at most `slurm.max_requeues` times.
     With no submitit task to translate, the ranks' own signal USR2 is asked for
-    whatever `slurm.signal` says.
+    whatever `slurm.signal` says. `params`: `submitit_parameters(spec)` when the
+    caller has them already.
     """
-    params = submitit_parameters(spec)
+    if params is None:
+        params = submitit_parameters(spec)
     flags = {k: v for k, v in params.items() if k not in _NON_SLURM}
     flags["signal"] = f"USR2@{spec.slurm.signal_delay_s}"
     flags["requeue"] = True
@@ -312,14 +315,21 @@ def standalone_batch(spec: JobSpec) -> str:
 
 
 def slurm_artifacts(
-    spec: JobSpec, *, python: str = "python3", run_dir: str | None = None
+    spec: JobSpec,
+    *,
+    python: str = "python3",
+    run_dir: str | None = None,
+    sub: dict[str, Any] | None = None,
 ) -> dict[str, str]:
-    """`submitit.json`, `sbatch.sh` and `job.sbatch` for `spec` (see the module docstring)."""
-    sub = submission(spec, python=python, run_dir=run_dir)
+    """`submitit.json`, `sbatch.sh` and `job.sbatch` for `spec` (see the module docstring).
+    `sub`: the `submission` when the caller made it already (a dry run holds it as its
+    request; `python` and `run_dir` are then its own)."""
+    if sub is None:
+        sub = submission(spec, python=python, run_dir=run_dir)
     folder = sub["executor"]["folder"]
-    text = sbatch_text(sub["parameters"], folder, submitit_command(python, folder))
+    command = submitit_command(sub["executor"]["python"], folder)
     return {
         SUBMITIT_FILE: json.dumps(sub, indent=2, sort_keys=True) + "\n",
-        SBATCH_FILE: text,
-        STANDALONE_FILE: standalone_batch(spec),
+        SBATCH_FILE: sbatch_text(sub["parameters"], folder, command),
+        STANDALONE_FILE: standalone_batch(spec, sub["parameters"]),
     }

@@ -1,0 +1,227 @@
+"""Where a checkpoint's files live and how a finished one becomes visible.
+
+Two seams meet at a checkpoint: the *format* (which files, the manifest with
+their sizes and sha256: `manifest.py`, the backends' `StateIO`, the converters)
+and the *storage* (this module): a temporary place to write a save into,
+durable writes, one atomic publish, listing what is complete, deleting. Every
+folder shardctl publishes goes through `CheckpointStorage.publish`: the
+checkpoints of `CheckpointManager`, the output of `convert` (`train/portable`)
+and of `consolidate` (`train/consolidate`).
+
+The protocol, and what an object store (S3, GCS, ...) would do for each step.
+Writers (DCP, DeepSpeed, the safetensors writer) write local files, so a save is
+always staged in a local folder; the manifest is written into that folder last,
+by `manifest.write_manifest`, and it is the commit marker: a published entry
+without it is never complete.
+
+Each method: what POSIX (`PosixStorage`) does / what an object store would do.
+
+- `staging_path(name)`: `<root>/<name>.tmp/`, beside the final place (the same file
+  system, so the rename is atomic) / a local scratch folder.
+- `new_staging(name)`: removes a leftover of a crashed save there and creates the
+  folder / the same, locally.
+- `sync(staged, files)`: fsync of those files / upload them (each rank its share).
+- `publish(name)`: fsync of every folder, one rename to `<root>/<name>` (a
+  `RENAME_EXCHANGE` swap where it replaces one), fsync of `<root>` / upload what is
+  not uploaded yet under the prefix `<name>/`, then the manifest, last: its arrival
+  commits the checkpoint (a reader lists only prefixes with a manifest).
+- `list_complete()`: final names whose folder holds the manifest / prefixes whose
+  manifest object exists.
+- `delete(name)`: one rename to a hidden trash name (a half-deleted folder can
+  never look complete), then the recursive delete / delete the manifest first
+  (uncommit), then the rest.
+- `discard(name)`, `clean_stale(ours)`: remove staging folders and trash left by
+  crashes / remove the local scratch and the objects of prefixes without manifest.
+
+`root` stays a local path where readers find published entries (a mount or
+a local mirror for an object store): resume, `verify` and the converters read
+files by path.
+
+This module has no torch import: `convert --to fsdp` and `consolidate` use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ..orchestrator.durable import fsync_dir, fsync_file
+from ..orchestrator.errors import CheckpointError, UsageError
+
+# The file whose presence makes a published folder complete. `manifest.py` owns
+# its contents (and calls it MANIFEST); the storage only knows its name.
+COMMIT_MARKER = "manifest.json"
+STAGING_SUFFIX = ".tmp"
+TRASH_PREFIX = ".trash-"
+
+
+@runtime_checkable
+class CheckpointStorage(Protocol):
+    """A place that holds named, complete folders of files (see the module docstring)."""
+
+    root: Path
+
+    def staging_path(self, name: str) -> Path:
+        """The local folder where the save of `name` is written (no side effect)."""
+        ...
+
+    def new_staging(self, name: str) -> Path:
+        """An empty `staging_path(name)`, any leftover of an earlier attempt removed."""
+        ...
+
+    def sync(self, staged: Path, files: Iterable[str]) -> None:
+        """Make these files (paths relative to `staged`) durable."""
+        ...
+
+    def publish(self, name: str, *, replace: bool = False) -> Path:
+        """Make the staged `name` visible, complete, at once; return where readers find it.
+        `replace`: an existing `name` is swapped for the new one, else it is refused."""
+        ...
+
+    def list_complete(self) -> list[str]:
+        """Names of the published entries that hold the commit marker, in name order."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove a published entry; it stops being complete before anything else goes."""
+        ...
+
+    def discard(self, name: str) -> None:
+        """Abandon the staged save of `name`."""
+        ...
+
+    def clean_stale(self, ours: Callable[[str], bool]) -> list[str]:
+        """Remove what crashed saves (staging of a name `ours` accepts) and deletions
+        left behind; return the names removed."""
+        ...
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+class PosixStorage:
+    """`CheckpointStorage` on a POSIX file system (local disk, NFS, Lustre, GPFS).
+
+    `durable=False` skips every fsync (a crash of the writer still never shows a
+    partial folder; a power loss might). `staging_marker` names a file written into
+    every staging folder: a leftover staging folder without it was not made by
+    shardctl and is refused instead of deleted; the marker is removed at publish.
+    """
+
+    def __init__(
+        self, root: str | Path, *, durable: bool = True, staging_marker: str | None = None
+    ) -> None:
+        self.root = Path(root)
+        self.durable = durable
+        self.staging_marker = staging_marker
+
+    def staging_path(self, name: str) -> Path:
+        return self.root / f"{name}{STAGING_SUFFIX}"
+
+    def new_staging(self, name: str) -> Path:
+        staged = self.staging_path(name)
+        if staged.exists():
+            if self.staging_marker is not None and not (staged / self.staging_marker).exists():
+                raise UsageError(
+                    f"{staged} exists and was not made by shardctl; move it away first"
+                )
+            shutil.rmtree(staged)  # our own leftover from an interrupted save
+        staged.mkdir(parents=True)
+        if self.staging_marker is not None:
+            (staged / self.staging_marker).write_text(f"pid {os.getpid()}\n")
+        return staged
+
+    def sync(self, staged: Path, files: Iterable[str]) -> None:
+        if self.durable:
+            for rel in files:
+                fsync_file(staged / rel)
+
+    def publish(self, name: str, *, replace: bool = False) -> Path:
+        staged, final = self.staging_path(name), self.root / name
+        if self.staging_marker is not None:
+            (staged / self.staging_marker).unlink(missing_ok=True)
+        if self.durable:  # every entry of every folder on disk before the rename
+            for folder, _dirs, _files in os.walk(staged):
+                fsync_dir(folder)
+        if not os.path.lexists(final):
+            os.rename(staged, final)
+            self._sync_root()
+            return final
+        if not replace:
+            raise CheckpointError(f"{final} already exists; nothing was replaced")
+        if _rename_exchange(staged, final):
+            # `final` now holds the new entry, `staged` the replaced one, which goes
+            # the way of a deletion (a crash leaves trash, not a staging folder).
+            self._sync_root()
+            trash = self._trash_name(name)
+            os.rename(staged, trash)
+            _remove(trash)
+            return final
+        # File systems without RENAME_EXCHANGE: the old entry moves aside first, so
+        # it is gone only once the new one is in its place.
+        aside = self._trash_name(name)
+        os.rename(final, aside)
+        os.rename(staged, final)
+        self._sync_root()
+        _remove(aside)
+        return final
+
+    def list_complete(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            entry.name
+            for entry in self.root.iterdir()
+            if not entry.name.endswith(STAGING_SUFFIX)
+            and not entry.name.startswith(TRASH_PREFIX)
+            and (entry / COMMIT_MARKER).is_file()
+        )
+
+    def delete(self, name: str) -> None:
+        # One rename makes it invisible (the listing skips trash); the slow part after.
+        trash = self._trash_name(name)
+        os.rename(self.root / name, trash)
+        _remove(trash)
+
+    def discard(self, name: str) -> None:
+        shutil.rmtree(self.staging_path(name), ignore_errors=True)
+
+    def clean_stale(self, ours: Callable[[str], bool]) -> list[str]:
+        removed = []
+        for entry in self.root.iterdir():
+            staged = entry.name.endswith(STAGING_SUFFIX) and ours(
+                entry.name[: -len(STAGING_SUFFIX)]
+            )
+            if staged or entry.name.startswith(TRASH_PREFIX):
+                _remove(entry)
+                removed.append(entry.name)
+        return removed
+
+    def _trash_name(self, name: str) -> Path:
+        return self.root / f"{TRASH_PREFIX}{name}-{os.getpid()}-{time.monotonic_ns()}"
+
+    def _sync_root(self) -> None:
+        if self.durable:
+            fsync_dir(self.root)
