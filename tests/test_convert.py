@@ -581,6 +581,30 @@ def test_cli_refuses_to_replace_an_existing_file_without_force(tmp_path: Path, o
     assert json.loads(ds_json.read_text())["zero_optimization"]["stage"] == 3
 
 
+def test_a_failed_forced_write_keeps_the_old_file(tmp_path: Path):
+    import resource
+    import signal
+
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
+    out = tmp_path / "ds.yaml"
+    out.write_text("mine\n")
+
+    def limit_writes() -> None:  # the kernel fails any write past 8 bytes (EFBIG)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.cli", "convert", str(src), "--to",
+         "deepspeed", "--out", str(out), "--force"],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_writes,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot write {str(out)!r}" in proc.stderr and "Traceback" not in proc.stderr
+    assert out.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.yaml", "f.yaml"]
+
+
 def test_cli_refuses_the_same_file_for_out_and_ds_json(tmp_path: Path):
     src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
     same = tmp_path / "both"
