@@ -52,7 +52,12 @@ class SpecError(ShardctlError):
         if isinstance(value, str | bytes) and len(value) > cls.MAX_VALUE_CHARS:
             # Cut the value, not its repr, so the quotes stay and the count is the user's.
             return f"{value[: cls.MAX_VALUE_CHARS]!r}… ({len(value)} characters)"
-        return cls.show_text(repr(value))
+        try:
+            return cls.show_text(repr(value))
+        except ValueError:
+            # An int past sys.get_int_max_str_digits() has no repr (e.g. one written in hex).
+            digits = int(value.bit_length() * 0.30103) + 1 if isinstance(value, int) else 0
+            return f"an integer of about {digits} digits"
 
     @classmethod
     def show_text(cls, text: str, limit: int | None = None) -> str:

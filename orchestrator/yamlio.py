@@ -8,6 +8,7 @@ node). Merge keys (`<<: *defaults`) still override what they merge in, as YAML s
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from .errors import SpecError
 # path (a disk image, /dev/zero) becomes a message instead of an exhausted memory.
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MERGE_TAG = "tag:yaml.org,2002:merge"
+INT_TAG = "tag:yaml.org,2002:int"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -91,3 +93,34 @@ def parse_yaml_text(text: str, source: str | None = None) -> Any:
     except RecursionError:
         # PyYAML builds nested collections recursively; thousands of levels exhaust it.
         raise SpecError(["nested too deeply to be a job spec or config"], source) from None
+    except ValueError as exc:
+        # Python refuses to turn a decimal of more than sys.get_int_max_str_digits()
+        # digits into an int (a guard against quadratic time); say where that number is.
+        raise SpecError([_too_many_digits(text) or str(exc)], source) from None
+
+
+def _too_many_digits(text: str) -> str | None:
+    """The first integer in `text` too long for Python to read, as a problem line."""
+    limit = sys.get_int_max_str_digits()
+    try:
+        root = yaml.compose(text, Loader=_UniqueKeyLoader)
+    except (yaml.YAMLError, RecursionError):
+        return None
+    pending: list[tuple[str, yaml.Node]] = [("", root)] if root is not None else []
+    while pending:
+        where, node = pending.pop(0)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                pending.append((f"{where}.{name}" if where else str(name), value))
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend((f"{where}[{i}]", item) for i, item in enumerate(node.value))
+        elif node.tag == INT_TAG:
+            digits = sum(ch.isdigit() for ch in node.value)
+            if digits > limit:
+                field = f"{where}: " if where else ""
+                return (
+                    f"{field}an integer of {digits} digits (line {node.start_mark.line + 1}); "
+                    f"accepted: at most {limit} digits"
+                )
+    return None

@@ -79,3 +79,14 @@ def test_what_resume_would_do_when_nothing_is_usable(tmp_path: Path) -> None:
     res = checkpoints(str(other), "--verify")
     assert res.exit_code == 0, res.output
     assert "incomplete" in res.output and "starts at step 0" in res.output
+
+
+@pytest.mark.parametrize("name", ["job.yaml", "step-00000005"])
+def test_a_file_is_refused_not_listed_as_empty(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text("not a folder\n")
+    res = checkpoints(str(path))
+    assert res.exit_code != 0
+    assert f"{str(path)!r} is a file, not a folder" in res.stderr
+    assert "accepted: a run directory" in res.stderr
+    assert "no checkpoints" not in res.stdout

@@ -236,6 +236,17 @@ def test_logs_filters_need_follow_and_one_of_them(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "no submitted job named or with id 'nope'" in res.stderr
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_logs_rank_out_of_range_names_the_world_size(tmp_path: Path, nodes: int) -> None:
+    remember(JobRef("local", "1", "j", str(fake_run(tmp_path / "j", nodes=nodes))))
+    world = nodes * 2
+    res = invoke("logs", "j", "-f", "--rank", str(world))
+    assert res.exit_code == 2, res.output
+    assert f"--rank {world} is out of range: 'j' has world size {world}" in res.stderr
+    assert f"accepted: 0..{world - 1}" in res.stderr
+    assert "node" not in res.stderr.split("world size")[0]  # no talk of a node that is not there
+
+
 def test_status_watch_of_an_ended_job_exits_with_its_code(tmp_path: Path) -> None:
     run = fake_run(tmp_path / "pre", steps=20, rows=4)
     (run / "local.exit").write_text("1\n")

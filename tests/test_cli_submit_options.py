@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 from helpers.render_util import EXAMPLES
 from shardctl.orchestrator.cli import cli
@@ -22,3 +23,23 @@ def test_wait_and_replace_are_refused_where_they_cannot_work(tmp_path) -> None:
     assert res.exit_code == 2 and "--wait works with --cluster local or k8s" in res.output
     res = CliRunner().invoke(cli, ["submit", spec, "--replace"])
     assert res.exit_code == 2 and "--replace works with --cluster k8s" in res.output
+
+
+# Only --dry-run for submit: without the fix a real submit would start a run.
+@pytest.mark.parametrize("args", [["submit", "--dry-run"], ["render"]], ids=["submit", "render"])
+def test_a_bare_double_dash_is_refused_saying_what_it_expects(tmp_path, args) -> None:
+    spec = str(EXAMPLES / "tiny-llama.yaml")
+    out = ["--out", str(tmp_path / "r")] if args[0] == "render" else []
+    res = CliRunner().invoke(cli, [args[0], spec, *args[1:], *out, "--"])
+    assert res.exit_code == 2, res.output
+    assert "nothing follows --" in res.output
+    assert "a script and its arguments" in res.output and "-m MODULE" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_double_dash_inside_the_scripts_arguments_is_passed_on() -> None:
+    spec = str(EXAMPLES / "tiny-llama.yaml")
+    script = str(EXAMPLES / "fsdp2_script.py")
+    res = CliRunner().invoke(cli, ["submit", spec, "--dry-run", "--", script, "--"])
+    assert res.exit_code == 0, res.output
+    assert "nothing follows --" not in res.output

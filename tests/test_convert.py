@@ -561,6 +561,69 @@ def test_cli_refuses_to_overwrite_its_input(tmp_path: Path):
     assert "refusing to overwrite" in res.stderr
 
 
+@pytest.mark.parametrize("option", ["--out", "--ds-json"])
+def test_cli_refuses_to_replace_an_existing_file_without_force(tmp_path: Path, option: str):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
+    out, ds_json = tmp_path / "ds.yaml", tmp_path / "ds.json"
+    taken = out if option == "--out" else ds_json
+    taken.write_text("mine\n")
+    args = ["convert", str(src), "--to", "deepspeed", "--out", str(out), "--ds-json", str(ds_json)]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2
+    assert f"{option} {taken} already exists" in res.stderr and "--force" in res.stderr
+    # Nothing was written: neither the file in the way nor the other one.
+    assert taken.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["f.yaml", taken.name])
+
+    res = CliRunner().invoke(cli, [*args, "--force"])
+    assert res.exit_code == 0, res.stderr
+    assert load_with_accelerate(out).deepspeed_config["deepspeed_config_file"] == str(ds_json)
+    assert json.loads(ds_json.read_text())["zero_optimization"]["stage"] == 3
+
+
+def test_a_failed_forced_write_keeps_the_old_file(tmp_path: Path):
+    import resource
+    import signal
+
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
+    out = tmp_path / "ds.yaml"
+    out.write_text("mine\n")
+
+    def limit_writes() -> None:  # the kernel fails any write past 8 bytes (EFBIG)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8, 8))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.cli", "convert", str(src), "--to",
+         "deepspeed", "--out", str(out), "--force"],
+        capture_output=True, text=True, timeout=120, preexec_fn=limit_writes,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot write {str(out)!r}" in proc.stderr and "Traceback" not in proc.stderr
+    assert out.read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.yaml", "f.yaml"]
+
+
+def test_cli_refuses_the_same_file_for_out_and_ds_json(tmp_path: Path):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])
+    same = tmp_path / "both"
+    res = CliRunner().invoke(
+        cli, ["convert", str(src), "--to", "deepspeed", "--out", str(same), "--ds-json", str(same)]
+    )
+    assert res.exit_code == 2
+    assert "--out and --ds-json are both" in res.stderr
+    assert not same.exists()
+
+
+def test_force_is_refused_for_a_checkpoint_folder(tmp_path: Path):
+    res = CliRunner().invoke(
+        cli, ["convert", str(tmp_path), "--to", "fsdp", "--out", str(tmp_path / "x"), "--force"]
+    )
+    assert res.exit_code == 2
+    assert "never replaces anything" in res.stderr
+
+
 # ------------------------------------------------------------------- bad input
 
 BAD = [

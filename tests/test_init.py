@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import resource
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +35,8 @@ def test_written_spec_validates_through_the_cli(tmp_path: Path, backend: str):
     assert spec.strategy.backend == backend
     assert (spec.strategy.sharding, spec.strategy.zero_stage) == ("full_shard", 3)
     assert spec.world_size == 2 and spec.resources.device == "cpu"
+    # Not bf16-mixed: emulated bf16 on a CPU without it is several times slower.
+    assert spec.strategy.precision == "auto"
 
 
 @pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
@@ -92,3 +99,43 @@ def test_odd_path_stays_inside_comments(tmp_path: Path):
     spec = load_spec(path)
     assert spec.name == "my-job-name-evil"
     assert "shardctl validate '" in path.read_text()
+
+
+def _run_with_file_size_limit(args: list[str], limit: int) -> subprocess.CompletedProcess[str]:
+    """The real CLI with the kernel refusing any file write past `limit` bytes (EFBIG):
+    a deterministic stand-in for a full disk that fails the same write(2) call."""
+
+    def limit_writes() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=limit_writes,
+    )
+
+
+def test_failed_write_leaves_nothing_behind_and_init_can_run_again(tmp_path: Path):
+    path = tmp_path / "job.yaml"
+    proc = _run_with_file_size_limit(["init", str(path)], limit=64)
+    assert proc.returncode != 0
+    assert f"cannot write {str(path)!r}" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # neither a truncated job.yaml nor a temp file
+    res = CliRunner().invoke(cli, ["init", str(path)])
+    assert res.exit_code == 0, res.stderr
+    assert load_spec(path).name == "job"
+
+
+def test_failed_forced_write_keeps_the_old_file(tmp_path: Path):
+    path = tmp_path / "job.yaml"
+    path.write_text("mine\n")
+    proc = _run_with_file_size_limit(["init", str(path), "--force"], limit=64)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert path.read_text() == "mine\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]

@@ -295,6 +295,40 @@ def test_hostile_files_through_the_real_entry_point(tmp_path: Path) -> None:
         assert proc.stdout == ""
 
 
+DIGITS = sys.get_int_max_str_digits() + 700  # past Python's int-from-text limit
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("9" * DIGITS, f"train.steps: an integer of {DIGITS} digits (line "),
+        ("-" + "9" * DIGITS, f"train.steps: an integer of {DIGITS} digits (line "),
+        ("0x" + "f" * DIGITS, "train.steps: an integer of about"),
+    ],
+    ids=["decimal", "negative", "hex"],
+)
+def test_an_integer_too_long_for_python_names_the_field(
+    tmp_path: Path, value: str, expected: str
+) -> None:
+    path = tmp_path / "job.yaml"
+    text = EXAMPLE.read_text()
+    assert "\n  steps: 200\n" in text
+    path.write_text(text.replace("\n  steps: 200\n", f"\n  steps: {value}\n"))
+    res = CliRunner().invoke(cli, ["validate", str(path)])
+    assert res.exit_code == 2, res.stderr
+    assert expected in res.stderr
+    assert len(res.stderr) < 1000
+
+
+def test_an_integer_too_long_for_python_in_set_names_the_option() -> None:
+    res = CliRunner().invoke(
+        cli, ["validate", str(EXAMPLE), "--set", f"train.steps={'9' * DIGITS}"]
+    )
+    assert res.exit_code == 2, res.stderr
+    assert f"--set train.steps: invalid job spec: an integer of {DIGITS} digits" in res.stderr
+    assert f"at most {sys.get_int_max_str_digits()} digits" in res.stderr
+
+
 def test_a_folder_and_dev_zero_are_clean_errors(tmp_path: Path) -> None:
     from shardctl.orchestrator.yamlio import read_yaml_file
 

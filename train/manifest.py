@@ -315,6 +315,12 @@ def resolve_checkpoint_dir(path: str | Path) -> tuple[Path, bool]:
             f"{str(p)!r} does not exist; accepted: a run directory, its checkpoints/ folder "
             "or one step-NNNNNNNN folder"
         )
+    if not p.is_dir():
+        # Listing a file as "no checkpoints" would read as an empty run, not a wrong path.
+        raise CheckpointError(
+            f"{str(p)!r} is a file, not a folder; accepted: a run directory, its "
+            "checkpoints/ folder or one step-NNNNNNNN folder"
+        )
     if STEP_RE.match(p.name) or (p / MANIFEST).is_file():
         return p, True
     if (p / "checkpoints").is_dir() and not any(STEP_RE.match(e.name) for e in p.iterdir()):

@@ -15,6 +15,7 @@ import click
 from .. import __version__
 from .common import (
     ClusterChoice,
+    WorkloadCommand,
     command_argument,
     echo_json,
     handle_errors,
@@ -78,7 +79,7 @@ def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
     )
 
 
-@cli.command()
+@cli.command(cls=WorkloadCommand)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @command_argument
 @click.option("--cluster", type=ClusterChoice(), default="local", show_default=True)

@@ -48,6 +48,23 @@ def echo_error(message: str) -> None:
     click.secho(message, fg="red", err=True, color=colour_wanted())
 
 
+class WorkloadCommand(click.Command):
+    """A command that takes `-- COMMAND` (see `command_argument`).
+
+    click hands a bare `--` over as no command at all, so the spec's own workload
+    would run where the user meant to give another: refuse it instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[-1] == "--" and args.index("--") == len(args) - 1:
+            raise click.UsageError(
+                "nothing follows --; it expects the workload to run instead of the spec's: "
+                "a script and its arguments (-- train.py --lr 1e-3) or -m MODULE [ARGS...]. "
+                "Leave out -- to run the spec's own workload.",
+                ctx,
+            )
+        return super().parse_args(ctx, args)
+
+
 def command_argument(fn: F) -> F:
     """`-- SCRIPT [ARGS...]` or `-- -m MODULE [ARGS...]` after the spec: the workload
     to run instead of the spec's own (see spec.with_command)."""

@@ -31,6 +31,12 @@ STDIN = "-"
     "checkpoint folder (must not exist).",
 )
 @click.option(
+    "--force",
+    is_flag=True,
+    help="Accelerate config: replace --out and --ds-json if they exist (a checkpoint "
+    "conversion never replaces anything).",
+)
+@click.option(
     "--ds-json",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -86,6 +92,7 @@ def convert_cmd(
     config: Path,
     to: str,
     out: Path | None,
+    force: bool,
     ds_json: Path | None,
     fsdp_version: str | None,
     world_size: int | None,
@@ -124,10 +131,10 @@ def convert_cmd(
         "--verify": verify or None,
     }
     if str(config) != STDIN and config.is_dir():
-        if ds_json is not None or fsdp_version is not None:
+        if ds_json is not None or fsdp_version is not None or force:
             raise UsageError(
-                f"{config} is a folder (a checkpoint); --ds-json and --fsdp-version are for "
-                "accelerate configs"
+                f"{config} is a folder (a checkpoint); --ds-json, --fsdp-version and --force "
+                "are for accelerate configs (a checkpoint conversion never replaces anything)"
             )
         _convert_checkpoint(config, to, out, world_size, zero_stage, precision, allow_downcast,
                             verify, output)  # fmt: skip
@@ -148,6 +155,7 @@ def convert_cmd(
     for target in (out, ds_json):
         if target is not None and not from_stdin and target.resolve() == config.resolve():
             raise UsageError(f"{target} is the input CONFIG; refusing to overwrite it")
+    _check_targets(out, ds_json, force)
 
     options = {
         "fsdp_version": int(fsdp_version) if fsdp_version else None,
@@ -197,10 +205,28 @@ def _read_stdin() -> str:
     return text
 
 
+def _check_targets(out: Path | None, ds_json: Path | None, force: bool) -> None:
+    """Refuse, before anything is written, to replace a file without --force."""
+    if out is not None and ds_json is not None and out.resolve() == ds_json.resolve():
+        raise UsageError(f"--out and --ds-json are both {out}; give two different files")
+    for option, target in (("--out", out), ("--ds-json", ds_json)):
+        if target is None or not (target.exists() or target.is_symlink()):
+            continue
+        if target.is_dir():
+            raise UsageError(f"{option} {target} is a folder; give a file path")
+        if not force:
+            raise UsageError(
+                f"{option} {target} already exists; refusing to overwrite it (use --force)"
+            )
+
+
 def _write(path: Path, text: str) -> None:
+    from ..durable import write_text_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        # Atomic: a full disk leaves the old file (or none), never a truncated one.
+        write_text_atomic(path, text, durable=False)
     except OSError as exc:
         raise ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
 

@@ -60,9 +60,12 @@ def init_cmd(path: Path, backend: str, name: str | None, force: bool) -> None:
     if path.exists() and not force:
         raise UsageError(f"{path} already exists; refusing to overwrite it (use --force)")
     text = starter_spec(name or job_name_from(path), backend, str(path))
+    from ..durable import write_text_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        # Atomic: a full disk leaves no truncated job.yaml for the next init to refuse.
+        write_text_atomic(path, text, durable=False)
     except OSError as exc:
         raise ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     click.echo(f"wrote {path} ({backend}); check it with: shardctl validate {path}")

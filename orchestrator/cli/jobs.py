@@ -161,6 +161,7 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
 def logs(job: str, tail: int | None, follow: bool, node: int | None, rank: int | None) -> None:
     """Logs of every node/rank of a submitted JOB."""
     from ..clusters import get_cluster
+    from ..clusters.base import run_resources
     from ..clusters.records import recall
     from ..errors import UsageError
 
@@ -181,6 +182,13 @@ def logs(job: str, tail: int | None, follow: bool, node: int | None, rank: int |
             raise UsageError(
                 f"--rank {rank}: cannot tell which node of {ref.name!r} runs it (its "
                 "processes per node are unknown here); accepted: --node N"
+            )
+        nodes = run_resources(ref.run_dir).get("nodes")
+        if nodes is not None and rank >= nodes * per_node:
+            world = nodes * per_node
+            raise UsageError(
+                f"--rank {rank} is out of range: {ref.name!r} has world size {world} "
+                f"({nodes} node(s) × {per_node} process(es)); accepted: 0..{world - 1}"
             )
         node = rank // per_node
         first = node * per_node

@@ -14,10 +14,17 @@ from pathlib import Path
 import click
 
 from ..assets import shipped_paths
-from .common import ClusterChoice, command_argument, echo_json, handle_errors, set_option
+from .common import (
+    ClusterChoice,
+    WorkloadCommand,
+    command_argument,
+    echo_json,
+    handle_errors,
+    set_option,
+)
 
 
-@click.command("render")
+@click.command("render", cls=WorkloadCommand)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @command_argument
 @click.option(
