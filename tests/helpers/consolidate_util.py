@@ -7,8 +7,6 @@ checkpoints come from tests/helpers/consolidate_make_ckpt.py under torchrun.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -20,20 +18,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MAKE_CKPT = ROOT / "tests" / "helpers" / "consolidate_make_ckpt.py"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(step_dir: Path, *, backend: str, hf_config: dict | None, step: int) -> None:
-    files = {
-        str(p.relative_to(step_dir)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-        for p in sorted(step_dir.rglob("*"))
-        if p.is_file() and p.name != "manifest.json"
-    }
+    """The manifest through shardctl's own writer (`train/manifest.py`): its file
+    table, encoding and durability are the checkpoint contract's, not a copy."""
+    from shardctl.train import manifest as contract
+
+    files = contract.describe_files(step_dir, contract.list_files(step_dir))
     manifest = {
         "format_version": 1,
         "step": step,
@@ -46,7 +36,7 @@ def write_manifest(step_dir: Path, *, backend: str, hf_config: dict | None, step
         "versions": {"torch": "x", "shardctl": "0.1.0", "deepspeed": None},
         "files": files,
     }
-    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    contract.write_manifest(step_dir, manifest)
 
 
 def make_dcp_step(
