@@ -8,7 +8,6 @@ checkpoints come from tests/helpers/consolidate_make_ckpt.py under torchrun.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -71,12 +70,16 @@ def tiny_llama(tied: bool = False, seed: int = 0):
     return LlamaForCausalLM(config).eval()
 
 
-def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 300) -> None:
-    """Run the checkpoint maker on 2 CPU ranks; kill its process group on timeout."""
+def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 480) -> None:
+    """Run the checkpoint maker on 2 CPU ranks (a free port each time: a fixed one can
+    meet another run's store); on a timeout kill the launcher and every rank by pid
+    (the ranks have sessions of their own and would keep the output pipe open)."""
+    from helpers.ckpt_run import free_port, kill_group
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-port", str(29500 + os.getpid() % 2000), str(MAKE_CKPT),
+        "--master-port", str(free_port()), str(MAKE_CKPT),
         "--out", str(out_step), *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -85,8 +88,10 @@ def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 300) -> None:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+        kill_group(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout}s: {' '.join(cmd)}\n{out.decode()[-4000:]}"
+        ) from None
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.decode()[-4000:]}")
