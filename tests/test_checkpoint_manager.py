@@ -15,25 +15,23 @@ import sys
 from pathlib import Path
 
 import pytest
-
-torch = pytest.importorskip("torch")
-
-from click.testing import CliRunner  # noqa: E402
-from shardctl.orchestrator.cli import cli  # noqa: E402
-from shardctl.orchestrator.errors import CheckpointError  # noqa: E402
-from shardctl.orchestrator.spec import parse_spec  # noqa: E402
-from shardctl.train import checkpoint as ckpt  # noqa: E402
-from shardctl.train import storage as storage_mod  # noqa: E402
-from shardctl.train.backends.deepspeed import DeepSpeedStateIO  # noqa: E402
-from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState  # noqa: E402
-from shardctl.train.checkpoint import (  # noqa: E402
+import torch
+from click.testing import CliRunner
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.errors import CheckpointError
+from shardctl.orchestrator.spec import parse_spec
+from shardctl.train import checkpoint as ckpt
+from shardctl.train import storage as storage_mod
+from shardctl.train.backends.deepspeed import DeepSpeedStateIO
+from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
+from shardctl.train.checkpoint import (
     CheckpointManager,
     latest_complete,
     list_checkpoints,
     verify,
 )
-from shardctl.train.manifest import sha256_file, share_of  # noqa: E402
-from shardctl.train.storage import PosixStorage  # noqa: E402
+from shardctl.train.manifest import sha256_file, share_of
+from shardctl.train.storage import PosixStorage
 
 
 def make_spec(tmp_path: Path, **checkpoint) -> object:

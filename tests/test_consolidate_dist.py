@@ -9,6 +9,7 @@ compared tensor by tensor with DeepSpeed's own zero_to_fp32 reconstruction.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -89,49 +90,50 @@ def test_consolidated_model_loads_and_gives_the_trained_logits(case, tmp_path):
 # ---------------------------------------------------------- the real training loop
 
 
-@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
-def test_consolidate_on_finish_of_the_real_loop(backend, tmp_path):
-    """`python -m shardctl.train` with consolidate_on_finish: the model lands in the run
-    dir and equals the final checkpoint read back by its own framework's tools."""
-    from helpers.train_run import tiny_spec, train_ok
+def _assert_on_finish_model(run: Path, stdout: str, theirs: dict[str, torch.Tensor]) -> None:
+    """The model consolidate_on_finish wrote loads with transformers and equals
+    `theirs`: the final checkpoint read back by its own framework's tools."""
     from transformers import AutoModelForCausalLM
 
-    strategy = (
-        {"backend": "fsdp", "sharding": "full_shard", "precision": "fp32"}
-        if backend == "fsdp"
-        else {"backend": "deepspeed", "zero_stage": 3, "precision": "bf16-mixed"}
-    )
+    assert f"consolidated model written to {run / 'model'}" in stdout
+    model, info = AutoModelForCausalLM.from_pretrained(run / "model", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, theirs[name].float()), name
+
+
+def test_consolidate_on_finish_of_the_real_loop_fsdp(tiny_run) -> None:
+    """`python -m shardctl.train` with consolidate_on_finish (the shared tiny run: FSDP2,
+    fp32, tied embeddings); DCP's own single-process load of the same checkpoint into
+    a fresh model is the reference."""
+    import torch.distributed.checkpoint as dcp
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    step = tiny_run.final_step
+    manifest = json.loads((step / "manifest.json").read_text())
+    fresh = LlamaForCausalLM(LlamaConfig(**manifest["model"]["hf_config"]))
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=str(step / "dcp"), no_dist=True)
+    _assert_on_finish_model(tiny_run.run_dir, tiny_run.stdout, state["model"])
+
+
+def test_consolidate_on_finish_of_the_real_loop_deepspeed(tmp_path: Path) -> None:
+    """The same with DeepSpeed ZeRO-3 bf16-mixed; DeepSpeed's zero_to_fp32 is the
+    reference."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from helpers.train_run import tiny_spec, train_ok
+
     spec = tiny_spec(
         tmp_path,
         "run",
-        strategy=strategy,
+        strategy={"backend": "deepspeed", "zero_stage": 3, "precision": "bf16-mixed"},
         train={"model": {"llama": {"tie_word_embeddings": True}}},
         checkpoint={"consolidate_on_finish": True},
     )
     res = train_ok(spec)
-    run = tmp_path / "run"
-    assert f"consolidated model written to {run / 'model'}" in res.stdout
-    step = run / "checkpoints" / "step-00000004"
-    model, info = AutoModelForCausalLM.from_pretrained(run / "model", output_loading_info=True)
-    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
-    ours = model.state_dict()
-
-    if backend == "fsdp":
-        # DCP's own single-process load of the same checkpoint into a fresh model.
-        import torch.distributed.checkpoint as dcp
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        manifest = __import__("json").loads((step / "manifest.json").read_text())
-        fresh = LlamaForCausalLM(LlamaConfig(**manifest["model"]["hf_config"]))
-        state = {"model": fresh.state_dict()}
-        dcp.load(state, checkpoint_id=str(step / "dcp"), no_dist=True)
-        theirs = state["model"]
-    else:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        theirs = get_fp32_state_dict_from_zero_checkpoint(str(step), tag="deepspeed")
-    for name, tensor in ours.items():
-        assert torch.equal(tensor, theirs[name].float()), name
+    step = tmp_path / "run" / "checkpoints" / "step-00000004"
+    theirs = get_fp32_state_dict_from_zero_checkpoint(str(step), tag="deepspeed")
+    _assert_on_finish_model(tmp_path / "run", res.stdout, theirs)
 
 
 # -------------------------------------------------------------------------- memory

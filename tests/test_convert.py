@@ -996,37 +996,65 @@ def test_accelerate_strategy_names_agree_with_the_specs_table():
             assert strategy_of_zero(stage, None) == sharding.upper()
 
 
-@pytest.mark.parametrize("example", ["tiny-llama", "deepspeed-zero3", "slurm-2node"])
+# Written out, not computed by the functions the converter calls: accelerate's
+# mixed_precision for each spec precision (bf16-pure is not mixed: the model itself is
+# bf16, so accelerate casts nothing), and each example's processes, machines,
+# accumulation and clipping (a spec without `train.clip` clips at 1.0).
+ACCELERATE_PRECISION = {
+    ("bf16-mixed", "cpu"): "bf16",
+    ("bf16-mixed", "cuda"): "bf16",
+    ("fp32", "cpu"): "no",
+    ("fp32", "cuda"): "no",
+    ("bf16-pure", "cpu"): "no",
+    ("bf16-pure", "cuda"): "no",
+    ("fp16-mixed", "cuda"): "fp16",
+    ("auto", "cpu"): "no",  # auto renders as fp32 where bf16 is not native
+    ("auto", "cuda"): "bf16",
+}
+EXAMPLE_SHAPE = {  # processes, machines, grad accumulation, clipping
+    "tiny-llama": (2, 1, 1, 1.0),
+    "deepspeed-zero3": (2, 1, 2, 1.0),
+    "slurm-2node": (4, 2, 1, 1.0),
+}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_SHAPE))
 @pytest.mark.parametrize("precision", ["bf16-mixed", "fp32", "bf16-pure", "fp16-mixed", "auto"])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_a_job_spec_converts_through_what_render_writes(example: str, precision: str, device: str):
-    """Precision, ZeRO stage, offload, accumulation, clipping: what render's functions say."""
-    from shardctl.orchestrator.accelerate_config import accelerate_config, mixed_precision
-    from shardctl.orchestrator.dsconfig import deepspeed_config
-
+def test_a_job_spec_converts_to_what_accelerate_reads_back(
+    tmp_path: Path, example: str, precision: str, device: str
+):
+    """Precision, processes, ZeRO stage, accumulation, clipping: each written config is
+    read back by accelerate's own loader and launch code, against written-out values."""
     data = yaml.safe_load((ROOT / "examples" / f"{example}.yaml").read_text())
     data["strategy"]["precision"] = precision
     data["resources"]["device"] = device
-    try:
-        spec = parse_spec(data)
-    except SpecError:
-        pytest.skip("not a valid spec (fp16 on cpu, bf16-pure with deepspeed)")
-    rendered, ds = accelerate_config(spec), deepspeed_config(spec)
+    invalid = (precision == "fp16-mixed" and device == "cpu") or (
+        precision == "bf16-pure" and example == "deepspeed-zero3"
+    )
+    if invalid:  # fp16 on cpu; bf16-pure with DeepSpeed (it keeps fp32 master weights)
+        with pytest.raises(SpecError):
+            parse_spec(data)
+        return
+    mixed = ACCELERATE_PRECISION[(precision, device)]
+    processes, machines, accum, clip = EXAMPLE_SHAPE[example]
     for to in ("fsdp", "deepspeed"):
-        result = convert_data(data, to)  # type: ignore[arg-type]
-        cfg = result.accelerate_config
-        assert cfg["mixed_precision"] == mixed_precision(spec)
-        if spec.strategy.backend == "fsdp":
-            assert cfg["mixed_precision"] == rendered["mixed_precision"]
-        else:  # DeepSpeed's precision lives in the JSON
-            sections = [k for k in ("bf16", "fp16") if k in ds]
-            assert cfg["mixed_precision"] == (sections[0] if sections else "no")
-        assert cfg["num_processes"] == rendered["num_processes"]
+        path = write_yaml(tmp_path / f"{to}.yaml", convert_data(data, to).accelerate_config)
+        loaded = load_with_accelerate(path)
+        assert (loaded.mixed_precision, loaded.num_processes, loaded.num_machines) == (
+            mixed,
+            processes,
+            machines,
+        )
+        env = launch_env(path)
         if to == "deepspeed":
-            inline = cfg["deepspeed_config"]
-            assert inline["zero_stage"] == ds["zero_optimization"]["stage"]
-            assert inline["gradient_accumulation_steps"] == ds["gradient_accumulation_steps"]
-            assert inline["gradient_clipping"] == (ds["gradient_clipping"] or "auto")
+            assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"  # full_shard is ZeRO-3
+            assert env["ACCELERATE_GRADIENT_ACCUMULATION_STEPS"] == str(accum)
+            assert float(env["ACCELERATE_GRADIENT_CLIPPING"]) == clip
+            assert env["ACCELERATE_MIXED_PRECISION"] == mixed
+        else:
+            assert env["FSDP_VERSION"] == "2"
+            assert env["ACCELERATE_MIXED_PRECISION"] == mixed
 
 
 @pytest.mark.parametrize(("device", "expected"), [("cuda", "bf16"), ("cpu", "no")])

@@ -159,16 +159,18 @@ def test_local_node_rank_can_be_preset_to_emulate_another_node(tmp_path: Path) -
     assert got["SHARDCTL_NODE_RANK"] == "1" and got["SHARDCTL_NNODES"] == "2"
 
 
-def _scontrol_on_path(tmp_path: Path) -> dict[str, str]:
-    """PATH with Slurm's scontrol; a stand-in that expands a comma list when Slurm is absent."""
+def _scontrol_on_path(tmp_path: Path, path: str) -> dict[str, str]:
+    """`path` (which may hold stub launchers) with Slurm's scontrol on it: a stand-in that
+    expands a comma list when Slurm is absent. Prepends to `path`, never replaces it, so
+    the stubs stay what runs."""
     if shutil.which("scontrol"):
-        return {}
+        return {"PATH": path}
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "scontrol"
     fake.write_text('#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && tr , "\\n" <<<"$3"\n')
     fake.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SHARDCTL_PYTHON": sys.executable}
+    return {"PATH": f"{bin_dir}{os.pathsep}{path}"}
 
 
 def test_slurm_env_keeps_slurm_variables_until_the_node_runs_it(tmp_path: Path) -> None:
@@ -179,7 +181,11 @@ def test_slurm_env_keeps_slurm_variables_until_the_node_runs_it(tmp_path: Path) 
     assert 'SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?' in text
     assert '"${SLURM_JOB_NODELIST:?' in text
     nodes = "nodea,nodeb"
-    slurm = {"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": nodes, **_scontrol_on_path(tmp_path)}
+    slurm = {
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": nodes,
+        **_scontrol_on_path(tmp_path, os.environ["PATH"]),
+    }
     for node_id in ("0", "1"):
         got = _env_after_sourcing(text, {**slurm, "SLURM_NODEID": node_id}, tmp_path)
         assert got["SHARDCTL_NODE_RANK"] == node_id
@@ -205,7 +211,7 @@ def test_slurm_launch_script_gives_node_rank_one_on_node_one(tmp_path: Path) -> 
     out = write_files({"launch.sh": get_cluster("slurm").launch_script(spec, SPEC)}, tmp_path / "r")
     record = tmp_path / "record.jsonl"
     env = stub_launchers(tmp_path / "stubs", record)
-    env.update(_scontrol_on_path(tmp_path))
+    env.update(_scontrol_on_path(tmp_path, env["PATH"]))
     env.update({"SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "nodea,nodeb"})
     for node_id in ("1", "0"):
         done = run_script(out / "launch.sh", {**env, "SLURM_NODEID": node_id})
@@ -369,12 +375,15 @@ def test_two_nodes_rendezvous_on_one_host(tmp_path: Path) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("example", ["deepspeed-zero3", "slurm-2node"])
 def test_example_trains_from_its_rendered_launch_script(tmp_path: Path, example: str) -> None:
-    """The example as it is, started by its rendered launch.sh with the real trainer.
+    """The example as it is, started by its rendered launch.sh with the real trainer;
+    only shorter (4 steps, a checkpoint every 2, not 20 and 10): what is tested is
+    the launch, and every step past the first checkpoint adds time, not coverage.
 
     slurm-2node runs as two "nodes" on this host (SHARDCTL_NODE_RANK preset on one),
     through the same c10d rendezvous the Slurm nodes use.
     """
-    spec = variant({"local": {"master_port": _free_port()}}, example=example)
+    shorter = {"train": {"steps": 4}, "checkpoint": {"every_steps": 2}}
+    spec = variant({"local": {"master_port": _free_port()}, **shorter}, example=example)
     out = write_files(render_artifacts(spec, "local"), tmp_path / "rendered")
     env = _probe_env(tmp_path)
     env.pop("PYTHONPATH")
@@ -387,4 +396,4 @@ def test_example_trains_from_its_rendered_launch_script(tmp_path: Path, example:
     run_dir = tmp_path / spec.run_dir
     assert (run_dir / "DONE").is_file()
     steps = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert steps == ["step-00000010", "step-00000020"]
+    assert steps == ["step-00000002", "step-00000004"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 import yaml
 from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.spec import (
@@ -24,8 +25,6 @@ from shardctl.orchestrator.spec import (
     LLAMA_REFUSED_KEYS,
     parse_spec,
 )
-
-transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-llama.yaml").read_text())
@@ -166,4 +165,20 @@ def test_bad_llama_keys_are_refused(changes: dict[str, Any], expected: list[str]
 def test_good_llama_keys_pass_and_transformers_agrees(changes: dict[str, Any]) -> None:
     llama = parse_spec(_llama(**changes)).train.model.llama
     assert llama is not None
-    transformers.LlamaConfig(**llama)  # what the ranks do with it
+    config = transformers.LlamaConfig(**llama)  # what the ranks do with it
+    # LlamaConfig takes any keyword, so building it proves nothing: every key the spec
+    # passes must be one transformers reads, and must land where the model looks for it.
+    own = inspect.signature(transformers.LlamaConfig.__init__).parameters
+    honoured = {  # keywords LlamaConfig reads outside its signature, and where they land
+        "rope_theta": lambda value: config.rope_parameters["rope_theta"] == value,
+        "rope_scaling": lambda value: value.items() <= config.rope_parameters.items(),
+        "attn_implementation": lambda value: config._attn_implementation == value,
+    }
+    for key, value in llama.items():
+        if key in own and key != "self":
+            assert getattr(config, key) == value, f"{key}: {getattr(config, key)!r} != {value!r}"
+        else:
+            assert key in honoured, f"LlamaConfig does not read {key!r}"
+            assert honoured[key](value), f"{key}={value!r} did not reach the config"
+    for key, value in changes.items():
+        assert llama[key] == value  # the spec passed the user's value on unchanged

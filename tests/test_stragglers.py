@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from helpers.ckpt_run import ROOT, child_env, free_port
-from helpers.train_run import metrics, tiny_spec, train_ok
+from helpers.shared_runs import TinyRun
+from helpers.train_run import metrics
 from shardctl.orchestrator.progress import straggler
 from shardctl.orchestrator.rundir import CONTRACT_ENV
 from shardctl.train.metrics import rank_times, slow_note
@@ -182,12 +183,10 @@ def test_a_sleeping_rank_of_your_script_is_named_by_status(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_the_built_in_loop_logs_per_rank_times(tmp_path: Path) -> None:
-    """One tiny 2-rank run (no shared trained fixture exists to assert on)."""
-    spec = tiny_spec(tmp_path, "loop", train={"steps": 4, "log_every": 2})
-    res = train_ok(spec, timeout=180)
-    rows = metrics(tmp_path / "loop")
-    assert [r["step"] for r in rows] == [2, 4]
+def test_the_built_in_loop_logs_per_rank_times(tiny_run: TinyRun) -> None:
+    """The shared tiny 2-rank run (6 steps, logged every 2)."""
+    rows = metrics(tiny_run.run_dir)
+    assert [r["step"] for r in rows] == [2, 4, 6]
     for r in rows:
         assert 0 < r["step_s_min"] <= r["step_s_median"] <= r["step_s_max"], r
         assert r["slowest_rank"] in (0, 1) and r["data_slowest_rank"] in (0, 1)
@@ -196,4 +195,4 @@ def test_the_built_in_loop_logs_per_rank_times(tmp_path: Path) -> None:
         # saves left out), less rank 0's agreement: the same size, loosely.
         window = 2 * 32 * 2 * 2 / r["tokens_per_s"]  # micro-batch × seq × accum × ranks
         assert 0.5 * window < r["step_s_max"] < 1.5 * window, (r, window)
-    assert "step      4/4  loss" in res.stdout  # the console line is unchanged
+    assert "step      6/6  loss" in tiny_run.stdout  # the console line is unchanged

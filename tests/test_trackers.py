@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.ckpt_run import child_env, run, torchrun_argv
+from helpers.shared_runs import TINY_RUN_LOGGING, TinyRun, offline_env
 from helpers.train_run import metrics, tiny_spec, train, train_ok
 from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.rundir import CONTRACT_ENV
@@ -32,20 +33,6 @@ from shardctl.train import trackers
 
 ALL = ["tensorboard", "wandb", "mlflow"]
 SCALARS = ("loss", "lr", "grad_norm", "tokens_per_s")
-
-
-def offline_env(tmp: Path) -> dict[str, str]:
-    """W&B never reaches the network, and keeps its settings and caches in tmp."""
-    wb = tmp / "wandb-home"
-    return {
-        "WANDB_MODE": "offline",
-        "WANDB_SILENT": "true",
-        "WANDB_DIR": str(wb),
-        "WANDB_CONFIG_DIR": str(wb / "config"),
-        "WANDB_CACHE_DIR": str(wb / "cache"),
-        "WANDB_DATA_DIR": str(wb / "data"),
-        "MLFLOW_TRACKING_URI": "",
-    }
 
 
 # ------------------------------------------------------------------ readers
@@ -240,16 +227,10 @@ def test_missing_package_stops_log_metrics(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_loop_writes_the_metrics_to_every_tracker(tmp_path: Path) -> None:
-    run_dir = tmp_path / "job"
-    spec = tiny_spec(
-        tmp_path,
-        "job",
-        train={"steps": 6, "log_every": 2},
-        checkpoint={"every_steps": 6},
-        logging={"backends": ALL, "wandb_mode": "offline", "project": "proj", "run_name": "r1"},
-    )
-    train_ok(spec, env=offline_env(tmp_path))
+def test_loop_writes_the_metrics_to_every_tracker(tiny_run: TinyRun) -> None:
+    """The shared tiny run (6 steps, logged every 2) asked for all three trackers."""
+    assert TINY_RUN_LOGGING["backends"] == ALL
+    run_dir = tiny_run.run_dir
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [2, 4, 6]
     ids = kept_ids(run_dir)

@@ -102,7 +102,7 @@ def test_a_resumed_run_keeps_the_precision_of_its_first_start(
 ) -> None:
     """A real one-rank run (in this process): started where auto means bf16-mixed,
     resumed where it would mean fp32; every manifest says bf16-mixed."""
-    torch = pytest.importorskip("torch")
+    import torch
     from shardctl.train.loop import run
     from shardctl.train.preemption import EXIT_OK, EXIT_PREEMPTED, STOP_AFTER_STEP_ENV
 

@@ -89,8 +89,9 @@ def kill_group(proc: subprocess.Popen) -> list[int]:
     return killed
 
 
-def worker(nproc: int, ckdir: Path, *args: str, timeout: float = 120) -> dict[str, Any]:
-    """Run ckpt_worker.py; return its --out JSON (fails with the log otherwise)."""
+def worker(nproc: int, ckdir: Path, *args: str, timeout: float = 300) -> dict[str, Any]:
+    """Run ckpt_worker.py; return its --out JSON (fails with the log otherwise). The
+    timeout is sized for a loaded 2-core machine (seconds idle, minutes when busy)."""
     out = ckdir.parent / f"out-{os.urandom(4).hex()}.json"
     res = run(torchrun_argv(nproc, WORKER, "--dir", str(ckdir), "--out", str(out), *args), timeout)
     if res.returncode != 0 or not out.exists():

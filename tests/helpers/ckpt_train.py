@@ -78,7 +78,7 @@ def train_env(**extra: str) -> dict[str, str]:
 
 
 def train(
-    spec: Path, nproc: int = 2, timeout: float = 240, **env: str
+    spec: Path, nproc: int = 2, timeout: float = 480, **env: str
 ) -> subprocess.CompletedProcess:
     return run(train_argv(spec, nproc), timeout, env=train_env(**env))
 

@@ -13,8 +13,6 @@ consolidated model against the model whose state was saved.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -37,22 +35,12 @@ def tiny_config(tied: bool, hidden: int, layers: int, vocab: int):
     )
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(step_dir: Path, args, world: int, config) -> None:
+    """The manifest through shardctl's own writer (`train/manifest.py`)."""
     import deepspeed
+    from shardctl.train import manifest as contract
 
-    files = {
-        str(p.relative_to(step_dir)): {"size": p.stat().st_size, "sha256": sha256(p)}
-        for p in sorted(step_dir.rglob("*"))
-        if p.is_file() and p.name != "manifest.json"
-    }
+    files = contract.describe_files(step_dir, contract.list_files(step_dir))
     manifest = {
         "format_version": 1,
         "step": args.steps,
@@ -69,7 +57,7 @@ def write_manifest(step_dir: Path, args, world: int, config) -> None:
         },
         "files": files,
     }
-    (step_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    contract.write_manifest(step_dir, manifest)
 
 
 def main() -> None:

@@ -7,10 +7,7 @@ checkpoints come from tests/helpers/consolidate_make_ckpt.py under torchrun.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,20 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MAKE_CKPT = ROOT / "tests" / "helpers" / "consolidate_make_ckpt.py"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(step_dir: Path, *, backend: str, hf_config: dict | None, step: int) -> None:
-    files = {
-        str(p.relative_to(step_dir)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-        for p in sorted(step_dir.rglob("*"))
-        if p.is_file() and p.name != "manifest.json"
-    }
+    """The manifest through shardctl's own writer (`train/manifest.py`): its file
+    table, encoding and durability are the checkpoint contract's, not a copy."""
+    from shardctl.train import manifest as contract
+
+    files = contract.describe_files(step_dir, contract.list_files(step_dir))
     manifest = {
         "format_version": 1,
         "step": step,
@@ -46,7 +35,7 @@ def write_manifest(step_dir: Path, *, backend: str, hf_config: dict | None, step
         "versions": {"torch": "x", "shardctl": "0.1.0", "deepspeed": None},
         "files": files,
     }
-    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+    contract.write_manifest(step_dir, manifest)
 
 
 def make_dcp_step(
@@ -81,12 +70,16 @@ def tiny_llama(tied: bool = False, seed: int = 0):
     return LlamaForCausalLM(config).eval()
 
 
-def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 300) -> None:
-    """Run the checkpoint maker on 2 CPU ranks; kill its process group on timeout."""
+def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 480) -> None:
+    """Run the checkpoint maker on 2 CPU ranks (a free port each time: a fixed one can
+    meet another run's store); on a timeout kill the launcher and every rank by pid
+    (the ranks have sessions of their own and would keep the output pipe open)."""
+    from helpers.ckpt_run import free_port, kill_group
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-port", str(29500 + os.getpid() % 2000), str(MAKE_CKPT),
+        "--master-port", str(free_port()), str(MAKE_CKPT),
         "--out", str(out_step), *args,
     ]  # fmt: skip
     proc = subprocess.Popen(
@@ -95,8 +88,10 @@ def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 300) -> None:
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+        kill_group(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(
+            f"timed out after {timeout}s: {' '.join(cmd)}\n{out.decode()[-4000:]}"
+        ) from None
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.decode()[-4000:]}")

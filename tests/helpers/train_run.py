@@ -63,9 +63,11 @@ def tiny_spec(tmp: Path, name: str, **over: Any) -> Path:
 
 
 def train(
-    spec: Path, *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 240
+    spec: Path, *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 480
 ) -> subprocess.CompletedProcess:
-    """torchrun -m shardctl.train SPEC; returns the finished process (output merged)."""
+    """torchrun -m shardctl.train SPEC; returns the finished process (output merged).
+    The timeout is sized for a loaded 2-core machine: a tiny run takes seconds idle
+    and took over 240 s at a load of 30."""
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(nproc), "-m", "shardctl.train", str(spec),
