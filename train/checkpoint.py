@@ -68,7 +68,7 @@ import torch
 import torch.distributed as dist
 
 from ..orchestrator.errors import CheckpointError
-from ..orchestrator.fence import AttemptFence
+from ..orchestrator.fence import AttemptFence, StaleAttemptError
 from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
@@ -251,9 +251,13 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 result = ("ok", fn())
+            except StaleAttemptError as exc:  # every rank of a stale attempt stops as such
+                result = ("stale", str(exc))
             except Exception as exc:
                 result = ("error", f"{type(exc).__name__}: {exc}")
         status, value = self._broadcast(result)
+        if status == "stale":
+            raise StaleAttemptError(value)
         if status == "error":
             raise CheckpointError(f"checkpoint step failed on rank 0: {value}")
         return value
