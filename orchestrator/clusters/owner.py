@@ -76,7 +76,8 @@ def live_jobs(run_dir: str | Path) -> list[LiveJob]:
     out: list[LiveJob] = []
     for ref in load_records():
         try:
-            if not cluster_class(ref.cluster).run_dir_here or not _same_dir(ref.run_dir, run_dir):
+            # The path first: only a record of this run dir loads its cluster's backend.
+            if not _same_dir(ref.run_dir, run_dir) or not cluster_class(ref.cluster).run_dir_here:
                 continue
             backend = _backend(ref)
             st = backend.status(ref)
