@@ -24,6 +24,10 @@ A run directory (`spec.run_dir`, default `runs/<name>`) holds:
                                        script's own non-zero exit (shardctl.train.entry)
     CANCELLED                          JSON {"kind": "cancelled"}: `shardctl cancel`
                                        (local)
+    CURRENT_ATTEMPT                    JSON {"token", ...}: the attempt whose ranks may
+                                       publish checkpoints (shardctl.orchestrator.fence)
+    .submit.claim                      held by one `shardctl submit` while it checks
+                                       for a live job and submits (cli, clusters/owner)
 
 The typed fields (`kind` and its own) are what supervisors decide on, through
 `shardctl.orchestrator.outcome`; `reason` is for people.
@@ -62,6 +66,9 @@ ENV_RUN_DIR = "SHARDCTL_RUN_DIR"  # the run directory
 ENV_CHECKPOINT_DIR = "SHARDCTL_CHECKPOINT_DIR"  # where step-N folders go
 ENV_JOB_NAME = "SHARDCTL_JOB_NAME"
 ENV_ATTEMPT = "SHARDCTL_ATTEMPT"  # 0 on the first start, +1 on each requeue or restart
+# This attempt's token, set by a supervisor that fences (shardctl.orchestrator.fence):
+# a rank saves only while it equals the token in CURRENT_ATTEMPT.
+ENV_ATTEMPT_TOKEN = "SHARDCTL_ATTEMPT_TOKEN"
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
@@ -81,6 +88,8 @@ PREEMPTED_FILE = "PREEMPTED"
 FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
 HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job hung
 CANCELLED_FILE = "CANCELLED"  # JSON {"kind": "cancelled"}: written by a local `cancel`
+CURRENT_ATTEMPT_FILE = "CURRENT_ATTEMPT"  # JSON {"token", ...}: the attempt that may save
+SUBMIT_CLAIM_FILE = ".submit.claim"  # held by one `shardctl submit` while it submits
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

@@ -15,14 +15,13 @@ def test_help_says_where_wait_and_replace_work() -> None:
     assert waits == ["local", "k8s"]
     assert "local: streams the logs" in text and "k8s: reports each state change" in text
     assert "k8s: delete a job of the same name" in text
+    assert "Replace the live job of this run dir: cancel it (on any cluster)" in text
 
 
-def test_wait_and_replace_are_refused_where_they_cannot_work(tmp_path) -> None:
+def test_wait_is_refused_where_it_cannot_work(tmp_path) -> None:
     spec = str(EXAMPLES / "slurm-2node.yaml")
     res = CliRunner().invoke(cli, ["submit", spec, "--cluster", "slurm", "--wait"])
     assert res.exit_code == 2 and "--wait works with --cluster local or k8s" in res.output
-    res = CliRunner().invoke(cli, ["submit", spec, "--replace"])
-    assert res.exit_code == 2 and "--replace works with --cluster k8s" in res.output
 
 
 # Only --dry-run for submit: without the fix a real submit would start a run.

@@ -637,3 +637,40 @@ def test_your_script_on_a_killed_node_fails_and_resubmit_resumes(
     assert _finished(again) is JobState.SUCCEEDED, SlurmCluster().logs(again, tail=40)
     assert f"resumed at step {last}" in SlurmCluster().logs(again)
     assert (run_dir / "DONE").is_file()
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+ready, go = Path(sys.argv[1]), Path(sys.argv[2])
+ready.write_text("started\\n")
+deadline = time.monotonic() + 600
+while not go.exists() and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+
+def test_a_second_submit_of_a_live_run_is_refused_naming_the_slurm_job(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    """One writer per run (`clusters/owner.py`): the same spec submitted twice while the
+    first job runs is refused, naming the job; its node 0 claimed the run's attempt."""
+    script, ready, go = tmp_path / "hold.py", tmp_path / "ready", tmp_path / "go"
+    script.write_text(HOLD)
+    spec = _spec("one-writer", resources={"procs_per_node": 1})
+    del spec["train"]
+    spec["entrypoint"] = {"script": str(script), "args": [str(ready), str(go)]}
+    ref = _submitted(tmp_path, spec)
+    try:
+        _wait(ref, ready.exists, 240, "the job to start")
+        again = _submit(tmp_path, spec)
+        assert again.returncode == 1, again.stdout
+        text = " ".join(again.stderr.split())
+        assert f"'one-writer' on slurm, job id {ref.job_id}, RUNNING" in text, text
+        assert "--replace" in text
+        assert recall("one-writer").job_id == ref.job_id
+        claimed = json.loads((Path(ref.run_dir) / "CURRENT_ATTEMPT").read_text())
+        assert claimed["token"] == f"slurm-{ref.job_id}-0"
+    finally:
+        go.write_text("go\n")
+    assert _finished(ref) is JobState.SUCCEEDED, SlurmCluster().logs(ref, tail=40)

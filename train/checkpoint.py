@@ -68,6 +68,7 @@ import torch
 import torch.distributed as dist
 
 from ..orchestrator.errors import CheckpointError
+from ..orchestrator.fence import AttemptFence, StaleAttemptError
 from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
@@ -195,7 +196,12 @@ class CheckpointManager:
             raise CheckpointError("checkpoint.dir is not set (validate the spec first)")
         self.dir = Path(where)
         # Where checkpoints live and how one is published (POSIX unless given).
-        self.storage: CheckpointStorage = storage or PosixStorage(self.dir)
+        # A rank started by a fencing supervisor saves only while its attempt is the
+        # run's current one (`orchestrator/fence.py`).
+        fence = AttemptFence.from_env()
+        self.storage: CheckpointStorage = storage or PosixStorage(
+            self.dir, fence=fence.check if fence is not None else None
+        )
         self.keep: int = config.keep
         self.model_meta = model_meta or {}
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -245,9 +251,13 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 result = ("ok", fn())
+            except StaleAttemptError as exc:  # every rank of a stale attempt stops as such
+                result = ("stale", str(exc))
             except Exception as exc:
                 result = ("error", f"{type(exc).__name__}: {exc}")
         status, value = self._broadcast(result)
+        if status == "stale":
+            raise StaleAttemptError(value)
         if status == "error":
             raise CheckpointError(f"checkpoint step failed on rank 0: {value}")
         return value

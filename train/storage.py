@@ -128,19 +128,31 @@ class PosixStorage:
     partial folder; a power loss might). `staging_marker` names a file written into
     every staging folder: a leftover staging folder without it was not made by
     shardctl and is refused instead of deleted; the marker is removed at publish.
+    `fence(name)`, when given, is called before a save is staged and just before the
+    publishing rename; it raises to refuse (`shardctl.orchestrator.fence`: a rank of
+    an attempt that is no longer current). A refused publish leaves the staging
+    folder as it is: it may be the current attempt's save of the same name.
     """
 
     def __init__(
-        self, root: str | Path, *, durable: bool = True, staging_marker: str | None = None
+        self,
+        root: str | Path,
+        *,
+        durable: bool = True,
+        staging_marker: str | None = None,
+        fence: Callable[[str], None] | None = None,
     ) -> None:
         self.root = Path(root)
         self.durable = durable
         self.staging_marker = staging_marker
+        self.fence = fence
 
     def staging_path(self, name: str) -> Path:
         return self.root / f"{name}{STAGING_SUFFIX}"
 
     def new_staging(self, name: str) -> Path:
+        if self.fence is not None:  # a stale writer must not remove the current one's
+            self.fence(name)
         staged = self.staging_path(name)
         if staged.exists():
             if self.staging_marker is not None and not (staged / self.staging_marker).exists():
@@ -165,6 +177,8 @@ class PosixStorage:
         if self.durable:  # every entry of every folder on disk before the rename
             for folder, _dirs, _files in os.walk(staged):
                 fsync_dir(folder)
+        if self.fence is not None:  # last, just before the rename
+            self.fence(name)
         if not os.path.lexists(final):
             os.rename(staged, final)
             self._sync_root()

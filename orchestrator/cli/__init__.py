@@ -7,7 +7,9 @@ submitit) happen inside the commands that need them, never at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -79,6 +81,29 @@ def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
     )
 
 
+@contextlib.contextmanager
+def one_writer(run_dir: str, *, here: bool, replace: bool) -> Iterator[None]:
+    """Hold the run dir's submit claim and refuse (or, `replace`, cancel) a live job of
+    it on any cluster (`clusters/owner.py`). A run dir on a Kubernetes volume is not
+    on this machine: Kubernetes refuses a second job of the same name itself."""
+    if not here:
+        yield
+        return
+    from ..clusters.owner import live_jobs, refusal, replace_live, submit_claim
+    from ..errors import ClusterError
+
+    with submit_claim(run_dir):
+        live = live_jobs(run_dir)
+        if live and not replace:
+            raise ClusterError(refusal(run_dir, live))
+        if live:
+            click.echo(
+                "replacing " + "; ".join(job.describe() for job in live) + ": cancelling", err=True
+            )
+            replace_live(live)
+        yield
+
+
 @cli.command(cls=WorkloadCommand)
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
 @command_argument
@@ -89,7 +114,9 @@ def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
 @click.option(
     "--replace",
     is_flag=True,
-    help="k8s: delete a job of the same name and its pods first (checkpoints on the PVC stay).",
+    help="Replace the live job of this run dir: cancel it (on any cluster), wait for it to "
+    "end, then submit; k8s: delete a job of the same name and its pods first (checkpoints on "
+    "the PVC stay).",
 )
 @click.option(
     "--wait",
@@ -125,11 +152,10 @@ def submit(
 
     job = with_command(load_spec(spec, overrides, cluster), command)
     kind = cluster_class(cluster)
-    if replace and not getattr(kind, "supports_replace", False):
-        raise UsageError(f"--replace works with --cluster k8s, not --cluster {cluster}")
     if wait and not kind.can_follow:
         raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
-    backend = kind(replace=True) if replace else kind()
+    own_replace = replace and getattr(kind, "supports_replace", False)
+    backend = kind(replace=True) if own_replace else kind()
     plan = backend.dryrun(job)
     if dry_run:
         if output == "json":
@@ -137,11 +163,12 @@ def submit(
         else:
             click.echo(plan.text, nl=not plan.text.endswith("\n"))
         return
-    ref = backend.schedule(plan)
-    if ref.extra.get("complete"):
-        click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
-        return
-    remember(ref)
+    with one_writer(plan.spec.run_dir, here=kind.run_dir_here, replace=replace):
+        ref = backend.schedule(plan)
+        if ref.extra.get("complete"):
+            click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
+            return
+        remember(ref)
     if output == "json":
         echo_json(ref.to_json())
     else:

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
+from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export
 from ...launcher_output import PreemptionReport, readable
 from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
@@ -54,6 +55,7 @@ from ...proctree import Proc, alive, descendants, signal_all, start_ticks
 from ...rundir import (
     CANCELLED_FILE,
     ENV_ATTEMPT,
+    ENV_ATTEMPT_TOKEN,
     FAILED_FILE,
     HUNG_FILE,
     LAUNCH_FILE,
@@ -236,6 +238,11 @@ class LocalCluster(Cluster):
         attempt = self._next_attempt(run_dir)
         env = dict(os.environ)
         env[ENV_ATTEMPT] = str(attempt)
+        # This start is the run's current attempt: a rank of an earlier one that is
+        # still alive can no longer publish a checkpoint (`orchestrator/fence.py`).
+        token = new_token("local", spec.name, attempt)
+        claim_attempt(run_dir, token, cluster="local", attempt=attempt)
+        env[ENV_ATTEMPT_TOKEN] = token
         # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env[PYTHON_VAR] = sys.executable  # the node watchdog's interpreter

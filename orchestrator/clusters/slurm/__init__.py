@@ -86,11 +86,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ClusterError, MissingDependencyError, UsageError
+from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
 from ...outcome import Evidence, Kind, from_marker, judge
 from ...proctree import forward_to_catchers
-from ...rundir import ENV_ATTEMPT, HUNG_FILE, PREEMPTED_FILE, RunDir
+from ...rundir import ENV_ATTEMPT, ENV_ATTEMPT_TOKEN, HUNG_FILE, PREEMPTED_FILE, RunDir
 from ...spec import JobSpec, parse_spec
 from ..base import (
     Cluster,
@@ -654,6 +655,13 @@ class NodeTask:
         # submitit's own variables would make a rank's submitit think it is a task.
         for key in ("SUBMITIT_FOLDER", "SUBMITIT_EXECUTOR"):
             child_env.pop(key, None)
+        # Every node derives this start's token; node 0 makes it the run's current
+        # attempt before its ranks start (rank 0, the publisher, runs there): a rank of
+        # an earlier start or of another job of this run can no longer publish.
+        token = new_token("slurm", job_id, restarts, unique=False)
+        if node == 0:
+            claim_attempt(self.run_dir, token, cluster="slurm", job_id=job_id, attempt=restarts)
+        child_env[ENV_ATTEMPT_TOKEN] = token
         _say(
             f"node {node} of job {job_id} (restart {restarts}): running {shlex.join(self.command)}"
         )
