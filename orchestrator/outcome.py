@@ -551,17 +551,24 @@ class Progress:
 def attempt_progress(
     run_dir: str | Path, checkpoint_dir: str | Path | None, since: float | None, job: str
 ) -> Progress:
-    """This attempt's `Progress`: a complete checkpoint whose manifest was written at
-    or after `since` (a second of clock slack) is progress; the attempts before it
-    come from `attempts.jsonl` (those of `job` only: a new submission starts over)."""
+    """This attempt's `Progress`. The attempts before it come from `attempts.jsonl`
+    (those of `job` only: a new submission starts over). Progress: a newer complete
+    checkpoint than the previous attempt of the job recorded; for the job's first
+    attempt, one whose manifest was written at or after `since` (a second of slack)."""
     ckpt = Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / CHECKPOINTS_DIR
     newest = newest_checkpoint(ckpt)
-    advanced = newest is not None and (since is None or newest[1] >= since - 1.0)
-    stalled = 0 if advanced else 1
+    before = [e for e in _attempts(run_dir) if e.get("job") == job]
+    if newest is None:
+        advanced = False
+    elif before:
+        previous = _int(before[-1].get("checkpoint_step"))
+        advanced = previous is None or newest[0] > previous
+    else:
+        advanced = since is None or newest[1] >= since - 1.0
+    stalled = 0
     if not advanced:
-        for entry in reversed(_attempts(run_dir)):
-            if entry.get("job") != job:
-                continue
+        stalled = 1
+        for entry in reversed(before):
             if entry.get("advanced") is not False:
                 break
             stalled += 1
