@@ -194,6 +194,24 @@ def test_progress_is_a_complete_checkpoint_published_during_the_attempt(tmp_path
     assert last["kind"] == "hung" and last["decision"] == "retry"
 
 
+def test_the_torch_free_checkpoint_listing_reads_what_the_storage_publishes(
+    tmp_path: Path,
+) -> None:
+    """`outcome.newest_checkpoint` mirrors the storage's commit marker and folder names
+    (it may not import `train/`): the same names, and the same answer on a folder."""
+    from shardctl.train.manifest import step_dirname as step_name
+    from shardctl.train.storage import COMMIT_MARKER, PosixStorage
+
+    assert oc.CHECKPOINT_COMMIT == COMMIT_MARKER
+    for step in (5, 10):
+        folder = tmp_path / step_name(step)
+        folder.mkdir()
+        (folder / COMMIT_MARKER).write_text("{}")
+    (tmp_path / step_name(15)).mkdir()  # no commit marker: incomplete
+    assert PosixStorage(tmp_path).list_complete()[-1] == step_name(10)
+    assert oc.newest_checkpoint(tmp_path)[0] == 10
+
+
 def test_markers_of_an_earlier_attempt_are_left_out(tmp_path: Path) -> None:
     (tmp_path / "PREEMPTED").write_text(json.dumps(PREEMPTED_USR2))
     os.utime(tmp_path / "PREEMPTED", (1, 1))
