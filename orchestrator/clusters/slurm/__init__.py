@@ -50,7 +50,11 @@ and counts signals that come late in a job as time-outs against
   done; anything else → the job fails (a dead node, a crash), and resubmitting
   resumes from the newest complete checkpoint. SIGTERM alone (`scancel`,
   `shardctl cancel`, or a Slurm preemption that requeues by itself), received by
-  the task or recorded as the ranks' signal, is a cancel: never requeued.
+  the task or recorded as the ranks' signal, is a cancel: never requeued. A
+  script's exit 78 (it said do not retry) fails the job, and so does a retry after
+  3 attempts in a row without a new complete checkpoint: node 0 records every
+  attempt it judged in the run dir's `attempts.jsonl`, which `status` reads for
+  the reason a FAILED job stopped.
 
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
