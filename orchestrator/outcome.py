@@ -14,7 +14,8 @@ The ranks and the watchdog record a typed outcome as fields of the markers
                  aid, or a user script's own exit 42)
     HUNG        {"kind": "hung", "step", "node", "rank": the rank that stopped first
                  (null: none stands out), ...}  — the node watchdog
-    FAILED      {"kind": "failed", "code", "rank"}  — a user script's own exit
+    FAILED      {"kind": "failed", "code", "rank", "reason"?}  — a user script's own
+                 exit (code 78, `EXIT_DO_NOT_RETRY`: the script said do not retry)
     CANCELLED   {"kind": "cancelled"}  — `shardctl cancel` (local)
 
 A supervisor gathers the evidence of one attempt (`Evidence`: the exit code, the
@@ -22,6 +23,13 @@ markers written during the attempt, the signals it received itself) and calls
 `classify` (evidence → `Outcome`) and `decide` (outcome + retry budget → `Verdict`).
 `classify` goes down `RULES`, first match wins; `decide` reads `POLICY`. README
 ("How an attempt ends") holds the same two tables for users.
+
+Knowing when to stop: a script's exit `EXIT_DO_NOT_RETRY` is a permanent failure
+(STOP on every cluster). A retrying supervisor (Slurm) also records every attempt it
+judged (`record_attempt`: `attempts.jsonl` in the run dir, with the newest complete
+checkpoint read from the folder names and their manifests, torch-free) and passes
+`stalled_attempts` to `decide`: `MAX_ATTEMPTS_WITHOUT_PROGRESS` attempts in a row of
+one job that published no new complete checkpoint turn a RETRY into STOP.
 
 Markers written before this module (no `kind`, no `signal`) still read: the file
 name gives the kind, and a PREEMPTED without `signal` counts as a preemption. No
@@ -33,16 +41,20 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from .rundir import (
+    ATTEMPTS_FILE,
     CANCELLED_FILE,
+    CHECKPOINTS_DIR,
     DONE_FILE,
+    EXIT_DO_NOT_RETRY,
     EXIT_FAILED,
     EXIT_HUNG,
     EXIT_OK,
@@ -62,6 +74,11 @@ MARKER_FILES = (DONE_FILE, CANCELLED_FILE, PREEMPTED_FILE, HUNG_FILE, FAILED_FIL
 WARNINGS = ("SIGUSR2", "SIGUSR1")
 ENDS = ("SIGTERM", "SIGINT")
 
+# Attempts in a row of one job that published no new complete checkpoint, after
+# which a retry stops (NVIDIA's resiliency extension does the same on restarts
+# without progress): a crash loop must not burn the whole retry budget.
+MAX_ATTEMPTS_WITHOUT_PROGRESS = 3
+
 
 class Kind(enum.StrEnum):
     DONE = "done"
@@ -69,6 +86,7 @@ class Kind(enum.StrEnum):
     CANCELLED = "cancelled"
     HUNG = "hung"
     FAILED = "failed"
+    PERMANENT = "permanent"  # the script said do not retry (exit EXIT_DO_NOT_RETRY)
     UNKNOWN = "unknown"  # nothing recorded: no exit code, no marker
 
 
@@ -100,6 +118,9 @@ POLICY: dict[Kind, Rule] = {
         Decision.RETRY, EXIT_HUNG, "a node watchdog ended ranks that stopped advancing"
     ),
     Kind.FAILED: Rule(Decision.STOP, None, "a crash or an error a retry would repeat"),
+    Kind.PERMANENT: Rule(
+        Decision.STOP, EXIT_DO_NOT_RETRY, "the script said do not retry (a permanent error)"
+    ),
     Kind.UNKNOWN: Rule(Decision.STOP, EXIT_FAILED, "nothing recorded how the attempt ended"),
 }
 
@@ -131,6 +152,10 @@ class Outcome:
         if self.kind is Kind.HUNG:
             where = f" (node {self.node}'s watchdog)" if self.node is not None else ""
             return f"hung{at}{where}"
+        if self.kind is Kind.PERMANENT:
+            who = f"rank {self.rank}" if self.rank is not None else "the launcher"
+            why = f": {self.reason}" if self.reason else ""
+            return f"the script said do not retry ({who} exited with code {self.code}){why}"
         if self.kind is Kind.FAILED:
             who = f"rank {self.rank}" if self.rank is not None else "the launcher"
             return f"failed: {who} exited with code {self.code}"
@@ -165,8 +190,9 @@ def preempted_marker(step: int | None, signum: int | None, reason: str) -> dict[
     }
 
 
-def failed_marker(code: int, rank: int) -> dict[str, Any]:
-    return {"kind": Kind.FAILED.value, "code": code, "rank": rank, "time": time.time()}
+def failed_marker(code: int, rank: int, reason: str = "") -> dict[str, Any]:
+    marker = {"kind": Kind.FAILED.value, "code": code, "rank": rank, "time": time.time()}
+    return {**marker, "reason": reason} if reason else marker
 
 
 def cancelled_marker() -> dict[str, Any]:
@@ -330,6 +356,15 @@ def _rule_saved(ev: Evidence) -> Outcome | None:
     return Outcome(Kind.PREEMPTED, step=saved.step, signal=saved.signal, reason=saved.reason)
 
 
+def _rule_do_not_retry(ev: Evidence) -> Outcome | None:
+    failed = ev.outcome_of(FAILED_FILE)
+    if failed is not None and failed.code == EXIT_DO_NOT_RETRY:
+        return Outcome(Kind.PERMANENT, code=failed.code, rank=failed.rank, reason=failed.reason)
+    if failed is None and ev.exit_code == EXIT_DO_NOT_RETRY:
+        return Outcome(Kind.PERMANENT, code=ev.exit_code)
+    return None
+
+
 def _rule_hung(ev: Evidence) -> Outcome | None:
     hung = ev.outcome_of(HUNG_FILE)
     if hung is not None:
@@ -366,6 +401,7 @@ RULES: tuple[tuple[str, Callable[[Evidence], Outcome | None]], ...] = (
     ("the supervisor received the cluster's warning signal", _rule_warned),
     ("the supervisor received TERM or INT and no warning", _rule_ended_from_outside),
     ("a PREEMPTED marker: its signal TERM/INT is a cancel, else a preemption", _rule_saved),
+    ("a FAILED marker with code 78, or exit code 78: do not retry", _rule_do_not_retry),
     ("a HUNG marker, or exit code 124", _rule_hung),
     ("a FAILED marker (a rank's own non-zero exit)", _rule_rank_failed),
     ("any other exit code (42 without PREEMPTED included)", _rule_exit_code),
@@ -393,12 +429,28 @@ class Verdict:
     out_of_retries: bool = False
     retries: int = 0  # retries made before this attempt
     max_retries: int | None = None
+    # A RETRY refused because this attempt and the ones before it published no new
+    # complete checkpoint (`stalled` attempts in a row; the newest complete step then).
+    no_progress: bool = False
+    stalled: int = 0
+    last_step: int | None = None
 
     def summary(self) -> str:
         text = self.outcome.summary()
         if self.out_of_retries:
             text += f"; out of retries ({self.retries} of at most {self.max_retries})"
+        if self.no_progress:
+            text += f"; {self.stop_reason()}"
         return text
+
+    def stop_reason(self) -> str:
+        """Why a run that could retry stopped (empty when it did not)."""
+        if self.no_progress:
+            at = f"last at step {self.last_step}" if self.last_step is not None else "none yet"
+            return f"stopped: no new checkpoint in {self.stalled} attempts ({at})"
+        if self.out_of_retries:
+            return f"stopped: out of retries ({self.retries} of at most {self.max_retries})"
+        return ""
 
     def to_json(self) -> dict[str, Any]:
         outcome = {k: v for k, v in asdict(self.outcome).items() if k not in ("marker",)}
@@ -408,24 +460,152 @@ class Verdict:
             "out_of_retries": self.out_of_retries,
             "retries": self.retries,
             "max_retries": self.max_retries,
+            "no_progress": self.no_progress,
+            "stalled": self.stalled,
+            "last_step": self.last_step,
             "outcome": outcome,
             "summary": self.summary(),
         }
 
 
-def decide(outcome: Outcome, *, retries: int = 0, max_retries: int | None = None) -> Verdict:
+def decide(
+    outcome: Outcome,
+    *,
+    retries: int = 0,
+    max_retries: int | None = None,
+    progress: Progress | None = None,
+    max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS,
+) -> Verdict:
     """`POLICY` for `outcome`; a RETRY past `max_retries` (retries already made:
-    `retries`) becomes STOP."""
+    `retries`) becomes STOP, and so does one after `max_stalled` attempts in a row
+    without a new complete checkpoint (`progress`; `max_stalled` 0: never)."""
     rule = POLICY[outcome.kind]
     code = rule.exit_code if rule.exit_code is not None else (outcome.code or EXIT_FAILED)
-    if rule.decision is Decision.RETRY and max_retries is not None and retries >= max_retries:
-        return Verdict(outcome, Decision.STOP, code, True, retries, max_retries)
-    return Verdict(outcome, rule.decision, code, False, retries, max_retries)
+    base = Verdict(outcome, rule.decision, code, False, retries, max_retries)
+    if rule.decision is not Decision.RETRY:
+        return base
+    if max_retries is not None and retries >= max_retries:
+        return replace(base, decision=Decision.STOP, out_of_retries=True)
+    if progress is not None and 0 < max_stalled <= progress.stalled:
+        return replace(
+            base, decision=Decision.STOP, no_progress=True,
+            stalled=progress.stalled, last_step=progress.step,
+        )  # fmt: skip
+    return base
 
 
-def judge(evidence: Evidence, *, retries: int = 0, max_retries: int | None = None) -> Verdict:
+def judge(
+    evidence: Evidence,
+    *,
+    retries: int = 0,
+    max_retries: int | None = None,
+    progress: Progress | None = None,
+    max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS,
+) -> Verdict:
     """`decide(classify(evidence))`: what a supervisor calls."""
-    return decide(classify(evidence), retries=retries, max_retries=max_retries)
+    return decide(
+        classify(evidence), retries=retries, max_retries=max_retries,
+        progress=progress, max_stalled=max_stalled,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------- progress
+
+_STEP_FOLDER = re.compile(r"^step-(\d{8})$")
+# The file a checkpoint's save writes last into its folder: its commit marker
+# (`shardctl.train.storage.COMMIT_MARKER`, read here by name: no `train/` import).
+CHECKPOINT_COMMIT = "manifest.json"
+
+
+def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
+    """The newest complete checkpoint under `checkpoint_dir` as (step, when its
+    manifest was written), read from folder names and manifests without torch;
+    None when there is none."""
+    root = Path(checkpoint_dir)
+    try:
+        names = sorted((e.name for e in root.iterdir()), reverse=True)
+    except OSError:
+        return None
+    for name in names:
+        match = _STEP_FOLDER.match(name)
+        if match is None:
+            continue
+        try:
+            return int(match.group(1)), (root / name / CHECKPOINT_COMMIT).stat().st_mtime
+        except OSError:
+            continue  # no manifest: a save that never finished
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """This attempt's progress: the newest complete checkpoint step now, whether it
+    was published during the attempt, and how many attempts in a row (this one
+    included) of the same job published none."""
+
+    step: int | None
+    advanced: bool
+    stalled: int
+
+
+def attempt_progress(
+    run_dir: str | Path, checkpoint_dir: str | Path | None, since: float | None, job: str
+) -> Progress:
+    """This attempt's `Progress`. The attempts before it come from `attempts.jsonl`
+    (those of `job` only: a new submission starts over). Progress: a newer complete
+    checkpoint than the previous attempt of the job recorded; for the job's first
+    attempt, one whose manifest was written at or after `since` (a second of slack)."""
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / CHECKPOINTS_DIR
+    newest = newest_checkpoint(ckpt)
+    before = [e for e in _attempts(run_dir) if e.get("job") == job]
+    if newest is None:
+        advanced = False
+    elif before:
+        previous = _int(before[-1].get("checkpoint_step"))
+        advanced = previous is None or newest[0] > previous
+    else:
+        advanced = since is None or newest[1] >= since - 1.0
+    stalled = 0
+    if not advanced:
+        stalled = 1
+        for entry in reversed(before):
+            if entry.get("advanced") is not False:
+                break
+            stalled += 1
+    return Progress(newest[0] if newest else None, advanced, stalled)
+
+
+def _attempts(run_dir: str | Path) -> list[dict[str, Any]]:
+    try:
+        lines = (Path(run_dir) / ATTEMPTS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash: the others still count
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def last_attempt(run_dir: str | Path, job: str) -> dict[str, Any] | None:
+    """The newest line of `attempts.jsonl` for `job` (what `status` shows), or None."""
+    return next((e for e in reversed(_attempts(run_dir)) if e.get("job") == job), None)
+
+
+def record_attempt(run_dir: str | Path, job: str, verdict: Verdict, progress: Progress) -> None:
+    """Append this attempt to `attempts.jsonl` (one short line, one write)."""
+    entry = {
+        "job": job, "attempt": verdict.retries, "time": time.time(),
+        "kind": verdict.outcome.kind.value, "decision": verdict.decision.value,
+        "checkpoint_step": progress.step, "advanced": progress.advanced,
+        "summary": verdict.summary(),
+    }  # fmt: skip
+    with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 # ----------------------------------------------------------------- python -m
@@ -447,12 +627,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-retries", type=int, default=None)
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for markers")
     p.add_argument("--write", default=None, help="also write the verdict here (JSON)")
+    p.add_argument(
+        "--job", default=None,
+        help="judge progress for this job (its id) and record the attempt in attempts.jsonl",
+    )  # fmt: skip
+    p.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/checkpoints")
+    p.add_argument("--max-stalled", type=int, default=MAX_ATTEMPTS_WITHOUT_PROGRESS)
     args = p.parse_args(argv)
     evidence = Evidence.gather(
         args.run_dir, args.since, args.exit_code,
         signals=args.signal, warning=args.warning, wait_s=args.wait,
     )  # fmt: skip
-    verdict = judge(evidence, retries=args.retries, max_retries=args.max_retries)
+    progress = None
+    if args.job:
+        progress = attempt_progress(args.run_dir, args.checkpoint_dir, args.since, args.job)
+    verdict = judge(
+        evidence, retries=args.retries, max_retries=args.max_retries,
+        progress=progress, max_stalled=args.max_stalled,
+    )  # fmt: skip
+    if args.job and progress is not None:
+        record_attempt(args.run_dir, args.job, verdict, progress)
     if args.write:
         from .durable import write_text_atomic
 

@@ -28,13 +28,17 @@ A run directory (`spec.run_dir`, default `runs/<name>`) holds:
                                        publish checkpoints (shardctl.orchestrator.fence)
     .submit.claim                      held by one `shardctl submit` while it checks
                                        for a live job and submits (cli, clusters/owner)
+    attempts.jsonl                     one line per attempt a retrying supervisor
+                                       judged (Slurm): its outcome and newest
+                                       complete checkpoint (progress)
+    logs/hang-*.txt                    that watchdog's report and every rank's stack
 
 The typed fields (`kind` and its own) are what supervisors decide on, through
 `shardctl.orchestrator.outcome`; `reason` is for people.
-    logs/hang-*.txt                    that watchdog's report and every rank's stack
 
 Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
-`EXIT_FAILED`, `EXIT_SPEC` (bad input) and `EXIT_PREEMPTED` (saved a checkpoint
+`EXIT_FAILED`, `EXIT_SPEC` (bad input), `EXIT_DO_NOT_RETRY` (a user script's
+permanent error: never retried) and `EXIT_PREEMPTED` (saved a checkpoint
 because of a preemption signal: resume me). A node's watchdog exits `EXIT_HUNG` when
 it ended ranks that stopped advancing (nothing was saved: resume from the newest
 complete checkpoint). torchrun and accelerate turn any
@@ -55,6 +59,12 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_SPEC = 2
 EXIT_PREEMPTED = 42
+# A user's script says "do not retry": a permanent error (a bad config, a missing data
+# set) that every retry would repeat (`shardctl.train.api.EXIT_DO_NOT_RETRY`,
+# `api.permanent_failure`). sysexits' EX_CONFIG: clear of 0, 1, 2, 42, 124, of the
+# shell's 126/127 and of the 128+N of a signal; inside Kubeflow's ExitCode policy's
+# permanent range (1-127).
+EXIT_DO_NOT_RETRY = 78
 # `timeout(1)`'s code for "ran out of time". Kubeflow's ExitCode restart policy counts
 # 1-127 as permanent: restart_policy OnFailure (the default) restarts a hung pod.
 EXIT_HUNG = 124
@@ -90,6 +100,10 @@ HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job h
 CANCELLED_FILE = "CANCELLED"  # JSON {"kind": "cancelled"}: written by a local `cancel`
 CURRENT_ATTEMPT_FILE = "CURRENT_ATTEMPT"  # JSON {"token", ...}: the attempt that may save
 SUBMIT_CLAIM_FILE = ".submit.claim"  # held by one `shardctl submit` while it submits
+# One JSON line per judged attempt of a retrying supervisor (job, attempt, outcome,
+# the newest complete checkpoint step, whether it published a new one): the
+# evidence of "no progress" (`shardctl.orchestrator.outcome`).
+ATTEMPTS_FILE = "attempts.jsonl"
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

@@ -19,6 +19,7 @@ PREEMPTED_USR2 = {"kind": "preempted", "step": 7, "signal": "SIGUSR2", "reason":
 PREEMPTED_TERM = {"kind": "preempted", "step": 7, "signal": "SIGTERM", "reason": "signal SIGTERM"}
 HUNG = {"kind": "hung", "step": 9, "node": 1, "rank": 3, "first": [3]}
 FAILED = {"kind": "failed", "code": 5, "rank": 2}
+DO_NOT_RETRY = {"kind": "failed", "code": 78, "rank": 1, "reason": "bad config"}
 
 
 # (exit code, markers, signals the supervisor received) → (kind, step, signal, rank, code)
@@ -48,6 +49,14 @@ FAILED = {"kind": "failed", "code": 5, "rank": 2}
         # a saved checkpoint outranks a hang declared after it
         (124, {"PREEMPTED": PREEMPTED_USR2, "HUNG": HUNG}, (),
          (Kind.PREEMPTED, 7, "SIGUSR2", None, None)),
+        # the script said do not retry (78): its marker, or exit 78 alone; over a hang
+        (1, {"FAILED": DO_NOT_RETRY}, (), (Kind.PERMANENT, None, None, 1, 78)),
+        (124, {"FAILED": DO_NOT_RETRY, "HUNG": HUNG}, (), (Kind.PERMANENT, None, None, 1, 78)),
+        (78, {}, (), (Kind.PERMANENT, None, None, None, 78)),
+        # ... but a TERM the supervisor got is still a cancel, and another rank's
+        # code in FAILED is that rank's failure, whatever the launcher's exit
+        (1, {"FAILED": DO_NOT_RETRY}, ("SIGTERM",), (Kind.CANCELLED, None, "SIGTERM", None, None)),
+        (78, {"FAILED": FAILED}, (), (Kind.FAILED, None, None, 2, 5)),
         # hung: the marker's rank and step, or exit 124 alone
         (1, {"HUNG": HUNG}, (), (Kind.HUNG, 9, None, 3, None)),
         (124, {}, (), (Kind.HUNG, None, None, None, None)),
@@ -81,6 +90,7 @@ def test_the_clusters_own_warning_signal_counts() -> None:
         (Kind.CANCELLED, Decision.STOP, 42),
         (Kind.HUNG, Decision.RETRY, 124),
         (Kind.FAILED, Decision.STOP, 5),
+        (Kind.PERMANENT, Decision.STOP, 78),
         (Kind.UNKNOWN, Decision.STOP, 1),
     ],
 )
@@ -99,6 +109,107 @@ def test_a_retry_past_the_budget_stops(kind: Kind) -> None:
     spent = oc.decide(oc.Outcome(kind), retries=3, max_retries=3)
     assert spent.decision is Decision.STOP and spent.out_of_retries
     assert spent.summary().endswith("; out of retries (3 of at most 3)")
+
+
+def test_do_not_retry_never_retries_and_says_why() -> None:
+    out = oc.classify(Evidence(1, {"FAILED": DO_NOT_RETRY}))
+    verdict = oc.decide(out, retries=0, max_retries=10)
+    assert (verdict.decision, verdict.exit_code) == (Decision.STOP, 78)
+    assert not verdict.out_of_retries and not verdict.no_progress
+    assert verdict.summary() == (
+        "the script said do not retry (rank 1 exited with code 78): bad config"
+    )
+    assert oc.from_marker("FAILED", oc.failed_marker(78, 0, "why")).kind is Kind.FAILED
+    assert oc.failed_marker(78, 0, "why")["reason"] == "why"
+    assert "reason" not in oc.failed_marker(3, 0)
+
+
+@pytest.mark.parametrize("kind", [Kind.PREEMPTED, Kind.HUNG])
+def test_a_retry_after_attempts_without_progress_stops(kind: Kind) -> None:
+    stalled = oc.Progress(step=40, advanced=False, stalled=3)
+    verdict = oc.decide(oc.Outcome(kind), retries=2, max_retries=10, progress=stalled)
+    assert verdict.decision is Decision.STOP and verdict.no_progress
+    assert not verdict.out_of_retries
+    assert verdict.stop_reason() == "stopped: no new checkpoint in 3 attempts (last at step 40)"
+    assert verdict.summary().endswith(
+        "; stopped: no new checkpoint in 3 attempts (last at step 40)"
+    )
+    # One attempt fewer, a bound of 4, the bound off (0), or progress: retry.
+    for progress, bound in (
+        (oc.Progress(40, False, 2), 3),
+        (stalled, 4),
+        (stalled, 0),
+        (oc.Progress(60, True, 0), 3),
+    ):
+        again = oc.decide(oc.Outcome(kind), progress=progress, max_stalled=bound)
+        assert again.decision is Decision.RETRY and not again.no_progress
+    # Nothing saved yet at all.
+    none = oc.decide(oc.Outcome(kind), progress=oc.Progress(None, False, 3))
+    assert none.stop_reason() == "stopped: no new checkpoint in 3 attempts (none yet)"
+    # A stop or a finish is what it is, whatever the progress.
+    done = oc.decide(oc.Outcome(Kind.DONE), progress=stalled)
+    assert done.decision is Decision.FINISH and not done.no_progress
+
+
+def _checkpoint(root: Path, step: int, *, complete: bool = True, at: float | None = None) -> None:
+    folder = root / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    if complete:
+        (folder / "manifest.json").write_text("{}")
+        if at is not None:
+            os.utime(folder / "manifest.json", (at, at))
+
+
+def test_progress_is_a_complete_checkpoint_published_during_the_attempt(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoints"
+    assert oc.newest_checkpoint(ckpt) is None  # no folder yet
+    long_ago = time.time() - 3600
+    _checkpoint(ckpt, 20, at=long_ago)
+    _checkpoint(ckpt, 40, complete=False)  # a save that never finished
+    (ckpt / "step-00000060.tmp").mkdir()  # a save under way
+    assert oc.newest_checkpoint(ckpt) == (20, long_ago)
+    since = time.time() - 5
+    first = oc.attempt_progress(tmp_path, ckpt, since, "7")
+    assert first == oc.Progress(step=20, advanced=False, stalled=1)
+    verdict = oc.decide(oc.Outcome(Kind.HUNG), progress=first)
+    oc.record_attempt(tmp_path, "7", verdict, first)
+    oc.record_attempt(tmp_path, "7", verdict, first)
+    # Another job of the same run (a new submission) does not count against job 7,
+    # nor does a line cut short by a crash.
+    oc.record_attempt(tmp_path, "6", verdict, first)
+    with open(tmp_path / "attempts.jsonl", "a") as f:
+        f.write('{"job": "7", "adv\n')
+    third = oc.attempt_progress(tmp_path, ckpt, since, "7")
+    assert third == oc.Progress(step=20, advanced=False, stalled=3)
+    assert oc.attempt_progress(tmp_path, ckpt, since, "8").stalled == 1
+    # A newer checkpoint than the previous attempt recorded is progress, and starts
+    # the count over.
+    _checkpoint(ckpt, 80)
+    assert oc.attempt_progress(tmp_path, ckpt, since, "7") == oc.Progress(80, True, 0)
+    oc.record_attempt(tmp_path, "7", verdict, oc.Progress(80, True, 0))
+    # The next attempt, a moment later (within the clock slack): step 80 is not new.
+    assert oc.attempt_progress(tmp_path, ckpt, time.time(), "7") == oc.Progress(80, False, 1)
+    last = oc.last_attempt(tmp_path, "7")
+    assert last is not None and last["checkpoint_step"] == 80 and last["advanced"] is True
+    assert last["kind"] == "hung" and last["decision"] == "retry"
+
+
+def test_the_torch_free_checkpoint_listing_reads_what_the_storage_publishes(
+    tmp_path: Path,
+) -> None:
+    """`outcome.newest_checkpoint` mirrors the storage's commit marker and folder names
+    (it may not import `train/`): the same names, and the same answer on a folder."""
+    from shardctl.train.manifest import step_dirname as step_name
+    from shardctl.train.storage import COMMIT_MARKER, PosixStorage
+
+    assert oc.CHECKPOINT_COMMIT == COMMIT_MARKER
+    for step in (5, 10):
+        folder = tmp_path / step_name(step)
+        folder.mkdir()
+        (folder / COMMIT_MARKER).write_text("{}")
+    (tmp_path / step_name(15)).mkdir()  # no commit marker: incomplete
+    assert PosixStorage(tmp_path).list_complete()[-1] == step_name(10)
+    assert oc.newest_checkpoint(tmp_path)[0] == 10
 
 
 def test_markers_of_an_earlier_attempt_are_left_out(tmp_path: Path) -> None:
@@ -149,6 +260,20 @@ def test_python_dash_m_prints_the_decision_and_records_the_verdict(tmp_path: Pat
     assert recorded["exit_code"] == 124 and recorded["outcome"]["rank"] == 3
     out = _cli(str(tmp_path), "--exit-code", "1", "--signal", "SIGTERM")
     assert out == "stop cancelled (signal SIGTERM)\n"
+    # With --job: progress judged, the attempt recorded; the third without one stops.
+    since = str(time.time() - 5)
+    ckpt = tmp_path / "elsewhere"
+    args = [str(tmp_path), "--exit-code", "124", "--since", since, "--job", "9",
+            "--checkpoint-dir", str(ckpt)]  # fmt: skip
+    assert _cli(*args).startswith("retry hung at step 9")
+    assert _cli(*args).startswith("retry hung at step 9")
+    assert _cli(*args) == (
+        "stop hung at step 9 (node 1's watchdog); stopped: no new checkpoint in 3 attempts "
+        "(none yet)\n"
+    )
+    assert _cli(*args, "--max-stalled", "0").startswith("retry ")
+    lines = [json.loads(x) for x in (tmp_path / "attempts.jsonl").read_text().splitlines()]
+    assert [x["decision"] for x in lines] == ["retry", "retry", "stop", "retry"]
 
 
 def test_the_readme_table_is_the_policy() -> None:

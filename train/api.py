@@ -38,6 +38,12 @@ any world size; other `Stateful`s may join it, e.g. an lr scheduler) or
 `deepspeed_state(engine)` (DeepSpeed's own format). `per_rank` is what differs per
 rank (a data position); each rank's RNG streams and the step are saved with it.
 
+Do not retry: a permanent error (a bad config, a missing data set) that every retry
+would repeat ends with `api.permanent_failure("why")` (any rank, no collective): it
+records FAILED with the reason and exits `EXIT_DO_NOT_RETRY` (78). Any script that
+exits 78 says the same. The run stops on every cluster (never requeued or restarted)
+and `status` shows the reason.
+
 Every method but `from_env`, `run_env` and `close` is a collective: all ranks call it,
 in the same order.
 
@@ -60,7 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from shardctl.orchestrator.errors import CheckpointError, UsageError
 from shardctl.orchestrator.outcome import done_marker, preempted_marker
@@ -71,6 +77,7 @@ from shardctl.orchestrator.rundir import (
     ENV_JOB_NAME,
     ENV_RUN_DIR,
     ENV_SPEC,
+    EXIT_DO_NOT_RETRY,
     EXIT_PREEMPTED,
     PREEMPTED_FILE,
     RunDir,
@@ -82,11 +89,15 @@ from .api_states import DeepSpeedEngineState, RankState, Strategy, deepspeed_sta
 from .backends.base import Stateful
 from .preemption import PreemptionFlag
 
+_IMPORTED = time.time()
+
 __all__ = [
+    "EXIT_DO_NOT_RETRY",
     "EXIT_PREEMPTED",
     "CheckpointConfig",
     "Checkpointer",
     "DeepSpeedEngineState",
+    "DoNotRetry",
     "Preempted",
     "RunEnv",
     "Strategy",
@@ -97,6 +108,7 @@ __all__ = [
     "init_distributed",
     "log_metrics",
     "model_state",
+    "permanent_failure",
     "run_env",
 ]
 
@@ -191,6 +203,33 @@ class Preempted(SystemExit):
     def __init__(self, step: int, reason: str) -> None:
         super().__init__(EXIT_PREEMPTED)
         self.step, self.reason = step, reason
+
+
+class DoNotRetry(SystemExit):
+    """Raised by `permanent_failure`: exits the process with `EXIT_DO_NOT_RETRY` (78)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(EXIT_DO_NOT_RETRY)
+        self.reason = reason
+
+
+def permanent_failure(reason: str) -> NoReturn:
+    """Stop the run for good: a permanent error every retry would repeat (a bad
+    config). Records `<run dir>/FAILED` with code 78 and `reason` (the first rank to
+    fail wins; `shardctl status` shows it), then raises `DoNotRetry`, which exits 78
+    unless caught. Not a collective: any rank may call it."""
+    from shardctl.orchestrator.outcome import failed_marker
+
+    from .entry import write_failed
+
+    env = run_env()
+    rank = int(os.environ.get("RANK", "0") or 0)
+    if env.run_dir:
+        # This attempt began before this module was imported: a FAILED from before is stale.
+        marker = failed_marker(EXIT_DO_NOT_RETRY, rank, reason)
+        write_failed(RunDir.of(env.run_dir), _IMPORTED, marker)
+    _say(f"do not retry: {reason}; exiting with code {EXIT_DO_NOT_RETRY}")
+    raise DoNotRetry(reason)
 
 
 class Checkpointer:
@@ -613,7 +652,7 @@ def _outcome_from_markers(run_dir: Path) -> str:
     from shardctl.orchestrator.outcome import Evidence, Kind, classify
 
     kind = classify(Evidence.gather(run_dir, _metrics_started, None)).kind
-    if kind is Kind.FAILED:
+    if kind in (Kind.FAILED, Kind.PERMANENT):
         return "failed"
     return "preempted" if kind in (Kind.PREEMPTED, Kind.CANCELLED) else "finished"
 

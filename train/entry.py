@@ -13,7 +13,9 @@ exit 1:
   writes `<run dir>/PREEMPTED` unless the code (or shardctl's checkpoint library)
   already wrote one during this attempt;
 - anything else: the first rank to fail writes `<run dir>/FAILED` with its code, so
-  `status` says "FAILED, exit 3" rather than the launcher's 1.
+  `status` says "FAILED, exit 3" rather than the launcher's 1. Code 78
+  (`EXIT_DO_NOT_RETRY`, `shardctl.train.api.permanent_failure`) is a permanent error:
+  the classifier stops the run instead of retrying it, on every cluster.
 
 The markers carry the typed outcome (`kind`, `code`, `rank`, ...) that the one
 classifier, `shardctl.orchestrator.outcome`, reads.
@@ -90,6 +92,12 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
             data = done_marker(None) if code == EXIT_OK else preempted_marker(None, None, "exit 42")
             folder.write_marker(name, {**data, "time": time.time()})
         return
+    write_failed(folder, started, failed_marker(code, rank))
+
+
+def write_failed(folder: RunDir, started: float, marker: dict[str, object]) -> bool:
+    """Write FAILED unless a rank of this attempt (started at `started`) was first;
+    True when this one wrote it."""
     path = folder.root / FAILED_FILE
     try:
         if path.exists() and path.stat().st_mtime < started - 1.0:
@@ -98,9 +106,10 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
         # O_EXCL: the first rank to fail names the code; the others keep it.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:  # another rank was first, or the run dir is unwritable
-        return
+        return False
     with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(failed_marker(code, rank)) + "\n")
+        f.write(json.dumps(marker) + "\n")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -344,6 +344,12 @@ class LocalCluster(Cluster):
             if (run_dir / MODEL_DIR).is_dir():
                 detail += f"; consolidated model in {run_dir / MODEL_DIR}"
             return JobStatus(JobState.SUCCEEDED, "exit 0" if rc == 0 else "done", detail)
+        if out.kind is Kind.PERMANENT:
+            # The script said do not retry (exit 78): say why, and that a retry is futile.
+            return JobStatus(
+                JobState.FAILED, f"exit {out.code}", f"stopped: {out.summary()}; fix the "
+                f"cause before submitting again (see `shardctl logs {ref.name}`)"
+            )  # fmt: skip
         if out.kind is Kind.FAILED:
             if out.rank is not None:  # the script's own code, not the launcher's 1
                 return JobStatus(

@@ -50,7 +50,11 @@ and counts signals that come late in a job as time-outs against
   done; anything else → the job fails (a dead node, a crash), and resubmitting
   resumes from the newest complete checkpoint. SIGTERM alone (`scancel`,
   `shardctl cancel`, or a Slurm preemption that requeues by itself), received by
-  the task or recorded as the ranks' signal, is a cancel: never requeued.
+  the task or recorded as the ranks' signal, is a cancel: never requeued. A
+  script's exit 78 (it said do not retry) fails the job, and so does a retry after
+  3 attempts in a row without a new complete checkpoint: node 0 records every
+  attempt it judged in the run dir's `attempts.jsonl`, which `status` reads for
+  the reason a FAILED job stopped.
 
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
@@ -89,7 +93,16 @@ from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
-from ...outcome import Evidence, Kind, from_marker, judge
+from ...outcome import (
+    MAX_ATTEMPTS_WITHOUT_PROGRESS,
+    Evidence,
+    Kind,
+    attempt_progress,
+    from_marker,
+    judge,
+    last_attempt,
+    record_attempt,
+)
 from ...proctree import forward_to_catchers
 from ...rundir import ENV_ATTEMPT, ENV_ATTEMPT_TOKEN, HUNG_FILE, PREEMPTED_FILE, RunDir
 from ...spec import JobSpec, parse_spec
@@ -290,7 +303,8 @@ class SlurmCluster(Cluster):
             # one on a job that failed (out of requeues).
             last = restarts if state is JobState.FAILED else restarts - 1
             hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
-            return JobStatus(state, native, ", ".join([*detail, hung] if hung else detail))
+            detail += [x for x in (hung, _stopped_why(ref, state)) if x]
+            return JobStatus(state, native, ", ".join(detail))
         # Gone from the controller's memory (MinJobAge): ask the accounting database.
         out = _run(
             ["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,NodeList,Start"]
@@ -302,7 +316,8 @@ class SlurmCluster(Cluster):
         state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
         began = _slurm_time(start)
         hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
-        return JobStatus(state, native, ", ".join([*detail, hung] if hung else detail))
+        detail += [x for x in (hung, _stopped_why(ref, state)) if x]
+        return JobStatus(state, native, ", ".join(detail))
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         folder = _log_folder(ref)
@@ -399,6 +414,18 @@ def _hang_of(ref: JobRef, state: JobState, of_interest: Callable[[dict[str, Any]
         report = str(Path(report).relative_to(ref.run_dir))
     see = f" (see {report})" if report else ""
     return f"last attempt hung at step {_or_q(hung.step)}{see}"
+
+
+def _stopped_why(ref: JobRef, state: JobState) -> str:
+    """Why a job that FAILED stopped instead of requeueing, as the supervisor that
+    judged its last attempt recorded it (`attempts.jsonl`): the script said do not
+    retry, or no new checkpoint in several attempts."""
+    if state is not JobState.FAILED or not ref.run_dir:
+        return ""
+    entry = last_attempt(ref.run_dir, ref.job_id)
+    if entry is None or entry.get("decision") != "stop":
+        return ""
+    return str(entry.get("summary") or "")
 
 
 def _slurm_time(text: str) -> float | None:
@@ -590,6 +617,7 @@ def _submit(executor: Any, task: dict[str, Any]) -> Any:
                 run_dir=task["run_dir"],
                 signal_name=task["signal"],
                 max_requeues=task["max_requeues"],
+                checkpoint_dir=task.get("checkpoint_dir"),
             )
         )
     except (FailedJobError, subprocess.CalledProcessError) as exc:
@@ -629,6 +657,8 @@ class NodeTask:
     run_dir: str
     signal_name: str = "USR2"
     max_requeues: int = 10
+    checkpoint_dir: str | None = None  # None: the run dir's checkpoints/
+    max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS
 
     def __call__(self) -> str:
         env = os.environ
@@ -708,8 +738,23 @@ class NodeTask:
             # node's ranks may have exited a moment before it wrote one.
             wait_s=MARKER_WAIT_S,
         )  # fmt: skip
-        verdict = judge(evidence, retries=restarts, max_retries=self.max_requeues)
+        # Node 0 carries the verdict out, so it alone judges progress and records the
+        # attempt (the evidence of "no progress" for the attempts after it).
+        progress = None
+        if node == 0:
+            progress = attempt_progress(self.run_dir, self.checkpoint_dir, started, job_id)
+        verdict = judge(
+            evidence, retries=restarts, max_retries=self.max_requeues,
+            progress=progress, max_stalled=self.max_stalled,
+        )  # fmt: skip
+        if progress is not None:
+            record_attempt(self.run_dir, job_id, verdict, progress)
         out = verdict.outcome
+        if verdict.no_progress and node == 0:
+            raise RuntimeError(
+                f"job {job_id}: {verdict.summary()}; not requeued. Fix the cause, then "
+                "resubmit to resume from the newest complete checkpoint."
+            )
         if out.kind is Kind.DONE:
             _say(f"node {node}: launcher finished")
             return "finished"
@@ -735,6 +780,8 @@ class NodeTask:
                 result="hung", resume=" from the newest complete checkpoint",
                 out_of_retries=verdict.out_of_retries,
             )  # fmt: skip
+        if out.kind is Kind.PERMANENT:
+            raise RuntimeError(f"node {node} of job {job_id}: {out.summary()}; not requeued.")
         code = f"; a rank exited with code {out.code}" if out.rank is not None else ""
         raise RuntimeError(
             f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "

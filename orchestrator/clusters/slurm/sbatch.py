@@ -216,6 +216,7 @@ def node_task(spec: JobSpec, run_dir: str) -> dict[str, Any]:
         "signal": spec.slurm.signal,
         "max_requeues": spec.slurm.max_requeues,
         "run_dir": run_dir,
+        "checkpoint_dir": spec.checkpoint_dir,
     }
 
 
@@ -281,6 +282,7 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         "| sed -n 's/.* Command=\\([^ ]*\\).*/\\1/p' || true)\"",
         'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
         f"run_dir={shlex.quote(spec.run_dir)}",
+        f"checkpoint_dir={shlex.quote(spec.checkpoint_dir)}",
         'started="$(date +%s)"',
         "rc=0",
         *mounts_here,
@@ -291,19 +293,20 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         + LAUNCH_FILE
         + '" || rc=$?',
         "# How the attempt ended and whether to requeue: shardctl's one classifier",
-        "# (README: How an attempt ends), from the exit code and this attempt's markers.",
+        "# (README: How an attempt ends), from the exit code, this attempt's markers and",
+        "# its progress (a new complete checkpoint), recorded per attempt in attempts.jsonl.",
         'python="${SHARDCTL_PYTHON:-python3}"',
         'verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '
         '--exit-code "${rc}" --since "${started}" --wait 10 '
-        f'--retries "${{SLURM_RESTART_COUNT:-0}}" --max-retries {max_requeues})" || verdict=""',
+        f'--retries "${{SLURM_RESTART_COUNT:-0}}" --max-retries {max_requeues} '
+        '--job "${SLURM_JOB_ID}" --checkpoint-dir "${checkpoint_dir}")" || verdict=""',
         'case "${verdict%% *}" in',
         "    retry)",
         '        echo "shardctl: ${verdict#* }; requeueing job ${SLURM_JOB_ID}" >&2',
         '        scontrol requeue "${SLURM_JOB_ID}" && exit 0 ;;',
         "    finish) ;;",
         "    stop)",
-        '        echo "shardctl: ${verdict#* }; not requeued (slurm.max_requeues '
-        f'{max_requeues}); sbatch again to resume" >&2 ;;',
+        '        echo "shardctl: ${verdict#* }; not requeued; sbatch again to resume" >&2 ;;',
         "    *)",
         '        echo "shardctl: ${python} -m shardctl.orchestrator.outcome could not judge '
         'this attempt (is shardctl installed for it? set SHARDCTL_PYTHON); not requeued" >&2 ;;',

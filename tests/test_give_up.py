@@ -1,0 +1,263 @@
+"""Knowing when to stop: a script's "do not retry" (exit 78) and attempts without a new
+checkpoint end a run instead of burning requeues — job.sbatch's own shell and the Slurm
+node task with stand-ins for srun and scontrol, and a real local run (torchrun, 2 ranks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.train_run import free_port
+from shardctl.orchestrator.clusters import slurm as backend
+from shardctl.orchestrator.clusters.base import JobRef, JobState
+from shardctl.orchestrator.clusters.slurm import sbatch as rs
+from shardctl.orchestrator.spec import load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARDCTL = str(Path(sys.executable).parent / "shardctl")
+
+# Records what the job asked of Slurm; never reaches a real controller.
+SCONTROL = """#!/bin/bash
+case "$1" in
+  show) echo "JobId=${SLURM_JOB_ID} JobName=x Command=${FAKE_SCRIPT} WorkDir=/tmp" ;;
+  requeue) echo "requeue $2" >> "${FAKE_OUT}" ;;
+  *) exit 1 ;;
+esac
+"""
+# One attempt of the ranks: hang (the watchdog's HUNG, exit 124), hang after saving a
+# new complete checkpoint, or a rank that said do not retry (FAILED 78, torchrun's 1).
+SRUN = """#!/bin/bash
+case "${FAKE_END}" in
+  hung) echo '{"kind": "hung", "step": 25, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
+  saved-then-hung)
+    mkdir -p "${FAKE_RUN}/checkpoints/step-00000040"
+    echo '{}' > "${FAKE_RUN}/checkpoints/step-00000040/manifest.json"
+    echo '{"kind": "hung", "step": 45, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
+  do-not-retry) echo '{"kind": "failed", "code": 78, "rank": 1, "reason": "bad config"}' \\
+      > "${FAKE_RUN}/FAILED"; exit 1 ;;
+esac
+"""
+
+
+def _stand_ins(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def _old_checkpoint(run_dir: Path, step: int) -> None:
+    """A complete checkpoint of an earlier attempt (its manifest an hour old)."""
+    folder = run_dir / "checkpoints" / f"step-{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text("{}")
+    os.utime(folder / "manifest.json", (time.time() - 3600,) * 2)
+
+
+def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    data = load_spec(ROOT / "examples" / "slurm-2node.yaml").to_yaml_dict()
+    data["run_dir"] = str(run_dir)
+    data["checkpoint"]["dir"] = str(run_dir / "checkpoints")
+    data["slurm"]["max_requeues"] = 10
+    script = tmp_path / rs.STANDALONE_FILE
+    script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
+    env = {
+        "PATH": f"{_stand_ins(tmp_path)}{os.pathsep}/usr/bin:/bin",
+        "SLURM_JOB_ID": "7",
+        "FAKE_SCRIPT": str(script),
+        "FAKE_OUT": str(tmp_path / "calls"),
+        "FAKE_RUN": str(run_dir),
+        "SHARDCTL_PYTHON": sys.executable,  # the batch host's python3 lacks shardctl here
+    }
+    return script, env
+
+
+def _attempt(script: Path, env: dict[str, str], restarts: int, end: str):
+    env = {**env, "SLURM_RESTART_COUNT": str(restarts), "FAKE_END": end}
+    return subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=90
+    )
+
+
+def _requeues(tmp_path: Path) -> int:
+    calls = tmp_path / "calls"
+    return calls.read_text().count("requeue 7\n") if calls.exists() else 0
+
+
+def test_job_sbatch_stops_after_three_attempts_without_a_new_checkpoint(tmp_path: Path) -> None:
+    script, env = _job_sbatch(tmp_path)
+    _old_checkpoint(tmp_path / "run", 20)
+    for restarts in (0, 1):
+        proc = _attempt(script, env, restarts, "hung")
+        assert proc.returncode == 0 and "requeueing job 7" in proc.stderr, proc.stderr
+    assert _requeues(tmp_path) == 2
+    proc = _attempt(script, env, 2, "hung")
+    assert proc.returncode == 124, proc.stderr
+    assert _requeues(tmp_path) == 2  # the third attempt is not requeued
+    assert (
+        "shardctl: hung at step 25 (node 1's watchdog); stopped: no new checkpoint in 3 "
+        "attempts (last at step 20); not requeued" in proc.stderr
+    ), proc.stderr
+    lines = [json.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_text().splitlines()]
+    assert [(x["attempt"], x["decision"], x["checkpoint_step"]) for x in lines] == [
+        (0, "retry", 20), (1, "retry", 20), (2, "stop", 20),
+    ]  # fmt: skip
+
+
+def test_job_sbatch_a_new_checkpoint_starts_the_count_over(tmp_path: Path) -> None:
+    script, env = _job_sbatch(tmp_path)
+    for restarts, end in enumerate(("hung", "hung", "saved-then-hung", "hung", "hung")):
+        proc = _attempt(script, env, restarts, end)
+        assert proc.returncode == 0 and "requeueing job 7" in proc.stderr, (end, proc.stderr)
+    assert _requeues(tmp_path) == 5
+    proc = _attempt(script, env, 5, "hung")
+    assert proc.returncode == 124 and _requeues(tmp_path) == 5
+    assert "stopped: no new checkpoint in 3 attempts (last at step 40)" in proc.stderr
+    # Another job of the same run (submitted again) starts with a clean slate.
+    proc = _attempt(script, {**env, "SLURM_JOB_ID": "8"}, 0, "hung")
+    assert proc.returncode == 0 and "requeueing job 8" in proc.stderr, proc.stderr
+
+
+def test_job_sbatch_never_requeues_a_script_that_said_do_not_retry(tmp_path: Path) -> None:
+    script, env = _job_sbatch(tmp_path)
+    proc = _attempt(script, env, 0, "do-not-retry")
+    assert proc.returncode == 1 and _requeues(tmp_path) == 0, proc.stderr
+    assert (
+        "shardctl: the script said do not retry (rank 1 exited with code 78): bad config; "
+        "not requeued" in proc.stderr
+    ), proc.stderr
+
+
+# ----------------------------------------------------------------- the node task
+
+TASK = """
+import sys
+from shardctl.orchestrator.clusters.slurm import NodeTask
+task = NodeTask(command=["bash", sys.argv[1]], run_dir=sys.argv[2], max_requeues=10)
+try:
+    print("RESULT", task(), flush=True)
+except RuntimeError as exc:
+    print("ERROR", exc, flush=True)
+"""
+
+
+def _node_task(tmp_path: Path, restarts: int, end: str) -> str:
+    launch = tmp_path / "launch.sh"
+    launch.write_text(SRUN)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",  # the stand-ins first
+        "SLURM_NODEID": "0",
+        "SLURM_JOB_ID": "7",
+        "SLURM_RESTART_COUNT": str(restarts),
+        "FAKE_OUT": str(tmp_path / "calls"),
+        "FAKE_RUN": str(tmp_path),
+        "FAKE_END": end,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", TASK, str(launch), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return proc.stdout + proc.stderr
+
+
+def test_node_task_stops_the_third_attempt_without_progress_and_status_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_ins(tmp_path)
+    _old_checkpoint(tmp_path, 20)
+    for restarts in (0, 1):
+        out = _node_task(tmp_path, restarts, "hung")
+        assert "RESULT requeued" in out, out
+    out = _node_task(tmp_path, 2, "hung")
+    assert (
+        "ERROR job 7: hung at step 25 (node 1's watchdog); stopped: no new checkpoint in 3 "
+        "attempts (last at step 20); not requeued." in out
+    ), out
+    assert _requeues(tmp_path) == 2
+    # `status` of the FAILED job names the reason the node task recorded.
+    info = {"JobState": "FAILED", "Restarts": "2", "NodeList": "n[1-2]", "Reason": "None"}
+    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
+    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    st = backend.SlurmCluster().status(JobRef("slurm", "7", "loops", str(tmp_path)))
+    assert st.state is JobState.FAILED
+    assert st.detail.endswith("stopped: no new checkpoint in 3 attempts (last at step 20)")
+    # Another job of the same run says nothing of job 7's stop.
+    st = backend.SlurmCluster().status(JobRef("slurm", "8", "loops", str(tmp_path)))
+    assert "stopped" not in st.detail
+
+
+def test_node_task_never_requeues_a_script_that_said_do_not_retry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _stand_ins(tmp_path)
+    out = _node_task(tmp_path, 0, "do-not-retry")
+    assert (
+        "ERROR node 0 of job 7: the script said do not retry (rank 1 exited with code 78): "
+        "bad config; not requeued." in out
+    ), out
+    assert _requeues(tmp_path) == 0
+    info = {"JobState": "FAILED", "Restarts": "0", "NodeList": "n1", "Reason": "None"}
+    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
+    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    st = backend.SlurmCluster().status(JobRef("slurm", "7", "gives-up", str(tmp_path)))
+    assert "the script said do not retry (rank 1 exited with code 78): bad config" in st.detail
+
+
+# ----------------------------------------------------------------- a real local run
+
+GIVE_UP = """
+import os
+from shardctl.train import api
+
+print(f"attempt {os.environ['SHARDCTL_ATTEMPT']} rank {os.environ['RANK']}", flush=True)
+# Every rank gives up (see usercode/exit_with.py: torchrun's exit barrier); the first
+# to write FAILED names the reason.
+api.permanent_failure("data.path /nowhere does not exist")
+"""
+
+
+@pytest.mark.slow
+def test_a_local_script_that_says_do_not_retry_stops_and_status_says_why(tmp_path: Path) -> None:
+    script = tmp_path / "give_up.py"
+    script.write_text(GIVE_UP)
+    data = {
+        "name": "gives-up",
+        "run_dir": str(tmp_path / "gives-up"),
+        "resources": {"procs_per_node": 2},
+        "entrypoint": {"script": str(script)},
+        "local": {"master_port": free_port()},
+    }
+    spec = tmp_path / "gives-up.yaml"
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = subprocess.run(
+        [SHARDCTL, "submit", str(spec), "--wait"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+    shown = res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 78, shown
+    # One attempt, never a second (the first rank to give up makes torchrun end the
+    # other, which may not have printed yet).
+    assert "attempt 0 rank" in res.stdout and "attempt 1" not in res.stdout, shown
+    assert (tmp_path / "gives-up" / "local.attempt").read_text().split() == ["0"]
+    failed = json.loads((tmp_path / "gives-up" / "FAILED").read_text())
+    assert failed["code"] == 78 and failed["rank"] in (0, 1)
+    assert failed["reason"] == "data.path /nowhere does not exist"
+    status = subprocess.run(
+        [SHARDCTL, "status", "gives-up"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "FAILED" in status and "exit 78" in status, status
+    assert (
+        f"stopped: the script said do not retry (rank {failed['rank']} exited with code 78): "
+        "data.path /nowhere does not exist" in status
+    ), status
