@@ -382,8 +382,6 @@ def test_cli_submit_status_logs_cancel(server: KMockServer, tmp_path: Path) -> N
     assert "hello from rank 0" in shardctl("logs", NAME).stdout
     shardctl("cancel", NAME)
     assert server.objects(PYTORCHJOBS) == {}
-    wrong = shardctl("submit", str(spec), "--replace", check=False)
-    assert wrong.exit_code == 2 and "--replace works with --cluster k8s" in wrong.stderr
 
 
 # ------------------------------------------------------------------- logs -f, ls

@@ -130,6 +130,7 @@ def replace_live(live: list[LiveJob], wait_s: float = REPLACE_WAIT_S) -> None:
 def submit_claim(run_dir: str | Path) -> Iterator[None]:
     """Hold the run dir's submit claim (see the module docstring) while the body runs."""
     root = Path(run_dir)
+    made = _missing_dirs(root)
     root.mkdir(parents=True, exist_ok=True)
     path = root / SUBMIT_CLAIM_FILE
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
@@ -152,6 +153,21 @@ def submit_claim(run_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         path.unlink(missing_ok=True)
+        # A refused submit leaves no trace: the directories the claim itself made
+        # go again while nothing else was written into them.
+        for made_dir in made:
+            with contextlib.suppress(OSError):
+                made_dir.rmdir()
+
+
+def _missing_dirs(root: Path) -> list[Path]:
+    """The directories `mkdir -p root` would create, deepest first."""
+    missing: list[Path] = []
+    here = root.absolute()
+    while not here.exists() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    return missing
 
 
 def _holder(path: Path) -> dict[str, object] | None:
