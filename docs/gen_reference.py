@@ -107,6 +107,8 @@ def _type_name(tp: Any, nested: dict[str, type[BaseModel]], bounds: list[str]) -
     names = {str: "string", int: "integer", float: "number", bool: "boolean", Any: "any"}
     if tp in names:
         return names[tp]
+    if getattr(tp, "__name__", "") == "MemorySize":
+        return "memory size (`64G`, `64Gi`)"
     return f"`{getattr(tp, '__name__', str(tp))}`"
 
 
@@ -135,13 +137,17 @@ def model_rows(model: type[BaseModel], nested: dict[str, type[BaseModel]]) -> li
     rows = ["| key | type | default | bounds | meaning |", "|---|---|---|---|---|"]
     for name, info in model.model_fields.items():
         bounds = _bounds_of(info.metadata)
-        type_text = _type_name(info.annotation, nested, bounds)
+        own: dict[str, type[BaseModel]] = {}
+        type_text = _type_name(info.annotation, own, bounds)
+        for sub_name, sub in own.items():
+            nested.setdefault(sub_name, sub)
         key = info.alias or name
-        doc = docs.get(name) or info.description or ""
+        # A section without a docstring of its own (a cluster's, added by create_model)
+        # is described by its model's first paragraph.
+        first = [inspect.cleandoc(s.__doc__ or "").split("\n\n")[0] for s in own.values()]
+        doc = docs.get(name) or info.description or (first[0] if len(first) == 1 else "")
         bound_text = ", ".join(dict.fromkeys(bounds)) or ""
-        rows.append(
-            f"| `{key}` | {type_text} | {_default(info)} | {bound_text} | {_cell(doc)} |"
-        )
+        rows.append(f"| `{key}` | {type_text} | {_default(info)} | {bound_text} | {_cell(doc)} |")
     return rows
 
 

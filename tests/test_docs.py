@@ -1,0 +1,154 @@
+"""The documentation: README.md is a short front page, the mkdocs site builds strictly,
+its generated references cover every command and every spec field, and the source
+points only at pages that exist."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import click
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+# The two fresh-machine commands: the README's first code block, byte for byte.
+FRESH_MACHINE = (
+    "bash scripts/run-example   # set up .venv and train the local example (2 CPU ranks, "
+    "FSDP2), then consolidate\n"
+    "bash scripts/test-all      # set up everything (as root: shellcheck, a 2-node Slurm, "
+    "helm) and run all tests\n"
+)
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_reference", DOCS / "gen_reference.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _commands(group: click.Group, prefix: str = "shardctl") -> list[str]:
+    """Every command and subcommand below `group`, as typed: `shardctl submit`, ..."""
+    found = []
+    for name, command in group.commands.items():
+        if command.hidden:
+            continue
+        found.append(f"{prefix} {name}")
+        if isinstance(command, click.Group):
+            found += _commands(command, f"{prefix} {name}")
+    return found
+
+
+def test_the_readme_is_a_front_page_that_starts_with_the_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    first_block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert first_block == FRESH_MACHINE
+    # Nothing but the title and one paragraph comes before them.
+    assert readme.index("```bash\n") < 500
+    # CI runs exactly the README's test command.
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash scripts/test-all")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mkdocs", reason="the docs extra: pip install -e '.[docs]'")
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"}
+    run = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return out
+
+
+def test_the_site_builds_strictly_and_documents_every_command(site: Path) -> None:
+    from shardctl.orchestrator.cli import cli
+
+    page = (site / "reference" / "cli" / "index.html").read_text()
+    headings = set(re.findall(r'<h\d id="([^"]+)"', page))
+    commands = _commands(cli)
+    assert len(commands) >= 14
+    missing = [c for c in commands if c.replace(" ", "-") not in headings]
+    assert not missing, f"not in the CLI reference: {missing}"
+
+
+def test_the_site_holds_every_page_of_the_nav(site: Path) -> None:
+    for page in ("getting-started", "guides/faults", "reference/spec", "troubleshooting"):
+        assert (site / page / "index.html").is_file(), page
+
+
+def test_the_spec_reference_has_every_field_of_every_model() -> None:
+    """Generated from the models: each field's key, and its docstring where it has one."""
+    from pydantic import BaseModel
+    from shardctl.orchestrator.spec.job import spec_model
+
+    gen = _generator()
+    text = gen.spec_reference()
+    sections = dict(
+        (block.split("\n", 1)[0], block) for block in text.split("\n## ")[1:]
+    )  # fmt: skip
+    seen: set[type[BaseModel]] = set()
+
+    def check(model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        block = sections[model.__name__]
+        docs = gen.field_docs(model)
+        for name, info in model.model_fields.items():
+            row = next(
+                (ln for ln in block.splitlines() if ln.startswith(f"| `{info.alias or name}` |")),
+                None,
+            )
+            assert row is not None, f"{model.__name__}.{name}"
+            if name in docs:
+                assert " ".join(docs[name].split())[:40] in row.replace("\\|", "|")
+            nested: dict[str, type[BaseModel]] = {}
+            gen._type_name(info.annotation, nested, [])
+            for sub in nested.values():
+                check(sub)
+
+    check(spec_model())
+    assert {"Resources", "Strategy", "Checkpoint", "SlurmSection", "K8sSection"} <= set(sections)
+    # Bounds come from the models' constraints, not from a copy.
+    assert "| `nodes` | integer | `1` | strict, > 0, ≤ 100,000 |" in text
+    # A core field without a docstring would leave its meaning empty.
+    core = [ln for ln in text.split("\n## ModelSource")[0].splitlines() if ln.startswith("| `")]
+    assert all(not ln.rstrip().endswith("|  |") for ln in core), [
+        ln for ln in core if ln.rstrip().endswith("|  |")
+    ]
+
+
+DOC_LINK = re.compile(r"docs/[\w./-]+\.md")
+
+
+def test_every_docs_page_named_in_the_source_exists() -> None:
+    """Messages, comments and docstrings that send the reader to a page (the HF example
+    included) name one that exists."""
+    sources = [
+        p
+        for folder in ("examples", "orchestrator", "train", "templates", "scripts", "helm")
+        for p in (ROOT / folder).rglob("*")
+        if p.is_file() and p.suffix in {".py", ".j2", ".yaml", ".tpl", ""}
+    ]
+    named = {
+        (p.relative_to(ROOT), m) for p in sources for m in DOC_LINK.findall(p.read_text("utf-8"))
+    }
+    assert any(str(p) == "examples/hf_trainer_script.py" for p, _ in named)
+    missing = [(str(p), m) for p, m in named if not (ROOT / m).is_file()]
+    assert not missing
+    for path, _ in named:
+        assert "README" not in re.sub(r"benchmarks/README", "", (ROOT / path).read_text()), path
