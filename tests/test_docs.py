@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -152,3 +155,71 @@ def test_every_docs_page_named_in_the_source_exists() -> None:
     assert not missing
     for path, _ in named:
         assert "README" not in re.sub(r"benchmarks/README", "", (ROOT / path).read_text()), path
+
+
+# ------------------------------------------------- the commands the docs show, run
+
+SHOWN = re.compile(r"^(?:\$ )?(shardctl [a-z]+ \S*examples/\S+.*?)\s*(?:#.*)?$")
+
+
+def shown_example_commands() -> list[list[str]]:
+    """Every `shardctl VERB ... examples/...` line of a code block in the docs."""
+    found: dict[str, list[str]] = {}
+    for page in sorted([ROOT / "README.md", *DOCS.rglob("*.md")]):
+        for line in page.read_text().splitlines():
+            match = SHOWN.match(line.strip())
+            if match:
+                found.setdefault(match.group(1), shlex.split(match.group(1))[1:])
+    return list(found.values())
+
+
+def cheap_form(args: list[str], out: Path) -> list[str]:
+    """The command as a test may run it: nothing trains and no cluster is contacted.
+    `submit` becomes its `--dry-run` (`--wait` dropped: nothing to wait for); `doctor`
+    runs as shown on this machine (on a free port), and for a cluster becomes
+    `render --cluster` (what it reads); an absolute `--out` moves into the test's
+    folder."""
+    verb, rest = args[0], list(args[1:])
+    if "--out" in rest:
+        i = rest.index("--out") + 1
+        if rest[i].startswith("/"):
+            rest[i] = str(out / Path(rest[i]).name)
+    if verb == "submit":
+        rest = [a for a in rest if a not in ("--wait", "--follow")]
+        return ["submit", *rest, "--dry-run"] if "--dry-run" not in rest else ["submit", *rest]
+    if verb == "doctor" and "--cluster" in rest and rest[rest.index("--cluster") + 1] != "local":
+        cluster = rest[rest.index("--cluster") + 1]
+        return ["render", rest[0], "--cluster", cluster, "--out", str(out / "doctor")]
+    if verb == "doctor":
+        # Its port check must not depend on another run holding the example's port.
+        return [verb, *rest, "--set", f"local.master_port={_free_port()}"]
+    return [verb, *rest]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_docs_show_commands_for_every_example_spec() -> None:
+    shown = {a for args in shown_example_commands() for a in args if a.startswith("examples/")}
+    specs = {
+        f"examples/{p.relative_to(ROOT / 'examples')}" for p in (ROOT / "examples").rglob("*.yaml")
+    }
+    assert specs <= shown, f"no command in the docs for {sorted(specs - shown)}"
+
+
+@pytest.mark.parametrize("args", shown_example_commands(), ids=" ".join)
+def test_a_command_the_docs_show_runs(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+
+    assert args[0] in {"validate", "render", "submit", "doctor"}, args
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path / "state"))
+    result = CliRunner().invoke(cli, cheap_form(args, tmp_path), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
