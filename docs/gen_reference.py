@@ -203,7 +203,6 @@ def write_pages() -> None:
 
     with mkdocs_gen_files.open(SPEC_PAGE, "w") as page:
         page.write(spec_reference())
-    mkdocs_gen_files.set_edit_path(SPEC_PAGE, "../orchestrator/spec/sections.py")
 
 
 if __name__ in ("__main__", "<run_path>"):  # `<run_path>`: mkdocs-gen-files' runpy

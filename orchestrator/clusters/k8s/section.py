@@ -186,8 +186,8 @@ class ExtraVolume(Section):
     read_only: bool = False
     sub_path: str | None = None
     pvc: str | None = None
-    """The PersistentVolumeClaim holding the run dir and checkpoints (ReadWriteMany);
-    required for more than one node."""
+    """A PersistentVolumeClaim to mount; each volume has exactly one source (`pvc`,
+    `config_map`, `secret`, `host_path`, `nfs` or `empty_dir`)."""
     config_map: str | None = None
     secret: str | None = None
     host_path: str | None = None
@@ -316,7 +316,8 @@ class K8sSection(ClusterSection):
     service_account: str = "shardctl-trainer"
     """The pods' service account (`manifests/serviceaccount.yaml` creates the default)."""
     pvc: str | None = None
-    """PersistentVolumeClaim mounted at the run directory, so restarted pods resume."""
+    """PersistentVolumeClaim mounted at the run directory, so restarted pods resume;
+    required for more than one node (ReadWriteMany)."""
     cpu: str | None = None
     """CPU request/limit per pod: cores (`8`, `0.5`) or millicores (`1500m`), more than 0
     and at most 4096 cores; default procs_per_node × cpus_per_proc."""
