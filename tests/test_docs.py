@@ -58,6 +58,10 @@ def test_the_readme_is_a_front_page_that_starts_with_the_two_commands() -> None:
     assert readme.index("```bash\n") < 500
     # CI runs exactly the README's test command.
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("exec bash scripts/test-all")
+    # Its links lead into the docs (mkdocs checks the site's own links, not the README's).
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    assert any(link.startswith("docs/") for link in links)
+    assert [link for link in links if not (ROOT / link).exists()] == []
 
 
 @pytest.fixture(scope="module")
