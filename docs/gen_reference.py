@@ -33,8 +33,9 @@ INTRO = """\
 Every field of a job spec, generated from the models that validate it (the pydantic
 models of `orchestrator/spec/` and each cluster's `section.py`) each time the
 documentation is built. **type** is what YAML must give (`strict` integers: `yes` is
-not 1); **default** is used when the key is left out (*required* keys have none;
-*derived* ones are computed from other fields); **bounds** are checked at validation.
+not 1); **default** is used when the key is left out (*required* keys have none; `—`
+is unset, which some fields' meaning says is derived from others); **bounds** are
+checked at validation.
 A wrong value exits with code 2 and a message naming the field, the value and what is
 accepted. How the fields work together: [The job spec](../guides/job-spec.md).
 """
