@@ -4,11 +4,12 @@
     accelerate launch --multi_gpu --num_processes 2 examples/hf_trainer_script.py --max-steps 20
 
 (`--multi_gpu` on a machine without GPUs starts 2 CPU ranks on gloo; `--cpu` alone
-starts one process, see docs-snippets/hf.md.) Under shardctl (`entrypoint:
-examples/hf_trainer_script.py`, `args: [--max-steps, "200"]`) the checkpoints go to
-`$SHARDCTL_CHECKPOINT_DIR`, else `$SHARDCTL_RUN_DIR/checkpoints`; outside it give
-`--output-dir`. SIGTERM or SIGUSR2 to any rank: every rank saves the same step and
-exits 42; the next start continues from that step.
+starts one process: see "Your own Hugging Face Trainer script" in
+docs/guides/own-script.md.) Under shardctl (`entrypoint: examples/hf_trainer_script.py`,
+`args: [--max-steps, "200"]`) the checkpoints go to `$SHARDCTL_CHECKPOINT_DIR`, else
+`$SHARDCTL_RUN_DIR/checkpoints`; outside it give `--output-dir`. SIGTERM or SIGUSR2 to
+any rank: every rank saves the same step and exits 42; the next start continues from
+that step.
 
 The model is a tiny GPT-2 built from its config (nothing is downloaded) and the data
 are the bytes of a few Python standard-library files, one token per byte.

@@ -148,7 +148,7 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
 
 
 def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
-    """The run contract every rank reads (README: "Your own training script"): the
+    """The run contract every rank reads (docs/reference/run-contract.md): the
     run and checkpoint directories, the job's name, the rendered spec and launcher
     configs. The attempt number is the cluster's (see each cluster's runtime_env)."""
 
@@ -163,7 +163,7 @@ def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
         return EnvLine(f"export {var}={beside(name).text}", comment)
 
     lines = [
-        export(ENV_JOB_NAME, spec.name, "the run contract (README: Your own training script)"),
+        export(ENV_JOB_NAME, spec.name, "the run contract (docs/reference/run-contract.md)"),
         export(ENV_RUN_DIR, spec.run_dir or ""),
         export(ENV_CHECKPOINT_DIR, spec.checkpoint_dir),
         export_beside(ENV_SPEC, spec_path),

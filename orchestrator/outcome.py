@@ -21,8 +21,8 @@ The ranks and the watchdog record a typed outcome as fields of the markers
 A supervisor gathers the evidence of one attempt (`Evidence`: the exit code, the
 markers written during the attempt, the signals it received itself) and calls
 `classify` (evidence → `Outcome`) and `decide` (outcome + retry budget → `Verdict`).
-`classify` goes down `RULES`, first match wins; `decide` reads `POLICY`. README
-("How an attempt ends") holds the same two tables for users.
+`classify` goes down `RULES`, first match wins; `decide` reads `POLICY`. The docs
+(docs/guides/faults.md, "How an attempt ends") hold the same two tables for users.
 
 Knowing when to stop: a script's exit `EXIT_DO_NOT_RETRY` is a permanent failure
 (STOP on every cluster). A retrying supervisor (Slurm) also records every attempt it
@@ -103,7 +103,7 @@ class Rule:
     why: str
 
 
-# The policy: one row per kind (README "How an attempt ends" has the same table).
+# The policy: one row per kind (docs/guides/faults.md, "How an attempt ends", has the same table).
 # A RETRY within the retry budget (Slurm: `slurm.max_requeues`) goes again; past it,
 # the run stops.
 POLICY: dict[Kind, Rule] = {
@@ -394,7 +394,7 @@ def _rule_done_marker(ev: Evidence) -> Outcome | None:
     return Outcome(Kind.DONE, step=done.step) if done is not None else None
 
 
-# First match wins (README "How an attempt ends" lists the same rules).
+# First match wins (docs/guides/faults.md, "How an attempt ends", lists the same rules).
 RULES: tuple[tuple[str, Callable[[Evidence], Outcome | None]], ...] = (
     ("exit code 0", _rule_exit_ok),
     ("a CANCELLED marker (`shardctl cancel`)", _rule_cancel_asked),

@@ -70,8 +70,8 @@ EXIT_DO_NOT_RETRY = 78
 EXIT_HUNG = 124
 
 # The run contract: what every rank finds in its environment, beside the launcher's
-# RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (README: "Your own
-# training script"). Set by the rendered launch script on every cluster.
+# RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT (docs/reference/
+# run-contract.md). Set by the rendered launch script on every cluster.
 ENV_RUN_DIR = "SHARDCTL_RUN_DIR"  # the run directory
 ENV_CHECKPOINT_DIR = "SHARDCTL_CHECKPOINT_DIR"  # where step-N folders go
 ENV_JOB_NAME = "SHARDCTL_JOB_NAME"

@@ -52,13 +52,18 @@ class JobSpec(Section):
     """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`.
     A path of printable characters, at most 4096 of them, not the file system root."""
     resources: Resources = Field(default_factory=Resources)
+    """Machines, ranks per machine, device, CPUs and memory (see `Resources`)."""
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
+    """What starts the ranks on every node; `deepspeed` only with backend deepspeed, and not
+    multi-node on cpu."""
     strategy: Strategy = Field(default_factory=Strategy)
+    """Sharding backend, sharding, offload and precision (see `Strategy`)."""
     train: Train | None = None
     """The built-in loop; a spec has `train` or `entrypoint`, never both."""
     entrypoint: Entrypoint | None = None
     """Your own training script (see `Entrypoint`)."""
     checkpoint: Checkpoint = Field(default_factory=Checkpoint)
+    """Where, how often and how many checkpoints; resume (see `Checkpoint`)."""
     logging: Logging = Field(default_factory=Logging)
     """Metrics trackers beside `logs/metrics.jsonl` (see `Logging`)."""
     watchdog: Watchdog = Field(default_factory=Watchdog)

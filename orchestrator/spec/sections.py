@@ -71,6 +71,7 @@ class Strategy(Section):
     """How the model is sharded and in which precision it trains."""
 
     backend: Literal["fsdp", "deepspeed"] = "fsdp"
+    """`fsdp` (torch FSDP2) or `deepspeed` (ZeRO)."""
     sharding: Sharding | None = None
     """FSDP view of the choice; derived from `zero_stage` when omitted."""
     zero_stage: Literal[0, 1, 2, 3] | None = None
@@ -78,11 +79,17 @@ class Strategy(Section):
     offload: Literal["none", "optimizer", "params"] = "none"
     """`params` offloads parameters and optimizer state to CPU; `optimizer` only the latter."""
     precision: Precision = "bf16-mixed"
+    """`auto` (what the hardware computes natively), `bf16-mixed` (fp32 masters, bf16
+    compute), `bf16-pure` (fsdp only: DeepSpeed always keeps fp32 master weights),
+    `fp16-mixed` (cuda only), `fp32`."""
     wrap: Literal["auto"] | list[str] = "auto"
     """Module classes that become one FSDP unit each; `auto` finds the transformer blocks."""
     activation_checkpointing: bool = False
+    """Recompute activations in backward."""
     backward_prefetch: Literal["backward_pre", "backward_post", "none"] = "backward_pre"
+    """An FSDP1 setting: accepted and unused (FSDP2 always prefetches one block in backward)."""
     forward_prefetch: bool = False
+    """Prefetch the next block's all-gather explicitly."""
 
     @field_validator("zero_stage", mode="before")
     @classmethod
@@ -172,6 +179,7 @@ class DataSource(Section):
     tokens: PathText | None = None
     """A memory-mapped token file: `.npy`, or raw `.bin` of `token_dtype`."""
     token_dtype: Literal["uint16", "uint32"] = "uint16"
+    """The element type of a `tokens` file."""
     builtin: Literal["python-stdlib"] | None = None
     """A corpus every machine has: the Python standard library's own source files."""
     factory: FactoryRef | None = None
@@ -191,7 +199,9 @@ class Train(Section):
     """The optimisation itself."""
 
     model: ModelSource
+    """Exactly one of `llama`, `pretrained`, `factory` (see `ModelSource`)."""
     data: DataSource
+    """Exactly one of `builtin`, `text`, `tokens`, `factory` (see `DataSource`)."""
     steps: Steps
     """Optimizer steps in total; 1 to 99999999 (checkpoint folders have eight digits)."""
     micro_batch_size: Batch = 1
@@ -207,6 +217,7 @@ class Train(Section):
     warmup_steps: StepsOrZero = 0
     """Linear warm-up steps; 0 to `steps`."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """The learning rate after warmup, down to `lr × min_lr_ratio`."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.1
     """The schedule's final lr as a fraction of `lr`; 0 to 1."""
     clip: Annotated[float, Field(ge=0, le=MAX_CLIP)] = 1.0
@@ -246,7 +257,9 @@ class Checkpoint(Section):
     resume: str = "auto"
     """`auto` (newest complete checkpoint), `never`, or the path of one checkpoint."""
     consolidate_on_finish: bool = False
+    """Write one full state dict to `<run_dir>/model` at the end."""
     consolidate_dtype: Literal["fp32", "bf16"] = "fp32"
+    """The dtype of floating-point tensors in that consolidated model."""
 
     @field_validator("resume")
     @classmethod
@@ -372,7 +385,7 @@ HangSeconds = Annotated[int, Field(ge=MIN_HANG_TIMEOUT_S, le=MAX_SECONDS, strict
 
 class Watchdog(Section):
     """Hang detection: a watchdog beside each node's launcher ends a job whose ranks
-    stopped advancing (README: Hangs).
+    stopped advancing (docs/guides/faults.md, "Hangs").
 
     Every rank writes a heartbeat per step (the built-in loop, the checkpoint library
     of your own script, the Hugging Face callback). When no rank of a node advanced
@@ -451,8 +464,8 @@ class Entrypoint(Section):
     and `module`, plus `args`.
 
     Every rank runs it under the spec's launcher (torchrun, accelerate launch,
-    deepspeed) with the run contract in its environment (README: "Your own training
-    script")."""
+    deepspeed) with the run contract in its environment
+    (docs/reference/run-contract.md)."""
 
     script: PathText | None = None
     """A Python file; a relative path is taken from the spec file's folder."""

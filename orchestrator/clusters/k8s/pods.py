@@ -1,7 +1,7 @@
 """The pod parts both job kinds share: the layout inside every pod, names, labels,
 and the pieces of a pod template laid out from chart values.
 
-Layout inside every pod (the paths are part of the interface, see README `k8s`):
+Layout inside every pod (the paths are part of the interface, see docs/guides/kubernetes.md):
 
     /etc/shardctl/job.yaml     the validated spec, from the ConfigMap (read-only)
     /etc/shardctl/launch.sh    the launch script (`launch_script(spec, "k8s", ...)`), and

@@ -41,7 +41,7 @@ PORT_NAME = "pytorchjob-port"  # the operator reads MASTER_PORT from the port of
 
 OPERATOR_HINT = (
     "install the Kubeflow training operator, which serves PyTorchJob "
-    f"({GROUP}/{VERSION}): see the README section 'k8s'"
+    f"({GROUP}/{VERSION}): see docs/guides/kubernetes.md"
 )
 
 NEXT_STEP = (

@@ -186,6 +186,8 @@ class ExtraVolume(Section):
     read_only: bool = False
     sub_path: str | None = None
     pvc: str | None = None
+    """A PersistentVolumeClaim to mount; each volume has exactly one source (`pvc`,
+    `config_map`, `secret`, `host_path`, `nfs` or `empty_dir`)."""
     config_map: str | None = None
     secret: str | None = None
     host_path: str | None = None
@@ -295,6 +297,7 @@ class K8sSection(ClusterSection):
     runtime_kind: Literal["ClusterTrainingRuntime", "TrainingRuntime"] = "ClusterTrainingRuntime"
     """TrainJob only: a cluster-wide runtime or one in the job's namespace."""
     namespace: str = "default"
+    """The namespace of the job, its ConfigMap and pods."""
     code: Literal["configmap", "image"] | None = None
     """How an entrypoint's code reaches the pods: `configmap` (the script, or
     `entrypoint.code_dir`, travels with the job's ConfigMap, up to 1 MiB in all) or
@@ -307,16 +310,23 @@ class K8sSection(ClusterSection):
     setup: list[str] = Field(default_factory=list)
     """Shell lines every pod runs before the launcher (e.g. `pip install --user ...`)."""
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """The pods' `imagePullPolicy`."""
     image_pull_secrets: list[str] = Field(default_factory=list)
+    """Names of Secrets for pulling `image`."""
     service_account: str = "shardctl-trainer"
+    """The pods' service account (`manifests/serviceaccount.yaml` creates the default)."""
     pvc: str | None = None
-    """PersistentVolumeClaim mounted at the run directory, so restarted pods resume."""
+    """PersistentVolumeClaim mounted at the run directory, so restarted pods resume;
+    required for more than one node (ReadWriteMany)."""
     cpu: str | None = None
     """CPU request/limit per pod: cores (`8`, `0.5`) or millicores (`1500m`), more than 0
     and at most 4096 cores; default procs_per_node × cpus_per_proc."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """As in a pod spec."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """As in a pod spec."""
     priority_class: str | None = None
+    """The pods' `priorityClassName`."""
     restart_policy: Literal["OnFailure", "ExitCode", "Never", "Always"] = "OnFailure"
     """The PyTorchJob's replica restart policy. `OnFailure` restarts a pod after a
     preemption (exit 42 → torchrun's 1) and a hang (the watchdog's 124); under
@@ -324,20 +334,29 @@ class K8sSection(ClusterSection):
     backoff_limit: Retries = 6
     """Pod restarts before the job fails; 0 to 1000."""
     clean_pod_policy: Literal["None", "All", "Running"] = "None"
+    """PyTorchJob run policy: which pods to delete when the job ends."""
     ttl_seconds_after_finished: Seconds | None = None
     """0 to 31622400 (a year)."""
     active_deadline_seconds: PositiveSeconds | None = None
     """1 to 31622400 (a year)."""
     suspend: bool = False
+    """Create the job suspended (run policy `suspend`): PENDING until resumed or its queue
+    admits it."""
     elastic: Elastic | None = None
+    """PyTorchJob only: `min_nodes ≤ nodes ≤ max_nodes`, `max_restarts`."""
     env_from_config_maps: list[str] = Field(default_factory=list)
+    """ConfigMaps whose keys become every rank's environment, referenced by name."""
     env_from_secrets: list[str] = Field(default_factory=list)
+    """Secrets whose keys become every rank's environment, referenced by name (values
+    never appear in a spec or a rendered file)."""
     shm_size: MemorySize = MemorySize("1Gi")
     """Size of the in-memory /dev/shm for dataloader workers; 1Mi to 1Pi, see `memory`."""
     run_as_user: Annotated[int, Field(gt=0, le=MAX_UID, strict=True)] = 1000
     """1 to 2147483647 (root, uid 0, is refused: pods run as non-root)."""
     read_only_root_filesystem: bool = True
+    """Run the pods with a read-only root file system."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 23456
+    """PyTorchJob only (Trainer v2 uses 29500)."""
     labels: dict[str, str] = Field(default_factory=dict)
     """On the job and its pods, e.g. Kueue's `kueue.x-k8s.io/queue-name: team-a`."""
     annotations: dict[str, str] = Field(default_factory=dict)

@@ -68,8 +68,8 @@ TORCH_MASTER_PORT = 29500
 INSTALL_HINT = (
     "install Kubeflow Trainer v2.3 with its stock runtimes: `helm install kubeflow-trainer "
     "oci://ghcr.io/kubeflow/charts/kubeflow-trainer --namespace kubeflow-system "
-    "--create-namespace --version 2.3.0 --set runtimes.defaultEnabled=true` (README: "
-    "'k8s', Kubeflow Trainer v2)"
+    "--create-namespace --version 2.3.0 --set runtimes.defaultEnabled=true` "
+    "(docs/guides/kubernetes.md, 1. Install the operator)"
 )
 
 

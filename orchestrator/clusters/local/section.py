@@ -13,3 +13,4 @@ class LocalSection(ClusterSection):
     """Settings for `--cluster local` (torchrun on this host)."""
 
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29500
+    """The rendezvous port on this host."""

@@ -293,7 +293,7 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         + LAUNCH_FILE
         + '" || rc=$?',
         "# How the attempt ended and whether to requeue: shardctl's one classifier",
-        "# (README: How an attempt ends), from the exit code, this attempt's markers and",
+        "# (docs/guides/faults.md), from the exit code, this attempt's markers and",
         "# its progress (a new complete checkpoint), recorded per attempt in attempts.jsonl.",
         'python="${SHARDCTL_PYTHON:-python3}"',
         'verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '

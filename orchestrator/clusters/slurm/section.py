@@ -345,8 +345,11 @@ class SlurmSection(ClusterSection):
     """Settings for `--cluster slurm` (through submitit)."""
 
     partition: str | None = None
+    """Slurm `--partition`; one word, no spaces."""
     account: str | None = None
+    """Slurm `--account`; one word, no spaces."""
     qos: str | None = None
+    """Slurm `--qos`; one word, no spaces."""
     time: str = "01:00:00"
     """Slurm's --time: `M`, `H:M:S`, `D-H:M:S` ...; more than zero, at most 366 days."""
     signal: Literal["USR2", "USR1", "TERM", "INT"] = "USR2"
@@ -354,9 +357,11 @@ class SlurmSection(ClusterSection):
     signal_delay_s: Annotated[int, Field(ge=10, le=65535)] = 120
     """Seconds before the time limit at which the signal is sent; 10 to 65535."""
     constraint: str | None = None
+    """Slurm `--constraint`; one word, no spaces."""
     gres: str | None = None
     """Generic resources per node, e.g. `gpu:8`; default derived from device/procs."""
     exclusive: bool = False
+    """Slurm `--exclusive`: the nodes for this job alone."""
     setup: list[str] = Field(default_factory=list)
     """Shell lines run on every node before the launcher (module load, venv ...)."""
     srun_args: list[str] = Field(default_factory=list)
@@ -364,6 +369,7 @@ class SlurmSection(ClusterSection):
     max_requeues: Retries = 10
     """Requeues after preemption or time-out; 0 to 1000."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29500
+    """The rendezvous port on the first node."""
     sbatch_options: dict[str, SbatchOptionValue] = Field(default_factory=dict)
     """More `#SBATCH` options: sbatch's long names without `--` → a value (string or
     integer), or `true` for a switch (`reservation: maint`, `exclude: node[01-03]`,

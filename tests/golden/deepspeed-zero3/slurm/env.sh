@@ -4,7 +4,7 @@
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
 export DS_ACCELERATOR=cpu
-# the run contract (README: Your own training script)
+# the run contract (docs/reference/run-contract.md)
 export SHARDCTL_JOB_NAME=deepspeed-zero3
 export SHARDCTL_RUN_DIR=runs/deepspeed-zero3
 export SHARDCTL_CHECKPOINT_DIR=runs/deepspeed-zero3/checkpoints

@@ -3,7 +3,7 @@
 # Runtime values are the cluster's own variables, expanded on the node when this runs.
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
-# the run contract (README: Your own training script)
+# the run contract (docs/reference/run-contract.md)
 export SHARDCTL_JOB_NAME=k8s-tiny-v2
 export SHARDCTL_RUN_DIR=/shardctl/runs/k8s-tiny-v2
 export SHARDCTL_CHECKPOINT_DIR=/shardctl/runs/k8s-tiny-v2/checkpoints

@@ -9,7 +9,7 @@ export SHARDCTL_RENDER_DIR
 
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
-# the run contract (README: Your own training script)
+# the run contract (docs/reference/run-contract.md)
 export SHARDCTL_JOB_NAME=k8s-tiny-v2
 export SHARDCTL_RUN_DIR=runs/k8s-tiny-v2
 export SHARDCTL_CHECKPOINT_DIR=runs/k8s-tiny-v2/checkpoints

@@ -3,7 +3,7 @@
 # Runtime values are the cluster's own variables, expanded on the node when this runs.
 export OMP_NUM_THREADS=1
 export PYTHONUNBUFFERED=1
-# the run contract (README: Your own training script)
+# the run contract (docs/reference/run-contract.md)
 export SHARDCTL_JOB_NAME=slurm-2node
 export SHARDCTL_RUN_DIR=runs/slurm-2node
 export SHARDCTL_CHECKPOINT_DIR=runs/slurm-2node/checkpoints
