@@ -49,8 +49,10 @@ class JobSpec(Section):
     name: str
     """1-50 lower-case letters, digits and '-': a Slurm job name and a Kubernetes name."""
     run_dir: PathText | None = None
-    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`.
-    A path of printable characters, at most 4096 of them, not the file system root."""
+    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`
+    beside the spec file (a relative path, like every path of a spec file, is taken
+    from the file's folder). A path of printable characters, at most 4096 of them, not
+    the file system root."""
     resources: Resources = Field(default_factory=Resources)
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
     strategy: Strategy = Field(default_factory=Strategy)
