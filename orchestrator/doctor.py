@@ -15,6 +15,8 @@ preemption budget from `Cluster.preemption_budget`, its network from
 - preemption budget: `slurm.signal_delay_s` or `k8s.termination_grace_s` against the
   p95 of the save times the run's earlier checkpoints record (`save_s`);
 - network interface: NCCL_/GLOO_SOCKET_IFNAME on multi-node specs;
+- inputs (local, Slurm): the files the ranks read, the trackers' packages and the
+  factories' imports, as `submit` refuses them (`inputs.py`);
 - k8s: the operator's CRD, a TrainJob's runtime, the service account (through the API).
 
 A check that cannot run (no srun, no allocation in time, an unreachable API server)
@@ -69,6 +71,7 @@ def run_doctor(spec: JobSpec, cluster: str, checkpoints: str | None = None) -> l
 
     own = get_cluster(cluster).preflight(spec)
     checks = [node_rank_check(spec, cluster), *own.checks]
+    checks.extend(input_checks(spec, cluster))
     checks.append(budget_check(spec, cluster, checkpoints))
     checks.append(interface_check(spec, cluster, own.interfaces))
     return checks
@@ -92,6 +95,27 @@ def node_rank_check(spec: JobSpec, cluster: str) -> Check:
         f"the launch script sets it to {value or 'nothing'} on every node",
         "render with a cluster that gives each node its rank (slurm, k8s)",
     )
+
+
+def input_checks(spec: JobSpec, cluster: str) -> list[Check]:
+    """What `submit` refuses before ranks start (`inputs.py`): the files the ranks read
+    and the trackers' packages, then the factories' imports; none where the ranks read
+    the spec's paths elsewhere (inside a pod)."""
+    from .inputs import import_problems, input_problems
+    from .spec import reads_local_paths
+
+    if not reads_local_paths(cluster):
+        return []
+    checks = []
+    for name, problems, ok in (
+        ("input files", input_problems(spec), "what the ranks read is here"),
+        ("factory imports", import_problems(spec), "every factory imports (or none is given)"),
+    ):
+        if not problems:
+            checks.append(Check(name, "ok", ok))
+        for problem in problems:
+            checks.append(Check(name, "fail", problem, "correct the field, or the file"))
+    return checks
 
 
 def budget_check(spec: JobSpec, cluster: str, checkpoints: str | None) -> Check:

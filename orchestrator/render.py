@@ -38,7 +38,7 @@ __all__ = ["ENV_FILE", "LAUNCH_FILE", "SPEC_FILE", "common_artifacts", "launcher
 
 
 def job_yaml(spec: JobSpec) -> str:
-    """The spec as ranks read it: `load_spec` of this text gives an equal JobSpec."""
+    """The spec as ranks read it: `read_job_yaml` of this text gives an equal JobSpec."""
     return yaml.safe_dump(spec.to_yaml_dict(), sort_keys=False)
 
 

@@ -20,7 +20,8 @@ import pytest
 from helpers.render_util import EXAMPLES, ROOT
 from shardctl.orchestrator.clusters import render_artifacts
 from shardctl.orchestrator.errors import RenderError, SpecError
-from shardctl.orchestrator.spec import load_spec
+from shardctl.orchestrator.spec import parse_spec
+from shardctl.orchestrator.yamlio import read_yaml_file
 
 GOLDEN = ROOT / "tests" / "golden"
 CLUSTERS = ("local", "slurm", "k8s")
@@ -33,8 +34,12 @@ def _render(example: str, cluster: str) -> dict[str, str] | None:
     """The artifacts, or None while the cluster's renderer module does not exist.
 
     A spec the cluster refuses (a local example has no k8s.image) renders as
-    `refused.txt`, the message the user reads: reviewed like any other artifact."""
-    spec = load_spec(EXAMPLES / f"{example}.yaml")
+    `refused.txt`, the message the user reads: reviewed like any other artifact.
+
+    The spec is read as one built in code (`parse_spec`): its relative paths stay as
+    written, so the golden files name no machine's folders (`load_spec` would take
+    them from the examples' folder: tests/test_spec_paths.py)."""
+    spec = parse_spec(read_yaml_file(EXAMPLES / f"{example}.yaml"))
     try:
         return render_artifacts(spec, cluster)
     except RenderError as exc:

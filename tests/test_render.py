@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.clusters import render_artifacts
 from shardctl.orchestrator.clusters.writer import LEDGER
 from shardctl.orchestrator.errors import RenderError, UsageError
-from shardctl.orchestrator.spec import load_spec
+from shardctl.orchestrator.spec import load_spec, read_job_yaml
 from shardctl.orchestrator.templating import render_template
 
 COMMON = {"job.yaml", "env.sh", "launch.sh"}
@@ -43,7 +44,7 @@ def test_job_yaml_loads_back_to_an_equal_spec(tmp_path: Path) -> None:
         spec = load_spec(path)
         written = tmp_path / f"{path.stem}.yaml"
         written.write_text(render_artifacts(spec, "local")["job.yaml"])
-        assert load_spec(written) == spec, path.name
+        assert read_job_yaml(written) == spec, path.name
 
 
 def test_launch_script_inlines_the_env_file() -> None:
@@ -123,10 +124,15 @@ def test_cli_writes_every_file_and_marks_scripts_executable(tmp_path: Path) -> N
 
 
 def test_cli_default_out_dir_is_in_the_run_dir(tmp_path: Path, monkeypatch) -> None:
+    # The default run dir is beside the spec file, not in the current directory.
+    (tmp_path / "specs").mkdir()
+    shutil.copy(EXAMPLES / "k8s.yaml", tmp_path / "specs")
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["render", str(EXAMPLES / "k8s.yaml"), "--cluster", "k8s"])
+    spec = tmp_path / "specs" / "k8s.yaml"
+    result = CliRunner().invoke(cli, ["render", str(spec), "--cluster", "k8s"])
     assert result.exit_code == 0, result.output
-    out = tmp_path / "runs" / "k8s-tiny" / "rendered" / "k8s"
+    assert not (tmp_path / "runs").exists()
+    out = tmp_path / "specs" / "runs" / "k8s-tiny" / "rendered" / "k8s"
     assert (out / "pytorchjob.yaml").is_file() and (out / "launch.sh").is_file()
 
 

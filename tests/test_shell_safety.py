@@ -27,7 +27,7 @@ from helpers.render_util import (
 )
 from shardctl.orchestrator.clusters import get_cluster, render_artifacts
 from shardctl.orchestrator.errors import SpecError
-from shardctl.orchestrator.spec import load_spec, parse_spec
+from shardctl.orchestrator.spec import load_spec, parse_spec, read_job_yaml
 
 PWNED = "PWNED"
 HOSTILE_VALUES = {
@@ -152,7 +152,7 @@ def test_hostile_cluster_variables_are_not_re_evaluated(tmp_path: Path, cluster:
 def test_job_yaml_round_trips_hostile_values(tmp_path: Path) -> None:
     spec = _hostile_spec("torchrun", "fsdp")
     folder = write_files(render_artifacts(spec, "local"), tmp_path / "r")
-    assert load_spec(folder / "job.yaml") == spec
+    assert read_job_yaml(folder / "job.yaml") == spec
 
 
 @pytest.mark.parametrize(

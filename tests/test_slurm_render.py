@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from shardctl.orchestrator.clusters import slurm as backend
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.spec import load_spec, parse_spec
+from shardctl.orchestrator.yamlio import read_yaml_file
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -163,7 +165,8 @@ def test_memory_reaches_sbatch_in_slurm_units(given: str, mem: str) -> None:
 
 
 def test_render_artifacts_include_the_submission() -> None:
-    spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
+    # The portable render: the spec as built in code keeps its relative run dir.
+    spec = parse_spec(read_yaml_file(ROOT / "examples" / "slurm-2node.yaml"))
     files = render_artifacts(spec, "slurm")
     assert {"submitit.json", "sbatch.sh", "launch.sh", "job.yaml"} <= set(files)
     task = json.loads(files["submitit.json"])["task"]
@@ -187,6 +190,7 @@ def test_rendered_sbatch_passes_shellcheck(tmp_path: Path) -> None:
 def test_dryrun_is_pure_and_imports_no_submitit(tmp_path: Path) -> None:
     # A fresh interpreter with no Slurm on PATH: dry-run still works, contacts
     # nothing, and never imports submitit.
+    shutil.copy(ROOT / "examples" / "slurm-2node.yaml", tmp_path)
     code = textwrap.dedent(
         f"""
         import json, subprocess, sys
@@ -195,7 +199,7 @@ def test_dryrun_is_pure_and_imports_no_submitit(tmp_path: Path) -> None:
         subprocess.run = subprocess.Popen = subprocess.check_output = forbidden
         from shardctl.orchestrator.clusters import get_cluster
         from shardctl.orchestrator.spec import load_spec
-        plan = get_cluster("slurm").dryrun(load_spec({str(ROOT / "examples/slurm-2node.yaml")!r}))
+        plan = get_cluster("slurm").dryrun(load_spec({str(tmp_path / "slurm-2node.yaml")!r}))
         heavy = [m for m in ("submitit", "torch") if m in sys.modules]
         print(json.dumps({{"heavy": heavy, "text": plan.text, "files": sorted(plan.artifacts)}}))
         """
@@ -215,8 +219,10 @@ def test_dryrun_is_pure_and_imports_no_submitit(tmp_path: Path) -> None:
 
 
 def test_dryrun_job_yaml_has_the_absolute_run_dir(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    plan = backend.SlurmCluster().dryrun(load_spec(ROOT / "examples" / "slurm-2node.yaml"))
+    # The default run dir is beside the spec file, whatever the current directory.
+    shutil.copy(ROOT / "examples" / "slurm-2node.yaml", tmp_path)
+    monkeypatch.chdir("/")
+    plan = backend.SlurmCluster().dryrun(load_spec(tmp_path / "slurm-2node.yaml"))
     node_spec = parse_spec(__import__("yaml").safe_load(plan.artifacts["job.yaml"]))
     assert node_spec.run_dir == str(tmp_path.resolve() / "runs" / "slurm-2node")
     assert plan.request["executor"]["python"] == shlex.quote(sys.executable)

@@ -106,4 +106,4 @@ def test_validate_json_shows_derived_fields(tmp_path: Path):
     doc = json.loads(result.stdout)
     assert doc["strategy"]["sharding"] == "shard_grad_op"
     assert doc["strategy"]["zero_stage"] == 2
-    assert doc["checkpoint"]["dir"] == "runs/tiny-llama/checkpoints"
+    assert doc["checkpoint"]["dir"] == str(tmp_path / "runs" / "tiny-llama" / "checkpoints")

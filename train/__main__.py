@@ -52,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
     install_stack_dump()
     try:
-        from shardctl.orchestrator.spec import load_spec
+        from shardctl.orchestrator.spec import read_job_yaml
 
         from .loop import run
 
-        return run(load_spec(path))
+        return run(read_job_yaml(path))
     except ShardctlError as exc:
         print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

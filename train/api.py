@@ -181,9 +181,9 @@ class CheckpointConfig:
 
 
 def _load_spec(path: str) -> Any:
-    from shardctl.orchestrator.spec import load_spec
+    from shardctl.orchestrator.spec import read_job_yaml
 
-    return load_spec(path)
+    return read_job_yaml(path)
 
 
 def _spec_strategy(spec: Any) -> Strategy:

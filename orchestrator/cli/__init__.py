@@ -11,6 +11,7 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -24,6 +25,9 @@ from .common import (
     output_option,
     set_option,
 )
+
+if TYPE_CHECKING:
+    from ..spec import JobSpec
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -61,14 +65,22 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("spec", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--cluster", type=ClusterChoice(), default="local", show_default=True,
+    help="The cluster it is checked for, as `submit` would: on local and Slurm the files "
+    "the ranks read (script, corpus, resume ...) must exist here.",
+)  # fmt: skip
 @set_option
 @output_option
 @handle_errors
-def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
+def validate(
+    spec: Path, output: str, cluster: str = "local", overrides: tuple[str, ...] = ()
+) -> None:
     """Validate SPEC; print the derived settings."""
     from ..spec import load_spec
 
-    job = load_spec(spec, overrides)
+    job = load_spec(spec, overrides, cluster)
+    refuse_missing_inputs(job, cluster, source=str(spec), imports=False)
     if output == "json":
         echo_json(job.to_yaml_dict())
         return
@@ -79,6 +91,22 @@ def validate(spec: Path, output: str, overrides: tuple[str, ...] = ()) -> None:
         f"{job.launcher} → {s.backend} (sharding {s.sharding}, ZeRO stage {s.zero_stage}), "
         f"{s.precision}, checkpoints in {job.checkpoint_dir}"
     )
+
+
+def refuse_missing_inputs(job: JobSpec, cluster: str, *, source: str, imports: bool) -> None:
+    """Where `cluster`'s ranks read the spec's files where this machine does, refuse a
+    spec whose files or packages are not here (`inputs.py`), before any rank starts;
+    `imports`: also import its factories (a child interpreter, seconds)."""
+    from ..spec import reads_local_paths
+
+    if not reads_local_paths(cluster):
+        return
+    from ..errors import SpecError
+    from ..inputs import import_problems, input_problems
+
+    problems = input_problems(job) + (import_problems(job) if imports else [])
+    if problems:
+        raise SpecError(problems, source)
 
 
 @contextlib.contextmanager
@@ -151,6 +179,7 @@ def submit(
     from ..spec import load_spec, with_command
 
     job = with_command(load_spec(spec, overrides, cluster), command)
+    refuse_missing_inputs(job, cluster, source=str(spec), imports=not dry_run)
     kind = cluster_class(cluster)
     if wait and not kind.can_follow:
         raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ..errors import ShardctlError
+from ..errors import MissingDependencyError, ShardctlError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,8 +33,33 @@ def handle_errors(fn: F) -> F:
         except ShardctlError as exc:
             echo_error(f"error: {exc}")
             sys.exit(exc.exit_code)
+        except ModuleNotFoundError as exc:
+            # An optional extra missing where no command says so itself: name the extra.
+            extra = OPTIONAL_PACKAGES.get(exc.name or "")
+            if extra is None:
+                raise
+            ctx = click.get_current_context(silent=True)
+            command = ctx.command_path if ctx is not None else "shardctl"
+            missing = MissingDependencyError(exc.name or "", extra, command)
+            echo_error(f"error: {missing}")
+            sys.exit(missing.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+# The optional packages and the extra of pyproject.toml that installs each; only a
+# package that is missing as a whole (not a module inside it) is named this way.
+OPTIONAL_PACKAGES = {
+    **dict.fromkeys(
+        ("torch", "numpy", "safetensors", "transformers", "deepspeed", "accelerate"), "train"
+    ),
+    "matplotlib": "train",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
+    "submitit": "slurm",
+    "kubernetes": "k8s",
+}
 
 
 def colour_wanted() -> bool | None:

@@ -47,9 +47,9 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
         spec = load_spec(given)
         return Path(spec.checkpoint_dir), Path(spec.run_dir)
     if (given / SPEC_FILE).is_file():
-        from ..spec import load_spec
+        from ..spec import read_job_yaml
 
-        spec = load_spec(given / SPEC_FILE)
+        spec = read_job_yaml(given / SPEC_FILE)
         # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).
         ckpt = Path(spec.checkpoint_dir)
         if not ckpt.is_absolute() or not ckpt.exists():

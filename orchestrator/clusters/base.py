@@ -130,17 +130,11 @@ class JobStatus:
 def require_script(spec: JobSpec, where: str) -> None:
     """An entrypoint's script (and code_dir) must exist where the nodes will read it: on
     this machine's file system, which `where` says the nodes share."""
-    ep = spec.entrypoint
-    if ep is None:
-        return
-    for name, path, ok in (
-        ("entrypoint.script", ep.script, Path.is_file),
-        ("entrypoint.code_dir", ep.code_dir, Path.is_dir),
-    ):
-        if path is not None and not ok(Path(path)):
-            what = "a Python file" if name.endswith("script") else "a folder"
-            shown = SpecError.show_value(path)
-            raise SpecError([f"{name} {shown} is not {what}; accepted: {what} that {where}"])
+    from ..inputs import script_problems
+
+    problems = script_problems(spec, where)
+    if problems:
+        raise SpecError(problems[:1])
 
 
 class Cluster(ABC):

@@ -43,7 +43,15 @@ from .common import (
     ClusterSection,
     Section,
 )
-from .job import JobSpec, load_spec, parse_spec, spec_model, with_command
+from .job import (
+    JobSpec,
+    load_spec,
+    parse_spec,
+    read_job_yaml,
+    reads_local_paths,
+    spec_model,
+    with_command,
+)
 from .llama import LLAMA_CONFIG_KEYS, LLAMA_EXTRA_KEYS, LLAMA_REFUSED_KEYS, llama_problems
 from .sections import (
     Checkpoint,
@@ -95,6 +103,8 @@ __all__ = [
     "llama_problems",
     "load_spec",
     "parse_spec",
+    "read_job_yaml",
+    "reads_local_paths",
     "spec_model",
     "with_command",
 ]

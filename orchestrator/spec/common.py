@@ -9,7 +9,7 @@ builds on these, so that its fields read and fail like the core's.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -179,6 +179,12 @@ class ClusterSection(Section):
       promise (an image, a shared volume ...); run only when the job is rendered or
       submitted for this cluster (`Cluster.check`), with the spec as its nodes read it.
     """
+
+    # Whether the ranks read the spec's files (corpus, pretrained model, resume
+    # checkpoint, TensorBoard folder) at the paths this machine sees them, as on a
+    # shared file system: then relative ones are taken from the spec file's folder
+    # (`spec/paths.py`). False where the ranks read them elsewhere (inside a pod).
+    reads_local_paths: ClassVar[bool] = True
 
     def spec_problems(self, spec: Any) -> list[str]:
         return []

@@ -49,8 +49,10 @@ class JobSpec(Section):
     name: str
     """1-50 lower-case letters, digits and '-': a Slurm job name and a Kubernetes name."""
     run_dir: PathText | None = None
-    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`.
-    A path of printable characters, at most 4096 of them, not the file system root."""
+    """The run's own folder: rendered files, logs, markers, `model/`; default `runs/<name>`
+    beside the spec file (a relative path, like every path of a spec file, is taken
+    from the file's folder). A path of printable characters, at most 4096 of them, not
+    the file system root."""
     resources: Resources = Field(default_factory=Resources)
     """Machines, ranks per machine, device, CPUs and memory (see `Resources`)."""
     launcher: Literal["torchrun", "accelerate", "deepspeed"] = "torchrun"
@@ -360,20 +362,39 @@ def load_spec(
 ) -> JobSpec:
     """Read and validate a YAML job spec file, after the command line's `--set
     KEY.PATH=VALUE` overrides (see `orchestrator/overrides.py`); `cluster`: the cluster
-    it is read for (see `parse_spec`).
+    it is read for (see `parse_spec`; none: this machine).
 
-    An entrypoint's relative script path is taken from the spec file's folder, as a
-    user reads it, whatever the current directory."""
-    from ..overrides import apply_overrides
+    Relative paths in the file (the default run dir too) are taken from the file's
+    folder, those given with `--set` from the current directory (`spec/paths.py`)."""
+    from ..overrides import apply_overrides, parse_path
+    from .paths import resolve_paths
 
     data = apply_overrides(read_yaml_file(path), overrides)
+    data = resolve_paths(
+        data,
+        Path(path).resolve().parent,
+        reads_local_paths=reads_local_paths(cluster),
+        overrides=[parse_path(o.partition("=")[0].strip()) for o in overrides],
+    )
     source = str(path) + (f" with --set {' '.join(overrides)}" if overrides else "")
-    spec = parse_spec(data, source, cluster)
-    if spec.entrypoint is not None:
-        resolved = spec.entrypoint.resolved(Path(path).resolve().parent)
-        if resolved is not spec.entrypoint:
-            spec = spec.model_copy(update={"entrypoint": resolved})
-    return spec
+    return parse_spec(data, source, cluster)
+
+
+def read_job_yaml(path: str | Path) -> JobSpec:
+    """A rendered job.yaml, as the ranks read it. Its paths are final (made absolute
+    when its spec file was loaded, or the pods' own, relative to their working
+    directory), so unlike `load_spec` nothing is taken from the file's folder."""
+    return parse_spec(read_yaml_file(path), str(path))
+
+
+def reads_local_paths(cluster: str | None) -> bool:
+    """Whether `cluster`'s ranks read the spec's files where this machine does."""
+    if cluster is None:
+        return True
+    from ..clusters import section_model
+
+    section = section_model(cluster)
+    return bool(getattr(section, "reads_local_paths", True))
 
 
 def with_command(spec: JobSpec, words: list[str] | tuple[str, ...]) -> JobSpec:

@@ -545,7 +545,7 @@ class K8sCluster(Cluster):
         rejected: Callable[[str], str | None] | None = None,
     ) -> T:
         """Run one API call; turn the client's exceptions into messages that say what to do."""
-        from kubernetes.client.exceptions import ApiException
+        ApiException = kubernetes_module("kubernetes.client.exceptions").ApiException
 
         try:
             return fn()
@@ -589,14 +589,10 @@ class K8sCluster(Cluster):
         return self._api_client
 
     def _custom(self) -> Any:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self._api())
+        return kubernetes_module("kubernetes.client").CustomObjectsApi(self._api())
 
     def _core(self) -> Any:
-        from kubernetes import client
-
-        return client.CoreV1Api(self._api())
+        return kubernetes_module("kubernetes.client").CoreV1Api(self._api())
 
 
 class _Conflict(ClusterError):
@@ -655,12 +651,21 @@ def _server_message(exc: Any) -> str:
     return str(exc.reason or exc.status)
 
 
-def load_api_client() -> Any:
-    """An ApiClient from the kubeconfig (or in-cluster config), never touching globals."""
+def kubernetes_module(name: str) -> Any:
+    """A module of the kubernetes client (an optional extra), or the error naming it."""
+    import importlib
+
     try:
-        from kubernetes import client, config
+        return importlib.import_module(name)
     except ImportError:
         raise MissingDependencyError("kubernetes", "k8s", "--cluster k8s") from None
+
+
+def load_api_client() -> Any:
+    """An ApiClient from the kubeconfig (or in-cluster config), never touching globals."""
+    client = kubernetes_module("kubernetes.client")
+    config = kubernetes_module("kubernetes.config")
+    import yaml
     from kubernetes.config.config_exception import ConfigException
 
     # Read KUBECONFIG now: the client captures it once, when it is first imported.
@@ -678,8 +683,26 @@ def load_api_client() -> Any:
     try:
         return config.new_client_from_config(config_file=config_file, context=context)
     except (ConfigException, OSError) as exc:
-        where = config_file or "~/.kube/config"
-        raise ClusterError(
-            f"no usable kubeconfig ({where}): {exc}; point KUBECONFIG or SHARDCTL_KUBECONFIG "
-            "at one (and SHARDCTL_KUBE_CONTEXT at its context), or run inside the cluster"
+        raise _kubeconfig_error(config_file, str(exc)) from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise _kubeconfig_error(config_file, f"not a YAML text file: {_one_line(exc)}") from None
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        # The client indexes the parsed YAML as it expects it: garbage that is valid
+        # YAML (a list, a bare word) surfaces here as a lookup error.
+        raise _kubeconfig_error(
+            config_file,
+            f"not a kubeconfig (a mapping with clusters, users and contexts): {_one_line(exc)}",
         ) from None
+
+
+def _kubeconfig_error(config_file: str | None, why: str) -> ClusterError:
+    where = config_file or "~/.kube/config"
+    return ClusterError(
+        f"no usable kubeconfig ({where}): {why}; point KUBECONFIG or SHARDCTL_KUBECONFIG "
+        "at one (and SHARDCTL_KUBE_CONTEXT at its context), or run inside the cluster"
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's text on one line (a YAML error spans several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

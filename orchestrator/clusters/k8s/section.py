@@ -287,6 +287,11 @@ class ExtraVolume(Section):
 class K8sSection(ClusterSection):
     """Settings for `--cluster k8s`: a Kubeflow PyTorchJob or a Kubeflow Trainer v2 TrainJob."""
 
+    # The pods read the corpus, pretrained model, resume checkpoint and TensorBoard
+    # folder inside the pod: a relative one is taken from the pod's working directory
+    # (the run volume's mount), not from the spec file's folder on this machine.
+    reads_local_paths: ClassVar[bool] = False
+
     api: Literal["pytorchjob", "trainjob"] = "pytorchjob"
     """`pytorchjob`: the training operator v1 (kubeflow.org/v1). `trainjob`: Kubeflow
     Trainer v2 (trainer.kubeflow.org/v1alpha1, v2.3 API) against `runtime`."""
