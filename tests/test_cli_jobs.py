@@ -417,7 +417,15 @@ def test_ls_and_logs_follow_on_slurm(tmp_path: Path) -> None:
     follow = _start(["logs", ref.name, "-f"], env, tmp_path)
     node1 = None
     try:
-        rc, out, err = _finish(follow, 540)  # the job: 10 min at most (slurm.time)
+        try:
+            rc, out, err = _finish(follow, 540)  # the job: 10 min at most (slurm.time)
+        except AssertionError as exc:
+            # What Slurm says of the job, and what the run wrote, for the next reader.
+            shown = subprocess.run(
+                ["scontrol", "show", "job", ref.job_id], capture_output=True, text=True
+            )
+            files = sorted(str(p) for p in Path(ref.run_dir).rglob("*"))[:60]
+            raise AssertionError(f"{exc}\n{shown.stdout}{shown.stderr}\n{files}") from None
         assert rc == 0, err
         lines = out.splitlines()
         # Global rank 0 prints the steps; the c10d rendezvous, not the node number,
