@@ -37,6 +37,9 @@ def tiny_config(tied: bool, hidden: int, layers: int, vocab: int):
 
 def write_manifest(step_dir: Path, args, world: int, config) -> None:
     """The manifest through shardctl's own writer (`train/manifest.py`)."""
+    from shardctl.train.backends.deepspeed import import_deepspeed
+
+    import_deepspeed()  # without the mlflow its autotuner imports (~3.5 s)
     import deepspeed
     from shardctl.train import manifest as contract
 
@@ -121,6 +124,9 @@ def main() -> None:
         }
         dcp.save(state, checkpoint_id=str(tmp / "dcp"))
     else:
+        from shardctl.train.backends.deepspeed import import_deepspeed
+
+        import_deepspeed()  # without the mlflow its autotuner imports (~3.5 s)
         import deepspeed
 
         ds_config = {
