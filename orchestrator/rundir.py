@@ -79,6 +79,9 @@ ENV_ATTEMPT = "SHARDCTL_ATTEMPT"  # 0 on the first start, +1 on each requeue or 
 # This attempt's token, set by a supervisor that fences (shardctl.orchestrator.fence):
 # a rank saves only while it equals the token in CURRENT_ATTEMPT.
 ENV_ATTEMPT_TOKEN = "SHARDCTL_ATTEMPT_TOKEN"
+# Restarts inside this allocation so far (`restart.max_in_allocation`): 0 on an
+# allocation's first start, set by the supervisor that restarts in place (local, Slurm).
+ENV_RESTART = "SHARDCTL_RESTART"
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered

@@ -28,6 +28,7 @@ from .common import (
     PathText,
     Precision,
     Procs,
+    Retries,
     Section,
     SeqLen,
     Sharding,
@@ -437,6 +438,22 @@ class Watchdog(Section):
         if self.startup_timeout_s is not None:
             return max(DEFAULT_COLLECTIVE_TIMEOUT_S, self.startup_timeout_s + COLLECTIVE_MARGIN_S)
         return DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
+class Restart(Section):
+    """Restarts inside the allocation: after a crash (a rank's non-zero exit that is
+    not a preemption, or a rank killed by a signal) or a hang (a node watchdog's 124),
+    the supervisor of every node starts its launcher again on the nodes the job
+    already holds, and the ranks resume from the newest complete checkpoint (README:
+    Restarts). Locally and on Slurm; on Kubernetes the pods restart in place through
+    `k8s.restart_policy` and `k8s.backoff_limit` instead."""
+
+    max_in_allocation: Retries = 3
+    """Restarts of every rank per allocation (one Slurm start or requeue, one local
+    `submit`); 0 to 1000, 0: none. Past it, Slurm requeues a hang (within
+    `slurm.max_requeues`) and a crash stops; locally the run stops. Three restarts in a
+    row without a new complete checkpoint stop the run whatever this says (a crash
+    loop)."""
 
 
 # ------------------------------------------------------------------------ the spec
