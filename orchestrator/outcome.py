@@ -479,9 +479,10 @@ class Verdict:
 
     @property
     def out_of_restarts(self) -> bool:
-        """A crash or a hang that `restart.max_in_allocation` no longer restarts."""
+        """A crash or a hang that `restart.max_in_allocation` no longer restarts (0
+        restarts allowed: never said, nothing ran out)."""
         return (
-            self.max_restarts is not None
+            bool(self.max_restarts)
             and POLICY[self.outcome.kind].restart
             and self.restarts >= self.max_restarts
         )

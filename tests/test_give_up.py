@@ -69,6 +69,7 @@ def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     data["run_dir"] = str(run_dir)
     data["checkpoint"]["dir"] = str(run_dir / "checkpoints")
     data["slurm"]["max_requeues"] = 10
+    data["restart"] = {"max_in_allocation": 0}  # these attempts end the allocation
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
     env = {

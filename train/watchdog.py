@@ -54,11 +54,11 @@ from shardctl.orchestrator.outcome import Kind
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
-    ENV_RESTART,
     ENV_CHECKPOINT_DIR,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
+    ENV_RESTART,
     ENV_RUN_DIR,
     ENV_STARTUP_TIMEOUT,
     EXIT_HUNG,
