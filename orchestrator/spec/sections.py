@@ -378,9 +378,10 @@ class Watchdog(Section):
     Every rank writes a heartbeat per step (the built-in loop, the checkpoint library
     of your own script, the Hugging Face callback). When no rank of a node advanced
     for the hang timeout, the node's watchdog writes every rank's Python stack to the
-    logs, ends every process and exits 124; Slurm requeues the job (up to
-    `slurm.max_requeues`), Kubernetes restarts the pods, and locally `status` says HUNG
-    and `submit` resumes."""
+    logs, ends every process and exits 124; locally and on Slurm every rank restarts
+    in place (up to `restart.max_in_allocation`), then Slurm requeues the job (up to
+    `slurm.max_requeues`) and locally `status` says HUNG and `submit` resumes;
+    Kubernetes restarts the pods."""
 
     enabled: bool = True
     """`false`: the launcher runs without a watchdog (no heartbeats are read)."""

@@ -17,6 +17,11 @@ Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
     logs/launcher.out|.err   everything the launcher and its ranks print
     DONE / PREEMPTED         written by the trainer (see `shardctl.train.loop`)
 
+A crash or a hang restarts every node's launcher in place while
+`restart.max_in_allocation` allows (the supervisor below; each round is a line of
+`attempts.jsonl` and gets a new attempt token); the ranks resume from the newest
+complete checkpoint.
+
 Status comes from those files: RUNNING while the supervisor lives; then what the one
 classifier (`shardctl.orchestrator.outcome`) makes of the exit code and this start's
 markers: SUCCEEDED, PREEMPTED (the ranks saved a checkpoint on the cluster's warning;
@@ -447,7 +452,7 @@ class LocalCluster(Cluster):
     # -- foreground ------------------------------------------------------------------------
 
     def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
-        # Nothing restarts a local run by itself: once the supervisor is gone, it ended.
+        # Restarts in place happen under the supervisor: once it is gone, the run ended.
         return st.state is not JobState.RUNNING
 
     def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:

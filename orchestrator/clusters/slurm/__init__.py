@@ -56,18 +56,27 @@ and counts signals that come late in a job as time-outs against
   attempt it judged in the run dir's `attempts.jsonl`, which `status` reads for
   the reason a FAILED job stopped.
 
+Restarts inside the allocation. A crash (FAILED) or a hang (HUNG) with restarts left
+(`restart.max_in_allocation`, counted per allocation) is not requeued: node 0 judges
+the round, claims a new attempt token (`slurm-<job>-<requeue>-r<round>`), writes its
+decision to the run dir's `RESTART`, and runs its launcher again; every other node
+whose launcher ended waits for that decision and runs its launcher again too, so the
+nodes rendezvous anew (same job id, same nodes). Past the bound the classifier's
+decision applies as below (a hang requeues, a crash fails the job); three rounds or
+attempts without a new complete checkpoint stop the job (a crash loop).
+
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
 that watchdog writes `HUNG` in the run directory, dumps every rank's stack to
 `logs/hang-attempt<A>-node<N>.txt`, kills the ranks and exits `EXIT_HUNG` (124);
 the other nodes' ranks lose their peers and their watchdogs exit 124 as well. A
 hang is treated as a fault a retry may clear: a launch script that exits 124, or
-any failure with a `HUNG` written during this attempt, makes node 0 requeue the
-job exactly as after a preemption, counted against `slurm.max_requeues` (the
-other nodes return "hung"). Nothing was saved: the next attempt resumes from the
-newest complete checkpoint. A SIGTERM the task received is a cancel, never a
-hang. `status` names the step the last attempt hung at, and says when a job that
-FAILED (out of requeues) hung.
+any failure with a `HUNG` written during this attempt, restarts in place while
+restarts are left, then makes node 0 requeue the job exactly as after a
+preemption, counted against `slurm.max_requeues` (the other nodes return "hung").
+Nothing was saved: the next attempt resumes from the newest complete checkpoint. A
+SIGTERM the task received is a cancel, never a hang. `status` names the step the
+last attempt hung at, and says when a job that FAILED (out of requeues) hung.
 """
 
 from __future__ import annotations
