@@ -251,6 +251,9 @@ def test_a_local_script_that_says_do_not_retry_stops_and_status_says_why(tmp_pat
     # other, which may not have printed yet).
     assert "attempt 0 rank" in res.stdout and "attempt 1" not in res.stdout, shown
     assert (tmp_path / "gives-up" / "local.attempt").read_text().split() == ["0"]
+    # Nor a restart in place (restart.max_in_allocation is 3 here): one round, stopped.
+    rounds = (tmp_path / "gives-up" / "attempts.jsonl").read_text().splitlines()
+    assert [(r["kind"], r["decision"]) for r in map(json.loads, rounds)] == [("permanent", "stop")]
     failed = json.loads((tmp_path / "gives-up" / "FAILED").read_text())
     assert failed["code"] == 78 and failed["rank"] in (0, 1)
     assert failed["reason"] == "data.path /nowhere does not exist"

@@ -69,12 +69,14 @@ def _rank(run_dir: Path, node: int, restart: int) -> int | None:
     return ranks[0] if len(ranks) == 1 else None
 
 
-def _node0_out(ref: JobRef) -> str:
-    """Node 0's stdout (submitit's file), where rank 0 says where it resumed."""
-    try:
-        return (Path(ref.extra["folder"]) / f"{ref.job_id}_0_log.out").read_text()
-    except OSError:
-        return ""
+def _rank0_out(ref: JobRef) -> str:
+    """Both nodes' stdout (submitit's files): global rank 0, which says where it
+    resumed, runs on whichever node the rendezvous made group 0."""
+    text = ""
+    for node in (0, 1):
+        with contextlib.suppress(OSError):
+            text += (Path(ref.extra["folder"]) / f"{ref.job_id}_{node}_log.out").read_text()
+    return text
 
 
 def test_a_killed_then_a_stopped_rank_recover_inside_the_allocation(
@@ -102,14 +104,14 @@ def test_a_killed_then_a_stopped_rank_recover_inside_the_allocation(
         os.kill(killed, signal.SIGKILL)
         assert not (run_dir / "DONE").exists(), "the run ended before its rank was killed"
         # Both nodes run their launcher again; the restarted ranks log a step.
-        back = recovered(run_dir, lambda: _node0_out(ref), 1, fault)
+        back = recovered(run_dir, lambda: _rank0_out(ref), 1, fault)
         took.append(_wait(ref, back, 480, "the first restart's first step"))
         again = _wait(ref, lambda: _rank(run_dir, 1, 1), 90, "node 1's restarted rank")
 
         fault = time.time()
         os.kill(again, signal.SIGSTOP)
         stopped.append(again)
-        back = recovered(run_dir, lambda: _node0_out(ref), 2, fault)
+        back = recovered(run_dir, lambda: _rank0_out(ref), 2, fault)
         took.append(_wait(ref, back, HANG_TIMEOUT_S + 480, "the second restart's first step"))
         assert _rank(run_dir, 1, 2) is not None
         assert _finished(ref, timeout=600) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)

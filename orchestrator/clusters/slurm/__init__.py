@@ -717,13 +717,10 @@ class NodeTask:
             # Every node derives this round's token; node 0 makes it the run's current
             # attempt before its ranks start (rank 0, the publisher, runs there): a rank
             # of an earlier start, round or job of this run can no longer publish.
-            token = new_token("slurm", job_id, restarts, unique=False)
-            token += f"-r{round_}" if round_ else ""
-            if node == 0:
-                claim_attempt(
-                    self.run_dir, token, cluster="slurm", job_id=job_id, attempt=restarts,
-                    restart=round_,
-                )  # fmt: skip
+            # (A later round's token is claimed before node 0 tells the others to go.)
+            token = _token(job_id, restarts, round_)
+            if node == 0 and round_ == 0:
+                self._claim(job_id, restarts, round_)
             child_env[ENV_ATTEMPT_TOKEN] = token
             child_env[ENV_RESTART] = str(round_)
             again = f", restart {round_} in this allocation" if round_ else ""
@@ -739,6 +736,13 @@ class NodeTask:
                 return result
             round_ += 1
             started = time.time()
+
+    def _claim(self, job_id: str, restarts: int, round_: int) -> None:
+        """Make this round's token the run's current attempt (node 0)."""
+        claim_attempt(
+            self.run_dir, _token(job_id, restarts, round_), cluster="slurm", job_id=job_id,
+            attempt=restarts, restart=round_,
+        )  # fmt: skip
 
     def _launch(
         self,
@@ -805,6 +809,8 @@ class NodeTask:
             record_attempt(self.run_dir, job_id, verdict, progress)
         out = verdict.outcome
         if node == 0 and self.max_restarts:
+            if verdict.decision is Decision.RESTART:
+                self._claim(job_id, restarts, round_ + 1)
             _tell_round(self.run_dir, job_id, restarts, round_, verdict.decision.value)
         if verdict.decision is Decision.RESTART:
             for name in (HUNG_FILE, FAILED_FILE):  # this round's; its verdict is recorded
@@ -883,6 +889,13 @@ RESTARTED = "restarted"
 # may take a while to notice a lost peer (a collective's error, or node 0's own
 # watchdog on a hang, the start-up allowance of 900 s at most).
 ROUND_DECISION_WAIT_S = 1200.0
+
+
+def _token(job_id: str, requeue: int, round_: int) -> str:
+    """A round's attempt token, the same on every node: `slurm-<job>-<requeue>`, then
+    `-r<round>` for a restart inside the allocation."""
+    token = new_token("slurm", job_id, requeue, unique=False)
+    return f"{token}-r{round_}" if round_ else token
 
 
 def _tell_round(run_dir: str, job_id: str, requeue: int, round_: int, decision: str) -> None:
