@@ -21,13 +21,16 @@ consistency makes a fresh open see it on most mounts). Ranks without a token
 (the standalone `job.sbatch`, Kubernetes pods, a script run by hand) are not
 fenced.
 
-Torch-free: imports only `rundir`, `durable` and `errors`.
+Torch-free: imports only `rundir`, `durable` and `errors`. A supervisor written in
+bash (the local one, at a restart inside the allocation) claims through `python -m
+shardctl.orchestrator.fence RUN_DIR TOKEN`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,3 +96,18 @@ class AttemptFence:
             "a newer attempt of this run owns its checkpoints. This rank stops; nothing was "
             "published"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m shardctl.orchestrator.fence RUN_DIR TOKEN [KEY=VALUE ...]`: claim."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2 or not all("=" in a for a in args[2:]):
+        print("usage: python -m shardctl.orchestrator.fence RUN_DIR TOKEN [KEY=VALUE ...]")
+        return 2
+    about = dict(a.split("=", 1) for a in args[2:])
+    claim_attempt(args[0], args[1], **about)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,12 +24,20 @@ markers written during the attempt, the signals it received itself) and calls
 `classify` goes down `RULES`, first match wins; `decide` reads `POLICY`. The docs
 (docs/guides/faults.md, "How an attempt ends") hold the same two tables for users.
 
+Restarts inside the allocation: a crash (FAILED) or a hang (HUNG) is a RESTART while
+the supervisor's `restarts` in this allocation are below `max_restarts`
+(`restart.max_in_allocation`): every node starts its launcher again on the nodes the
+job holds. Past the bound the row's decision applies (a hang: RETRY, a requeue on
+Slurm; a crash: STOP). A preemption is never restarted in place: it gives the
+allocation back (RETRY).
+
 Knowing when to stop: a script's exit `EXIT_DO_NOT_RETRY` is a permanent failure
 (STOP on every cluster). A retrying supervisor (Slurm) also records every attempt it
 judged (`record_attempt`: `attempts.jsonl` in the run dir, with the newest complete
 checkpoint read from the folder names and their manifests, torch-free) and passes
 `stalled_attempts` to `decide`: `MAX_ATTEMPTS_WITHOUT_PROGRESS` attempts in a row of
-one job that published no new complete checkpoint turn a RETRY into STOP.
+one job that published no new complete checkpoint turn a RETRY or a RESTART into STOP
+(the local supervisor records its restarts the same way).
 
 Markers written before this module (no `kind`, no `signal`) still read: the file
 name gives the kind, and a PREEMPTED without `signal` counts as a preemption. No
@@ -93,6 +101,9 @@ class Kind(enum.StrEnum):
 class Decision(enum.StrEnum):
     FINISH = "finish"  # the run is complete
     RETRY = "retry"  # go again and resume from the newest complete checkpoint
+    # Start every rank again on the nodes the job holds (`restart.max_in_allocation`)
+    # and resume from the newest complete checkpoint; no requeue, no new allocation.
+    RESTART = "restart"
     STOP = "stop"  # do not go again by yourself (a person decides)
 
 
@@ -101,11 +112,15 @@ class Rule:
     decision: Decision
     exit_code: int | None  # what `submit --wait` reports; None: the outcome's own code
     why: str
+    # A crash or a hang: restarted inside the allocation while restarts are left,
+    # before `decision` applies (a preemption gives the allocation back instead).
+    restart: bool = False
 
 
 # The policy: one row per kind (docs/guides/faults.md, "How an attempt ends", has the same table).
 # A RETRY within the retry budget (Slurm: `slurm.max_requeues`) goes again; past it,
-# the run stops.
+# the run stops. A row with `restart` first restarts inside the allocation, while
+# `restart.max_in_allocation` allows; past that, its decision applies.
 POLICY: dict[Kind, Rule] = {
     Kind.DONE: Rule(Decision.FINISH, EXIT_OK, "every step ran and the final checkpoint exists"),
     Kind.PREEMPTED: Rule(
@@ -115,9 +130,14 @@ POLICY: dict[Kind, Rule] = {
         Decision.STOP, EXIT_PREEMPTED, "stopped from outside; the ranks saved what they could"
     ),
     Kind.HUNG: Rule(
-        Decision.RETRY, EXIT_HUNG, "a node watchdog ended ranks that stopped advancing"
+        Decision.RETRY,
+        EXIT_HUNG,
+        "a node watchdog ended ranks that stopped advancing",
+        restart=True,
     ),
-    Kind.FAILED: Rule(Decision.STOP, None, "a crash or an error a retry would repeat"),
+    Kind.FAILED: Rule(
+        Decision.STOP, None, "a crash or an error a retry would repeat", restart=True
+    ),
     Kind.PERMANENT: Rule(
         Decision.STOP, EXIT_DO_NOT_RETRY, "the script said do not retry (a permanent error)"
     ),
@@ -434,14 +454,38 @@ class Verdict:
     no_progress: bool = False
     stalled: int = 0
     last_step: int | None = None
+    # Restarts inside this allocation made before this attempt, and the bound
+    # (`restart.max_in_allocation`; None: the supervisor does not restart in place).
+    restarts: int = 0
+    max_restarts: int | None = None
 
     def summary(self) -> str:
         text = self.outcome.summary()
+        if self.decision is Decision.RESTART:
+            text += (
+                f"; restarting every rank in this allocation ({self.restarts + 1} of at "
+                f"most {self.max_restarts})"
+            )
+        elif self.out_of_restarts and not self.no_progress:
+            text += (
+                f"; out of restarts in this allocation ({self.restarts} of at most "
+                f"{self.max_restarts})"
+            )
         if self.out_of_retries:
             text += f"; out of retries ({self.retries} of at most {self.max_retries})"
         if self.no_progress:
             text += f"; {self.stop_reason()}"
         return text
+
+    @property
+    def out_of_restarts(self) -> bool:
+        """A crash or a hang that `restart.max_in_allocation` no longer restarts (0
+        restarts allowed: never said, nothing ran out)."""
+        return (
+            bool(self.max_restarts)
+            and POLICY[self.outcome.kind].restart
+            and self.restarts >= self.max_restarts
+        )
 
     def stop_reason(self) -> str:
         """Why a run that could retry stopped (empty when it did not)."""
@@ -463,6 +507,8 @@ class Verdict:
             "no_progress": self.no_progress,
             "stalled": self.stalled,
             "last_step": self.last_step,
+            "restarts": self.restarts,
+            "max_restarts": self.max_restarts,
             "outcome": outcome,
             "summary": self.summary(),
         }
@@ -475,23 +521,33 @@ def decide(
     max_retries: int | None = None,
     progress: Progress | None = None,
     max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS,
+    restarts: int = 0,
+    max_restarts: int | None = None,
 ) -> Verdict:
-    """`POLICY` for `outcome`; a RETRY past `max_retries` (retries already made:
-    `retries`) becomes STOP, and so does one after `max_stalled` attempts in a row
-    without a new complete checkpoint (`progress`; `max_stalled` 0: never)."""
+    """`POLICY` for `outcome`. A crash or a hang (a row with `restart`) restarts inside
+    the allocation while `restarts` (made before this attempt) is below `max_restarts`
+    (None: this supervisor does not restart in place); past it the row's decision
+    applies. A RETRY past `max_retries` (retries already made: `retries`) becomes STOP.
+    A RESTART or RETRY after `max_stalled` attempts in a row without a new complete
+    checkpoint (`progress`; `max_stalled` 0: never) becomes STOP: a crash loop."""
     rule = POLICY[outcome.kind]
     code = rule.exit_code if rule.exit_code is not None else (outcome.code or EXIT_FAILED)
-    base = Verdict(outcome, rule.decision, code, False, retries, max_retries)
+    base = Verdict(
+        outcome, rule.decision, code, False, retries, max_retries,
+        restarts=restarts, max_restarts=max_restarts,
+    )  # fmt: skip
+    stalled = progress is not None and 0 < max_stalled <= progress.stalled
+    no_progress = replace(
+        base, decision=Decision.STOP, no_progress=True,
+        stalled=progress.stalled if progress else 0, last_step=progress.step if progress else None,
+    )  # fmt: skip
+    if rule.restart and max_restarts is not None and restarts < max_restarts:
+        return no_progress if stalled else replace(base, decision=Decision.RESTART)
     if rule.decision is not Decision.RETRY:
         return base
     if max_retries is not None and retries >= max_retries:
         return replace(base, decision=Decision.STOP, out_of_retries=True)
-    if progress is not None and 0 < max_stalled <= progress.stalled:
-        return replace(
-            base, decision=Decision.STOP, no_progress=True,
-            stalled=progress.stalled, last_step=progress.step,
-        )  # fmt: skip
-    return base
+    return no_progress if stalled else base
 
 
 def judge(
@@ -501,11 +557,14 @@ def judge(
     max_retries: int | None = None,
     progress: Progress | None = None,
     max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS,
+    restarts: int = 0,
+    max_restarts: int | None = None,
 ) -> Verdict:
     """`decide(classify(evidence))`: what a supervisor calls."""
     return decide(
         classify(evidence), retries=retries, max_retries=max_retries,
         progress=progress, max_stalled=max_stalled,
+        restarts=restarts, max_restarts=max_restarts,
     )  # fmt: skip
 
 
@@ -599,7 +658,7 @@ def last_attempt(run_dir: str | Path, job: str) -> dict[str, Any] | None:
 def record_attempt(run_dir: str | Path, job: str, verdict: Verdict, progress: Progress) -> None:
     """Append this attempt to `attempts.jsonl` (one short line, one write)."""
     entry = {
-        "job": job, "attempt": verdict.retries, "time": time.time(),
+        "job": job, "attempt": verdict.retries, "restart": verdict.restarts, "time": time.time(),
         "kind": verdict.outcome.kind.value, "decision": verdict.decision.value,
         "checkpoint_step": progress.step, "advanced": progress.advanced,
         "summary": verdict.summary(),
@@ -633,6 +692,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/checkpoints")
     p.add_argument("--max-stalled", type=int, default=MAX_ATTEMPTS_WITHOUT_PROGRESS)
+    p.add_argument("--restarts", type=int, default=0, help="restarts in this allocation so far")
+    p.add_argument(
+        "--max-restarts", type=int, default=None,
+        help="restart.max_in_allocation (unset: never restart in place)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     evidence = Evidence.gather(
         args.run_dir, args.since, args.exit_code,
@@ -644,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = judge(
         evidence, retries=args.retries, max_retries=args.max_retries,
         progress=progress, max_stalled=args.max_stalled,
+        restarts=args.restarts, max_restarts=args.max_restarts,
     )  # fmt: skip
     if args.job and progress is not None:
         record_attempt(args.run_dir, args.job, verdict, progress)

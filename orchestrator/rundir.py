@@ -29,8 +29,13 @@ A run directory (`spec.run_dir`, default `runs/<name>`) holds:
     .submit.claim                      held by one `shardctl submit` while it checks
                                        for a live job and submits (cli, clusters/owner)
     attempts.jsonl                     one line per attempt a retrying supervisor
-                                       judged (Slurm): its outcome and newest
+                                       judged (Slurm; local and Slurm per restart
+                                       inside the allocation): its outcome and newest
                                        complete checkpoint (progress)
+    RESTART                            JSON {"job", "requeue", "restart", "decision"}:
+                                       Slurm node 0's verdict on the last round of
+                                       the allocation; the other nodes restart their
+                                       launchers when it says "restart"
     logs/hang-*.txt                    that watchdog's report and every rank's stack
 
 The typed fields (`kind` and its own) are what supervisors decide on, through
@@ -79,6 +84,9 @@ ENV_ATTEMPT = "SHARDCTL_ATTEMPT"  # 0 on the first start, +1 on each requeue or 
 # This attempt's token, set by a supervisor that fences (shardctl.orchestrator.fence):
 # a rank saves only while it equals the token in CURRENT_ATTEMPT.
 ENV_ATTEMPT_TOKEN = "SHARDCTL_ATTEMPT_TOKEN"
+# Restarts inside this allocation so far (`restart.max_in_allocation`): 0 on an
+# allocation's first start, set by the supervisor that restarts in place (local, Slurm).
+ENV_RESTART = "SHARDCTL_RESTART"
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
@@ -104,6 +112,8 @@ SUBMIT_CLAIM_FILE = ".submit.claim"  # held by one `shardctl submit` while it su
 # the newest complete checkpoint step, whether it published a new one): the
 # evidence of "no progress" (`shardctl.orchestrator.outcome`).
 ATTEMPTS_FILE = "attempts.jsonl"
+# Slurm: node 0's decision on each round inside an allocation (clusters/slurm NodeTask).
+RESTART_FILE = "RESTART"
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

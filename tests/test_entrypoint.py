@@ -31,6 +31,7 @@ def _spec(tmp_path: Path, name: str, entrypoint: dict, **extra: object) -> Path:
         "resources": {"procs_per_node": 2},
         "entrypoint": entrypoint,
         "local": {"master_port": free_port()},
+        "restart": {"max_in_allocation": 0},  # one start per submit: its own exit code
         **extra,
     }
     path = tmp_path / f"{name}.yaml"

@@ -69,6 +69,7 @@ def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     data["run_dir"] = str(run_dir)
     data["checkpoint"]["dir"] = str(run_dir / "checkpoints")
     data["slurm"]["max_requeues"] = 10
+    data["restart"] = {"max_in_allocation": 0}  # these attempts end the allocation
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
     env = {
@@ -250,6 +251,9 @@ def test_a_local_script_that_says_do_not_retry_stops_and_status_says_why(tmp_pat
     # other, which may not have printed yet).
     assert "attempt 0 rank" in res.stdout and "attempt 1" not in res.stdout, shown
     assert (tmp_path / "gives-up" / "local.attempt").read_text().split() == ["0"]
+    # Nor a restart in place (restart.max_in_allocation is 3 here): one round, stopped.
+    rounds = (tmp_path / "gives-up" / "attempts.jsonl").read_text().splitlines()
+    assert [(r["kind"], r["decision"]) for r in map(json.loads, rounds)] == [("permanent", "stop")]
     failed = json.loads((tmp_path / "gives-up" / "FAILED").read_text())
     assert failed["code"] == 78 and failed["rank"] in (0, 1)
     assert failed["reason"] == "data.path /nowhere does not exist"

@@ -27,8 +27,9 @@ HANG_TIMEOUT_S = 15
 PAUSE_S = 6  # a pause well under the timeout (a loaded machine continues a rank late)
 
 
-def rank_pids(run_dir: Path, attempt: int) -> dict[int, int]:
-    """{global rank: pid} of the ranks of `run_dir`'s attempt, found in /proc."""
+def rank_pids(run_dir: Path, attempt: int, restart: int | None = None) -> dict[int, int]:
+    """{global rank: pid} of the ranks of `run_dir`'s attempt (and, given, of that
+    restart inside it: SHARDCTL_RESTART), found in /proc."""
     found: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -43,6 +44,7 @@ def rank_pids(run_dir: Path, attempt: int) -> dict[int, int]:
         if (
             env.get(b"SHARDCTL_RUN_DIR") == str(run_dir).encode()
             and env.get(b"SHARDCTL_ATTEMPT") == str(attempt).encode()
+            and (restart is None or env.get(b"SHARDCTL_RESTART") == str(restart).encode())
             and b"RANK" in env
             and _module(cmd.split(b"\0")) in (b"shardctl.train", b"shardctl.train.entry")
         ):
@@ -228,6 +230,7 @@ def test_your_script_stopped_rank_is_ended_with_its_stack(
                 "entrypoint": {"script": str(ROOT / "examples" / script), "args": args},
                 "local": {"master_port": free_port()},
                 "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S},
+                "restart": {"max_in_allocation": 0},  # the hang ends the run here
             }
         )
     )

@@ -106,6 +106,9 @@ def _spec(name: str, **overrides: Any) -> dict[str, Any]:
         "checkpoint": {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": True},
         # A port per job: a job's rendezvous must never meet a dying earlier one.
         "slurm": {"time": "00:10:00", "master_port": 29600 + sum(map(ord, name)) % 300},
+        # One start per allocation, as these tests judge it (test_slurm_restart.py
+        # tests restarts inside the allocation).
+        "restart": {"max_in_allocation": 0},
     }
     for key, value in overrides.items():
         section = spec.setdefault(key, {})

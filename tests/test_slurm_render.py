@@ -347,6 +347,7 @@ def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
     os.utime(run_dir / "HUNG", (1, 1))
     data = load_spec(ROOT / "examples" / "slurm-2node.yaml").to_yaml_dict()
     data["run_dir"] = str(run_dir)
+    data["restart"] = {"max_in_allocation": 0}  # each end as the allocation's last
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
     bin_dir = tmp_path / "bin"

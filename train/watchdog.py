@@ -58,6 +58,7 @@ from shardctl.orchestrator.rundir import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
+    ENV_RESTART,
     ENV_RUN_DIR,
     ENV_STARTUP_TIMEOUT,
     EXIT_HUNG,
@@ -472,6 +473,7 @@ class Watchdog:
         self.node = _env_int("SHARDCTL_NODE_RANK", 0)
         self.nnodes = _env_int("SHARDCTL_NNODES", 1)
         self.attempt = _env_int(ENV_ATTEMPT, 0)
+        self.restart = _env_int(ENV_RESTART, 0)
         self.run_dir = os.environ.get(ENV_RUN_DIR) or None
         self.rule = HangRule(
             explicit=_env_seconds(ENV_HANG_TIMEOUT),
@@ -588,7 +590,9 @@ class Watchdog:
     def _end_hung(self, verdict: Verdict, folder: Path, child: subprocess.Popen) -> None:
         states = read_states(verdict.ranks)
         lines = report_lines(verdict, self.rule, self.node, time.time(), states)
-        report_name = f"hang-attempt{self.attempt}-node{self.node}.txt"
+        # A restart inside the allocation keeps the attempt number: its own report.
+        restart = f"-restart{self.restart}" if self.restart else ""
+        report_name = f"hang-attempt{self.attempt}{restart}-node{self.node}.txt"
         report_path = Path(self.run_dir or ".") / "logs" / report_name
         # The marker first: another node whose ranks fail once these are killed must
         # find it and count the end as a hang too.

@@ -10,7 +10,7 @@ gives determines the other, and a pair that disagrees is rejected.
 
     common.py    the `Section` base, bounds, shared field types, how values are shown
     sections.py  the core sections (resources, strategy, train, checkpoint, logging,
-                 watchdog, entrypoint)
+                 watchdog, restart, entrypoint)
     llama.py     `train.model.llama`: LlamaConfig's keywords, without transformers
     job.py       `JobSpec` and the checks across sections; parse, load, `with_command`
     explain.py   pydantic's errors as one line each, with did-you-mean
@@ -60,6 +60,7 @@ from .sections import (
     Logging,
     ModelSource,
     Resources,
+    Restart,
     Strategy,
     Train,
     Watchdog,
@@ -96,6 +97,7 @@ __all__ = [
     "Logging",
     "ModelSource",
     "Resources",
+    "Restart",
     "Section",
     "Strategy",
     "Train",

@@ -37,6 +37,7 @@ from .sections import (
     Entrypoint,
     Logging,
     Resources,
+    Restart,
     Strategy,
     Train,
     Watchdog,
@@ -70,6 +71,9 @@ class JobSpec(Section):
     """Metrics trackers beside `logs/metrics.jsonl` (see `Logging`)."""
     watchdog: Watchdog = Field(default_factory=Watchdog)
     """Hang detection and the collectives' timeout (see `Watchdog`)."""
+    restart: Restart = Field(default_factory=Restart)
+    """Restarts of every rank inside the allocation after a crash or a hang (see
+    `Restart`)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every rank; values of at most 131072 characters (Linux's
     MAX_ARG_STRLEN: execve refuses a longer variable)."""

@@ -28,6 +28,7 @@ from .common import (
     PathText,
     Precision,
     Procs,
+    Retries,
     Section,
     SeqLen,
     Sharding,
@@ -390,9 +391,10 @@ class Watchdog(Section):
     Every rank writes a heartbeat per step (the built-in loop, the checkpoint library
     of your own script, the Hugging Face callback). When no rank of a node advanced
     for the hang timeout, the node's watchdog writes every rank's Python stack to the
-    logs, ends every process and exits 124; Slurm requeues the job (up to
-    `slurm.max_requeues`), Kubernetes restarts the pods, and locally `status` says HUNG
-    and `submit` resumes."""
+    logs, ends every process and exits 124; locally and on Slurm every rank restarts
+    in place (up to `restart.max_in_allocation`), then Slurm requeues the job (up to
+    `slurm.max_requeues`) and locally `status` says HUNG and `submit` resumes;
+    Kubernetes restarts the pods."""
 
     enabled: bool = True
     """`false`: the launcher runs without a watchdog (no heartbeats are read)."""
@@ -450,6 +452,22 @@ class Watchdog(Section):
         if self.startup_timeout_s is not None:
             return max(DEFAULT_COLLECTIVE_TIMEOUT_S, self.startup_timeout_s + COLLECTIVE_MARGIN_S)
         return DEFAULT_COLLECTIVE_TIMEOUT_S
+
+
+class Restart(Section):
+    """Restarts inside the allocation: after a crash (a rank's non-zero exit that is
+    not a preemption, or a rank killed by a signal) or a hang (a node watchdog's 124),
+    the supervisor of every node starts its launcher again on the nodes the job
+    already holds, and the ranks resume from the newest complete checkpoint
+    (docs/guides/faults.md). Locally and on Slurm; on Kubernetes the pods restart in place through
+    `k8s.restart_policy` and `k8s.backoff_limit` instead."""
+
+    max_in_allocation: Retries = 3
+    """Restarts of every rank per allocation (one Slurm start or requeue, one local
+    `submit`); 0 to 1000, 0: none. Past it, Slurm requeues a hang (within
+    `slurm.max_requeues`) and a crash stops; locally the run stops. Three restarts in a
+    row without a new complete checkpoint stop the run whatever this says (a crash
+    loop)."""
 
 
 # ------------------------------------------------------------------------ the spec

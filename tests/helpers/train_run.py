@@ -55,6 +55,9 @@ def tiny_spec(tmp: Path, name: str, **over: Any) -> Path:
         },
         "checkpoint": {"every_steps": 2, "keep": 2, "dir": str(tmp / name / "checkpoints")},
         "local": {"master_port": free_port()},
+        # One start per submit, as these tests judge it; the tests of restarts inside
+        # the allocation (test_restart_local.py) ask for them.
+        "restart": {"max_in_allocation": 0},
     }
     data = _merge(data, over)
     path = tmp / f"{name}.yaml"

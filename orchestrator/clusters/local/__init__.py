@@ -17,6 +17,11 @@ Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
     logs/launcher.out|.err   everything the launcher and its ranks print
     DONE / PREEMPTED         written by the trainer (see `shardctl.train.loop`)
 
+A crash or a hang restarts every node's launcher in place while
+`restart.max_in_allocation` allows (the supervisor below; each round is a line of
+`attempts.jsonl` and gets a new attempt token); the ranks resume from the newest
+complete checkpoint.
+
 Status comes from those files: RUNNING while the supervisor lives; then what the one
 classifier (`shardctl.orchestrator.outcome`) makes of the exit code and this start's
 markers: SUCCEEDED, PREEMPTED (the ranks saved a checkpoint on the cluster's warning;
@@ -94,32 +99,56 @@ CANCEL_GRACE_S = 60.0
 # a multi-node spec runs all its "nodes" on this host, meeting at 127.0.0.1),
 # forwards TERM/INT, and records the exit code (the first non-zero one), then the
 # verdict of the one classifier (`shardctl.orchestrator.outcome`: how the start ended,
-# and whether to go again). A trap handler, not an ignored signal, keeps the
-# children's default dispositions; `wait` returns early when a trapped signal
-# arrives, so it is repeated until the node's own status comes back.
+# and whether to go again). A crash or a hang with restarts left
+# (`restart.max_in_allocation`) is a RESTART: the markers of that round go (its
+# verdict is in attempts.jsonl), a new attempt token is claimed (a straggler of the
+# round before cannot publish) and every node starts again, resuming from the newest
+# complete checkpoint. A trap handler, not an ignored signal, keeps the children's
+# default dispositions; `wait` returns early when a trapped signal arrives, so it is
+# repeated until the node's own status comes back; once TERM/INT came, no restart.
 SUPERVISOR = r"""
 launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"; outcome_file="$6"
-started="$(date +%s)"
+max_restarts="$7"; job="$8"; checkpoint_dir="$9"
+run_dir="$(dirname -- "$launch")"
+python="${SHARDCTL_PYTHON:-python3}"
+first_token="${SHARDCTL_ATTEMPT_TOKEN:-}"
 pids=()
-for ((i = 0; i < nnodes; i++)); do
-  SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
-  pids+=("$!")
-done
-got=0
-trap 'got=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
-rc=0
-for pid in "${pids[@]}"; do
-  while :; do
-    got=0; node_rc=0
-    wait "$pid" || node_rc=$?
-    [ "$got" = 1 ] || break
+got=0; stopping=0
+trap 'got=1; stopping=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
+restart=0
+while :; do
+  started="$(date +%s)"
+  export SHARDCTL_RESTART="$restart"
+  pids=()
+  for ((i = 0; i < nnodes; i++)); do
+    SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
+    pids+=("$!")
   done
-  if [ "$rc" = 0 ]; then rc="$node_rc"; fi
+  rc=0
+  for pid in "${pids[@]}"; do
+    while :; do
+      got=0; node_rc=0
+      wait "$pid" || node_rc=$?
+      [ "$got" = 1 ] || break
+    done
+    if [ "$rc" = 0 ]; then rc="$node_rc"; fi
+  done
+  printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
+  verdict="$("$python" -m shardctl.orchestrator.outcome "$run_dir" --exit-code "$rc" \
+    --since "$started" --write "$outcome_file" --job "$job" --checkpoint-dir "$checkpoint_dir" \
+    --restarts "$restart" --max-restarts "$max_restarts" 2>>"$err")" || verdict=""
+  if [ "$stopping" = 1 ] || [ "${verdict%% *}" != restart ]; then
+    exit "$rc"
+  fi
+  restart=$((restart + 1))
+  printf 'shardctl: %s\n' "${verdict#* }" >>"$err"
+  rm -f -- "$run_dir/HUNG" "$run_dir/FAILED"
+  if [ -n "$first_token" ]; then
+    export SHARDCTL_ATTEMPT_TOKEN="$first_token-r$restart"
+    "$python" -m shardctl.orchestrator.fence "$run_dir" "$SHARDCTL_ATTEMPT_TOKEN" \
+      cluster=local "restart=$restart" 2>>"$err" || exit "$rc"
+  fi
 done
-printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
-"${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.outcome "$(dirname -- "$launch")" \
-  --exit-code "$rc" --since "$started" --write "$outcome_file" >/dev/null 2>>"$err" || true
-exit "$rc"
 """
 
 
@@ -258,6 +287,10 @@ class LocalCluster(Cluster):
                 str(run_dir / EXIT_FILE),
                 str(spec.resources.nodes),
                 str(run_dir / OUTCOME_FILE),
+                str(spec.restart.max_in_allocation),
+                # Judged per submit: its restarts' progress, in attempts.jsonl.
+                f"local-{attempt}",
+                spec.checkpoint_dir,
             ],
             cwd=os.getcwd(),
             env=env,
@@ -419,7 +452,7 @@ class LocalCluster(Cluster):
     # -- foreground ------------------------------------------------------------------------
 
     def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
-        # Nothing restarts a local run by itself: once the supervisor is gone, it ended.
+        # Restarts in place happen under the supervisor: once it is gone, the run ended.
         return st.state is not JobState.RUNNING
 
     def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:

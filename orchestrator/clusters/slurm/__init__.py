@@ -56,18 +56,27 @@ and counts signals that come late in a job as time-outs against
   attempt it judged in the run dir's `attempts.jsonl`, which `status` reads for
   the reason a FAILED job stopped.
 
+Restarts inside the allocation. A crash (FAILED) or a hang (HUNG) with restarts left
+(`restart.max_in_allocation`, counted per allocation) is not requeued: node 0 judges
+the round, claims a new attempt token (`slurm-<job>-<requeue>-r<round>`), writes its
+decision to the run dir's `RESTART`, and runs its launcher again; every other node
+whose launcher ended waits for that decision and runs its launcher again too, so the
+nodes rendezvous anew (same job id, same nodes). Past the bound the classifier's
+decision applies as below (a hang requeues, a crash fails the job); three rounds or
+attempts without a new complete checkpoint stop the job (a crash loop).
+
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
 that watchdog writes `HUNG` in the run directory, dumps every rank's stack to
 `logs/hang-attempt<A>-node<N>.txt`, kills the ranks and exits `EXIT_HUNG` (124);
 the other nodes' ranks lose their peers and their watchdogs exit 124 as well. A
 hang is treated as a fault a retry may clear: a launch script that exits 124, or
-any failure with a `HUNG` written during this attempt, makes node 0 requeue the
-job exactly as after a preemption, counted against `slurm.max_requeues` (the
-other nodes return "hung"). Nothing was saved: the next attempt resumes from the
-newest complete checkpoint. A SIGTERM the task received is a cancel, never a
-hang. `status` names the step the last attempt hung at, and says when a job that
-FAILED (out of requeues) hung.
+any failure with a `HUNG` written during this attempt, restarts in place while
+restarts are left, then makes node 0 requeue the job exactly as after a
+preemption, counted against `slurm.max_requeues` (the other nodes return "hung").
+Nothing was saved: the next attempt resumes from the newest complete checkpoint. A
+SIGTERM the task received is a cancel, never a hang. `status` names the step the
+last attempt hung at, and says when a job that FAILED (out of requeues) hung.
 """
 
 from __future__ import annotations
@@ -89,12 +98,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...durable import write_text_atomic
 from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import PreemptionReport, readable
 from ...outcome import (
     MAX_ATTEMPTS_WITHOUT_PROGRESS,
+    POLICY,
+    Decision,
     Evidence,
     Kind,
     attempt_progress,
@@ -104,7 +116,16 @@ from ...outcome import (
     record_attempt,
 )
 from ...proctree import forward_to_catchers
-from ...rundir import ENV_ATTEMPT, ENV_ATTEMPT_TOKEN, HUNG_FILE, PREEMPTED_FILE, RunDir
+from ...rundir import (
+    ENV_ATTEMPT,
+    ENV_ATTEMPT_TOKEN,
+    ENV_RESTART,
+    FAILED_FILE,
+    HUNG_FILE,
+    PREEMPTED_FILE,
+    RESTART_FILE,
+    RunDir,
+)
 from ...spec import JobSpec, parse_spec
 from ..base import (
     Cluster,
@@ -618,6 +639,7 @@ def _submit(executor: Any, task: dict[str, Any]) -> Any:
                 signal_name=task["signal"],
                 max_requeues=task["max_requeues"],
                 checkpoint_dir=task.get("checkpoint_dir"),
+                max_restarts=task.get("max_restarts_in_allocation", 0),
             )
         )
     except (FailedJobError, subprocess.CalledProcessError) as exc:
@@ -659,6 +681,9 @@ class NodeTask:
     max_requeues: int = 10
     checkpoint_dir: str | None = None  # None: the run dir's checkpoints/
     max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS
+    # `restart.max_in_allocation`: rounds of every node's launcher after a crash or a
+    # hang inside this allocation (0: none; the job fails or requeues at once).
+    max_restarts: int = 0
 
     def __call__(self) -> str:
         env = os.environ
@@ -685,16 +710,48 @@ class NodeTask:
         # submitit's own variables would make a rank's submitit think it is a task.
         for key in ("SUBMITIT_FOLDER", "SUBMITIT_EXECUTOR"):
             child_env.pop(key, None)
-        # Every node derives this start's token; node 0 makes it the run's current
-        # attempt before its ranks start (rank 0, the publisher, runs there): a rank of
-        # an earlier start or of another job of this run can no longer publish.
-        token = new_token("slurm", job_id, restarts, unique=False)
-        if node == 0:
-            claim_attempt(self.run_dir, token, cluster="slurm", job_id=job_id, attempt=restarts)
-        child_env[ENV_ATTEMPT_TOKEN] = token
-        _say(
-            f"node {node} of job {job_id} (restart {restarts}): running {shlex.join(self.command)}"
-        )
+        # Rounds inside this allocation: a crash or a hang with restarts left starts
+        # every node's launcher again here (no requeue); node 0 decides each round.
+        round_ = 0
+        while True:
+            # Every node derives this round's token; node 0 makes it the run's current
+            # attempt before its ranks start (rank 0, the publisher, runs there): a rank
+            # of an earlier start, round or job of this run can no longer publish.
+            # (A later round's token is claimed before node 0 tells the others to go.)
+            token = _token(job_id, restarts, round_)
+            if node == 0 and round_ == 0:
+                self._claim(job_id, restarts, round_)
+            child_env[ENV_ATTEMPT_TOKEN] = token
+            child_env[ENV_RESTART] = str(round_)
+            again = f", restart {round_} in this allocation" if round_ else ""
+            _say(
+                f"node {node} of job {job_id} (requeue {restarts}{again}): running "
+                f"{shlex.join(self.command)}"
+            )
+            rc = self._launch(child_env, preempt_sig, received, forwarded)
+            result = self._after(node, job_id, restarts, rc, received, preempt_sig, started, round_)
+            if result != RESTARTED:
+                signal.signal(preempt_sig, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                return result
+            round_ += 1
+            started = time.time()
+
+    def _claim(self, job_id: str, restarts: int, round_: int) -> None:
+        """Make this round's token the run's current attempt (node 0)."""
+        claim_attempt(
+            self.run_dir, _token(job_id, restarts, round_), cluster="slurm", job_id=job_id,
+            attempt=restarts, restart=round_,
+        )  # fmt: skip
+
+    def _launch(
+        self,
+        child_env: dict[str, str],
+        preempt_sig: signal.Signals,
+        received: list[int],
+        forwarded: set[tuple[int, int]],
+    ) -> int:
+        """Run the node's launcher to its end, passing signals on to the ranks."""
         child = subprocess.Popen(
             self.command,
             env=child_env,
@@ -704,8 +761,7 @@ class NodeTask:
         )
         while True:
             try:
-                rc = child.wait(timeout=2.0)
-                break
+                return child.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 pass
             for signum in set(received):
@@ -713,9 +769,6 @@ class NodeTask:
                 # (USR1, INT), they are told with USR2.
                 to_ranks = signal.SIGTERM if signum == signal.SIGTERM else signal.SIGUSR2
                 forwarded |= forward_to_catchers(child.pid, to_ranks, forwarded)
-        signal.signal(preempt_sig, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        return self._after(node, job_id, restarts, rc, received, preempt_sig, started)
 
     def _after(
         self,
@@ -726,10 +779,13 @@ class NodeTask:
         received: list[int],
         preempt_sig: signal.Signals,
         started: float,
+        round_: int = 0,
     ) -> str:
         """The one classifier (`shardctl.orchestrator.outcome`) judges this node's end
         from the launcher's code, this attempt's markers and the signals this task
-        received; node 0 carries out a retry (requeue) within `max_requeues`."""
+        received; node 0 carries out a restart inside the allocation (within
+        `max_restarts`, telling the other nodes through the run dir's RESTART) or a
+        retry (requeue) within `max_requeues`. `RESTARTED`: run the launcher again."""
         evidence = Evidence.gather(
             self.run_dir, started, rc,
             signals=[signal.Signals(s).name for s in received],
@@ -746,10 +802,26 @@ class NodeTask:
         verdict = judge(
             evidence, retries=restarts, max_retries=self.max_requeues,
             progress=progress, max_stalled=self.max_stalled,
+            # Node 0 alone decides a restart; the others follow its RESTART.
+            restarts=round_, max_restarts=self.max_restarts if node == 0 else None,
         )  # fmt: skip
         if progress is not None:
             record_attempt(self.run_dir, job_id, verdict, progress)
         out = verdict.outcome
+        if node == 0 and self.max_restarts:
+            if verdict.decision is Decision.RESTART:
+                self._claim(job_id, restarts, round_ + 1)
+            _tell_round(self.run_dir, job_id, restarts, round_, verdict.decision.value)
+        if verdict.decision is Decision.RESTART:
+            for name in (HUNG_FILE, FAILED_FILE):  # this round's; its verdict is recorded
+                (Path(self.run_dir) / name).unlink(missing_ok=True)
+            _say(f"node 0: {verdict.summary()}; the other nodes start again too")
+            return RESTARTED
+        if node != 0 and self.max_restarts and POLICY[out.kind].restart:
+            decided = _round_decision(self.run_dir, job_id, restarts, round_)
+            if decided == Decision.RESTART.value:
+                _say(f"node {node}: {out.summary()}; node 0 restarts every node in place")
+                return RESTARTED
         if verdict.no_progress and node == 0:
             raise RuntimeError(
                 f"job {job_id}: {verdict.summary()}; not requeued. Fix the cause, then "
@@ -809,6 +881,46 @@ class NodeTask:
         _say(f"node 0: {event}; requeueing job {job_id} ({restarts + 1} of at most "
              f"{self.max_requeues}){then}")  # fmt: skip
         return _requeue(job_id, job_event)
+
+
+# `NodeTask._after`: this node runs its launcher again (a restart inside the allocation).
+RESTARTED = "restarted"
+# How long a node other than 0 waits for node 0's decision on a round: node 0's ranks
+# may take a while to notice a lost peer (a collective's error, or node 0's own
+# watchdog on a hang, the start-up allowance of 900 s at most).
+ROUND_DECISION_WAIT_S = 1200.0
+
+
+def _token(job_id: str, requeue: int, round_: int) -> str:
+    """A round's attempt token, the same on every node: `slurm-<job>-<requeue>`, then
+    `-r<round>` for a restart inside the allocation."""
+    token = new_token("slurm", job_id, requeue, unique=False)
+    return f"{token}-r{round_}" if round_ else token
+
+
+def _tell_round(run_dir: str, job_id: str, requeue: int, round_: int, decision: str) -> None:
+    """Node 0's decision on this round, for the other nodes (the run dir is shared)."""
+    entry = {"job": job_id, "requeue": requeue, "restart": round_, "decision": decision}
+    write_text_atomic(Path(run_dir) / RESTART_FILE, json.dumps(entry) + "\n", durable=False)
+
+
+def _round_decision(
+    run_dir: str, job_id: str, requeue: int, round_: int, wait_s: float = ROUND_DECISION_WAIT_S
+) -> str | None:
+    """Node 0's decision on this round of this allocation, once it wrote it (None
+    after `wait_s`: node 0 is gone; this node then ends as its own verdict says)."""
+    want = {"job": job_id, "requeue": requeue, "restart": round_}
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            entry = json.loads((Path(run_dir) / RESTART_FILE).read_text())
+        except (OSError, ValueError):
+            entry = {}
+        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in want.items()):
+            return str(entry.get("decision"))
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 def _or_q(value: int | None) -> str:

@@ -215,6 +215,7 @@ def node_task(spec: JobSpec, run_dir: str) -> dict[str, Any]:
         "command": ["bash", str(PurePosixPath(run_dir) / LAUNCH_FILE)],
         "signal": spec.slurm.signal,
         "max_requeues": spec.slurm.max_requeues,
+        "max_restarts_in_allocation": spec.restart.max_in_allocation,
         "run_dir": run_dir,
         "checkpoint_dir": spec.checkpoint_dir,
     }
@@ -244,8 +245,10 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
     `srun` starts the node launch script (found beside this script) on every node.
     The launcher ignores the preemption signal while the ranks catch it and save;
     afterwards the batch shell asks shardctl's one classifier (`python -m
-    shardctl.orchestrator.outcome`, the same policy as the node task) and requeues
-    when it says retry (a preemption, a hang), at most `slurm.max_requeues` times.
+    shardctl.orchestrator.outcome`, the same policy as the node task): a crash or a
+    hang with restarts left (`restart.max_in_allocation`) runs the srun line again in
+    this allocation; otherwise it requeues when it says retry (a preemption, a hang),
+    at most `slurm.max_requeues` times.
     With no submitit task to translate, the ranks' own signal USR2 is asked for
     whatever `slurm.signal` says. `params`: `submitit_parameters(spec)` when the
     caller has them already.
@@ -275,6 +278,7 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         else []
     )
     max_requeues = spec.slurm.max_requeues
+    max_restarts = spec.restart.max_in_allocation
     lines += [
         "",
         "# Slurm keeps a copy of this script; the original's folder holds launch.sh.",
@@ -283,35 +287,49 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
         f"run_dir={shlex.quote(spec.run_dir)}",
         f"checkpoint_dir={shlex.quote(spec.checkpoint_dir)}",
-        'started="$(date +%s)"',
-        "rc=0",
+        'python="${SHARDCTL_PYTHON:-python3}"',
         *mounts_here,
-        "# The launcher must outlive USR2 (its default action kills); the ranks catch it.",
-        "# shellcheck disable=SC2016  # $1 is expanded by the inner bash, on purpose",
-        " ".join(shlex.quote(w).replace(_HERE, "'\"${here}\"'") for w in srun)
+        "# A crash or a hang with restarts left (restart.max_in_allocation) starts every",
+        "# node's launcher again in this allocation; the ranks resume from the newest",
+        "# complete checkpoint.",
+        "export SHARDCTL_RESTART=0",
+        "while :; do",
+        '    started="$(date +%s)"',
+        "    rc=0",
+        "    # The launcher must outlive USR2 (its default action kills); the ranks catch it.",
+        "    # shellcheck disable=SC2016  # $1 is expanded by the inner bash, on purpose",
+        "    "
+        + " ".join(shlex.quote(w).replace(_HERE, "'\"${here}\"'") for w in srun)
         + ' bash -c \'trap "" USR2; exec bash "$1"\' shardctl-node "${here}/'
         + LAUNCH_FILE
         + '" || rc=$?',
-        "# How the attempt ended and whether to requeue: shardctl's one classifier",
-        "# (docs/guides/faults.md), from the exit code, this attempt's markers and",
-        "# its progress (a new complete checkpoint), recorded per attempt in attempts.jsonl.",
-        'python="${SHARDCTL_PYTHON:-python3}"',
-        'verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '
+        "    # How the attempt ended and whether to go again: shardctl's one classifier",
+        "    # (docs/guides/faults.md), from the exit code, this attempt's markers and",
+        "    # its progress (a new complete checkpoint), recorded per attempt in",
+        "    # attempts.jsonl.",
+        '    verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '
         '--exit-code "${rc}" --since "${started}" --wait 10 '
         f'--retries "${{SLURM_RESTART_COUNT:-0}}" --max-retries {max_requeues} '
+        f'--restarts "${{SHARDCTL_RESTART}}" --max-restarts {max_restarts} '
         '--job "${SLURM_JOB_ID}" --checkpoint-dir "${checkpoint_dir}")" || verdict=""',
-        'case "${verdict%% *}" in',
-        "    retry)",
-        '        echo "shardctl: ${verdict#* }; requeueing job ${SLURM_JOB_ID}" >&2',
-        '        scontrol requeue "${SLURM_JOB_ID}" && exit 0 ;;',
-        "    finish) ;;",
-        "    stop)",
-        '        echo "shardctl: ${verdict#* }; not requeued; sbatch again to resume" >&2 ;;',
-        "    *)",
-        '        echo "shardctl: ${python} -m shardctl.orchestrator.outcome could not judge '
+        '    case "${verdict%% *}" in',
+        "        restart)",
+        '            echo "shardctl: ${verdict#* }" >&2',
+        '            rm -f -- "${run_dir}/HUNG" "${run_dir}/FAILED"',
+        "            SHARDCTL_RESTART=$((SHARDCTL_RESTART + 1))",
+        "            continue ;;",
+        "        retry)",
+        '            echo "shardctl: ${verdict#* }; requeueing job ${SLURM_JOB_ID}" >&2',
+        '            scontrol requeue "${SLURM_JOB_ID}" && exit 0 ;;',
+        "        finish) ;;",
+        "        stop)",
+        '            echo "shardctl: ${verdict#* }; not requeued; sbatch again to resume" >&2 ;;',
+        "        *)",
+        '            echo "shardctl: ${python} -m shardctl.orchestrator.outcome could not judge '
         'this attempt (is shardctl installed for it? set SHARDCTL_PYTHON); not requeued" >&2 ;;',
-        "esac",
-        'exit "${rc}"',
+        "    esac",
+        '    exit "${rc}"',
+        "done",
         "",
     ]
     return "\n".join(lines)
