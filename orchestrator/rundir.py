@@ -3,7 +3,7 @@
 Torch-free and dependency-free: the CLI, every cluster backend, the node tasks and
 the ranks import the names from here and nowhere else.
 
-A run directory (`spec.run_dir`, default `runs/<name>`) holds:
+A run directory (`spec.run_dir`, default `runs/<name>` beside the spec file) holds:
 
     job.yaml, launch.sh, env.sh, ...   the rendered artifacts the nodes run
     rendered/<cluster>/                `shardctl render` output (when not --out)

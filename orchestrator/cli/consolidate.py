@@ -117,7 +117,7 @@ def consolidate_cmd(
     largest tensor, whatever the model size.
 
     \b
-    shardctl consolidate runs/tiny-llama                      # → runs/tiny-llama/model
+    shardctl consolidate examples/runs/tiny-llama             # → examples/runs/tiny-llama/model
     shardctl consolidate runs/x/checkpoints/step-00000200 --out hf/ --dtype bf16
     """
     from ...train.consolidate import consolidate, resolve_checkpoint
