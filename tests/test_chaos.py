@@ -1,7 +1,7 @@
 """Chaos: kill -9 a 2-rank `shardctl.train` run at random moments, resume, repeat.
 
-Four times in a row (ten with `--scale`) the whole run (torchrun and both ranks, by pid) is SIGKILLed
-a random moment after a random step was logged: with a checkpoint after every
+Four times in a row (ten with `--scale`) the whole run (torchrun and both ranks,
+by pid) is SIGKILLed a random moment after a random step was logged: with a checkpoint after every
 step, the moment falls during a training step, a synchronous save, or an async
 save's background write/finalisation (odd cycles use `checkpoint.async`). After
 every kill, every checkpoint that looks complete must verify against its
