@@ -46,6 +46,20 @@ def test_status_logs_cancel_of_a_job_that_never_ran(tmp_path: Path) -> None:
         local.cancel(ref)
 
 
+def test_a_run_that_wrote_done_before_a_cancel_says_succeeded(tmp_path: Path) -> None:
+    """The last step and DONE came first; the cancel only met the ranks shutting down."""
+    run_dir = tmp_path / "late"
+    run_dir.mkdir()
+    (run_dir / "local.pid").write_text("999999999 1\n")  # the supervisor has ended
+    (run_dir / "local.exit").write_text("1\n")
+    (run_dir / "DONE").write_text('{"kind": "done", "step": 6}\n')
+    (run_dir / "CANCELLED").write_text('{"kind": "cancelled"}\n')
+    ref = JobRef(cluster="local", job_id="1", name="late", run_dir=str(run_dir))
+    st = LocalCluster().status(ref)
+    assert (st.state, st.detail) == (JobState.SUCCEEDED, "finished step 6"), st
+    assert LocalCluster().exit_code(ref) == 0
+
+
 def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not cond():
