@@ -101,6 +101,12 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
     assert (marker["kind"], marker["signal"]) == ("preempted", "SIGTERM")
     assert (run_dir / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
     assert local.exit_code(ref) == 42
+    # torchrun's own traceback of the SIGTERM it got is one line on screen, and stays
+    # whole in launcher.err (the file the line names).
+    err = run_dir / "logs" / "launcher.err"
+    shown = local.logs(ref)
+    assert "Traceback" not in shown and "SignalException" in err.read_text(), shown[-3000:]
+    assert f"stopped its ranks (not a crash; its full report is in {err})" in shown
     # The supervisor asked the classifier too, and recorded its verdict: a cancel, stop.
     verdict = json.loads((run_dir / "local.outcome").read_text())
     assert (verdict["decision"], verdict["outcome"]["kind"]) == ("stop", "cancelled")
