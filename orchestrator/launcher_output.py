@@ -8,7 +8,9 @@ its ranks but exit 0 as a crash of its own, in two shapes:
   report of every rank, about 40 lines;
 - torchrun itself got SIGTERM or SIGINT (`shardctl cancel`, Ctrl-C under
   `submit --wait`, `scancel`): "Received 15 death signal", "Sending process N closing
-  signal", then three chained tracebacks ending in SignalException, about 60 lines.
+  signal", then three chained tracebacks ending in SignalException, about 60 lines
+  (and Python's "--- Logging error ---" report when the signal interrupts one of its
+  log calls).
 
 Neither tells the user anything the run has not said already: a rank prints its own
 error line or traceback before it exits, and the markers it writes tell `status` and
@@ -21,7 +23,8 @@ crashing script raises the same) as one line. A user's own traceback is never
 hidden. A ChildFailedError report that carries a rank's traceback (the rank used
 torch's `@record`, so an error file exists) is let through whole, and so is anything
 the filter does not recognise in full (a block cut short, a traceback interleaved
-with another rank's lines).
+with a line of unknown origin; a rank's own `[rank N]` line is shown where it comes,
+and the block read on).
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ _CHAINED = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
+# What Python's logging prints when a signal interrupts a log call (torchrun's own
+# "Sending process N closing signal" warning, often): its traceback, "Call stack:",
+# the frames, then "Message: ..." and "Arguments: ..." (the last line).
+_LOGGING_ERROR = "--- Logging error ---"
+_LOGGING_ERROR_HEADS = frozenset({_LOGGING_ERROR, _TRACEBACK, "", *_CHAINED, "Call stack:"})
+# A line of a rank or of shardctl's own (another process writing to the same file):
+# shown where it comes, never part of a launcher's block.
+_OWN_LINE = re.compile(r"^\[(rank \d+|shardctl)[\] ]")
 # The exception torchrun's agent raises on its own SIGTERM/SIGINT/SIGHUP.
 _SIGNAL_EXC = re.compile(r"^torch\.distributed\.elastic\.\S*SignalException: .*signal: (\d+)")
 # Exit codes torchrun gives ranks it stops itself once another rank has ended.
@@ -73,6 +84,8 @@ class LauncherReport:
         self._block: list[str] | None = None  # a ChildFailedError report
         self._root_seen = False
         self._chain: list[str] | None = None  # a traceback (and those chained to it)
+        self._logging_error: list[str] | None = None
+        self._signal_said = False  # the one line for torchrun's signal was shown
         self._exceptions: list[str] = []  # the chain's exception lines so far
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
@@ -93,6 +106,9 @@ class LauncherReport:
             self._block = None
         if self._chain is not None:
             out += self._end_chain()
+        if self._logging_error is not None:
+            out += "".join(self._logging_error)
+            self._logging_error = None
         return out
 
     # -- the state machine ------------------------------------------------------------
@@ -100,8 +116,12 @@ class LauncherReport:
     def _line(self, line: str) -> str:
         if self._block is not None:
             return self._report_line(line)
+        if self._logging_error is not None:
+            return self._logging_error_line(line)
         out = ""
         if self._chain is not None:
+            if _OWN_LINE.match(line):  # a rank's line amid a traceback: shown, read on
+                return line
             held = self._chain_line(line)
             if held:
                 return ""
@@ -110,6 +130,9 @@ class LauncherReport:
             self._block, self._root_seen = [line], False
             return out
         if _CHATTER.search(line):
+            return out
+        if line.rstrip("\n") == _LOGGING_ERROR:
+            self._logging_error = [line]
             return out
         if line.rstrip("\n") == _TRACEBACK:
             self._chain, self._exceptions, self._in_frames = [line], [], True
@@ -150,12 +173,7 @@ class LauncherReport:
             return "".join(chain + tail)
         signals = [_SIGNAL_EXC.match(exc) for exc in self._exceptions]
         if all(signals):
-            self.replaced += 1
-            got = _signal_name(int(signals[-1].group(1)))  # type: ignore[union-attr]
-            return (
-                f"[shardctl] the launcher received {got} and stopped its ranks (not a crash; "
-                f"{self.where})\n" + "".join(tail)
-            )
+            return self._signal_line(signals[-1]) + "".join(tail)  # type: ignore[arg-type]
         key = tuple(chain[:-1])
         if key in self._seen:
             last = chain[-1].rstrip("\n")
@@ -164,6 +182,39 @@ class LauncherReport:
             )
         self._seen.add(key)
         return "".join(chain + tail)
+
+    def _signal_line(self, match: re.Match[str]) -> str:
+        """The one line for torchrun's own signal; said once however often it prints."""
+        self.replaced += 1
+        if self._signal_said:
+            return ""
+        self._signal_said = True
+        got = _signal_name(int(match.group(1)))
+        return (
+            f"[shardctl] the launcher received {got} and stopped its ranks (not a crash; "
+            f"{self.where})\n"
+        )
+
+    def _logging_error_line(self, line: str) -> str:
+        block = self._logging_error
+        assert block is not None
+        if _OWN_LINE.match(line):
+            return line
+        block.append(line)
+        if line.startswith("Arguments: "):
+            self._logging_error = None
+            heads = [x.rstrip("\n") for x in block if x[:1] not in (" ", "\t")]
+            signals = [m for x in heads if (m := _SIGNAL_EXC.match(x))]
+            others = [
+                x for x in heads
+                if not _SIGNAL_EXC.match(x) and x not in _LOGGING_ERROR_HEADS
+                and not x.startswith(("Message: ", "Arguments: "))
+            ]  # fmt: skip
+            return self._signal_line(signals[-1]) if signals and not others else "".join(block)
+        if len(block) > _MAX_BLOCK_LINES:
+            self._logging_error = None
+            return "".join(block)
+        return ""
 
     def _report_line(self, line: str) -> str:
         block = self._block

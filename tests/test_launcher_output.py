@@ -16,6 +16,9 @@ EXIT42 = (DATA / "torchrun-exit42.txt").read_text()
 # ranks of an entrypoint script raising ValueError, from real local runs (paths shortened).
 CANCELLED = (DATA / "torchrun-cancelled.txt").read_text()
 CRASHED = (DATA / "torchrun-script-crashed.txt").read_text()
+# The same cancel, the signal arriving while torchrun logged "Sending process ...":
+# Python's "--- Logging error ---" report, then the usual chain, with a rank's lines.
+MID_LOG = (DATA / "torchrun-cancelled-mid-log.txt").read_text()
 WHERE = "/runs/job/logs/launcher.err"
 BEFORE = "[rank 0] INFO shardctl.train.checkpoint: checkpoint step-00000005 complete\n"
 AFTER = "a line printed afterwards\n"
@@ -41,11 +44,12 @@ def test_the_report_of_an_all_preempted_run_becomes_one_line() -> None:
 @pytest.mark.parametrize("size", [1, 7, 64, 4096])
 def test_chunks_of_any_size_give_the_same_text(size: int) -> None:
     text = BEFORE + EXIT42 + AFTER
-    for text in (BEFORE + EXIT42 + AFTER, CANCELLED + AFTER, BEFORE + CRASHED):
+    texts = {BEFORE + EXIT42 + AFTER: 1, CANCELLED + AFTER: 1, BEFORE + CRASHED: 1, MID_LOG: 2}
+    for text, blocks in texts.items():
         report = LauncherReport()
         out = "".join(report.feed(text[i : i + size]) for i in range(0, len(text), size))
         out += report.close()
-        assert out == readable(text) and report.replaced == 1
+        assert out == readable(text) and report.replaced == blocks
 
 
 def test_a_cancel_is_one_line_naming_the_signal_and_the_file() -> None:
@@ -56,6 +60,38 @@ def test_a_cancel_is_one_line_naming_the_signal_and_the_file() -> None:
         BEFORE + "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; "
         f"its full report is in {WHERE})\n" + AFTER
     )
+
+
+def test_a_signal_amid_torchruns_logging_is_the_same_one_line_said_once() -> None:
+    assert MID_LOG.count("Traceback") == 4 and "--- Logging error ---" in MID_LOG
+    rank = "[rank 0] INFO shardctl.train.checkpoint: checkpoint /tmp/run/d1/checkpoints/"
+    assert readable(MID_LOG, where=WHERE).splitlines() == [
+        "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; its "
+        f"full report is in {WHERE})",
+        "[rank 0] INFO shardctl.train.checkpoint: retention (keep 2): deleting "
+        "/tmp/run/d1/checkpoints/step-00000002",
+        f"{rank}step-00000005 complete",
+    ]
+
+
+def test_a_logging_error_of_the_users_own_is_kept() -> None:
+    error = (
+        "--- Logging error ---\nTraceback (most recent call last):\n"
+        '  File "train.py", line 3, in log\n'
+        "TypeError: not all arguments converted\nCall stack:\n"
+        '  File "train.py", line 9, in <module>\n'
+        "Message: 'x %s'\nArguments: (1, 2)\n"
+    )
+    assert readable(error) == error
+
+
+def test_a_ranks_line_amid_a_traceback_is_shown_and_the_traceback_read_on() -> None:
+    lines = CRASHED.splitlines(keepends=True)
+    mixed = "".join([*lines[:4], "[rank 1] INFO x: saved\n", *lines[4:]])
+    out = readable(mixed)
+    # The traceback is held until it ends: the rank's line comes first, nothing is lost.
+    assert out.startswith("[rank 1] INFO x: saved\n" + "".join(lines[:11]))
+    assert "another rank printed the same" in out
 
 
 def test_a_script_crash_shows_the_users_traceback_once_and_no_launcher_report() -> None:
