@@ -47,11 +47,11 @@ _CHAINED = (
     "During handling of the above exception, another exception occurred:",
     "The above exception was the direct cause of the following exception:",
 )
-# What Python's logging prints when a signal interrupts a log call (torchrun's own
-# "Sending process N closing signal" warning, often): its traceback, "Call stack:",
-# the frames, then "Message: ..." and "Arguments: ..." (the last line).
+# What Python's logging prints when a signal interrupts a log call of torchrun's: this
+# line, the traceback, then (unless the signal came again meanwhile) "Call stack:",
+# frames, "Message: ..." and "Arguments: ..." (the last line).
 _LOGGING_ERROR = "--- Logging error ---"
-_LOGGING_ERROR_HEADS = frozenset({_LOGGING_ERROR, _TRACEBACK, "", *_CHAINED, "Call stack:"})
+_CALL_STACK_TAIL = ("Call stack:", "Message: ", " ", "\t")
 # A line of a rank or of shardctl's own (another process writing to the same file):
 # shown where it comes, never part of a launcher's block.
 _OWN_LINE = re.compile(r"^\[(rank \d+|shardctl)[\] ]")
@@ -84,7 +84,9 @@ class LauncherReport:
         self._block: list[str] | None = None  # a ChildFailedError report
         self._root_seen = False
         self._chain: list[str] | None = None  # a traceback (and those chained to it)
-        self._logging_error: list[str] | None = None
+        self._logging_error: str | None = None  # its first line, held until we know
+        self._chain_prefix = ""  # that line, when the traceback being read follows it
+        self._drop_call_stack = False  # after a dropped logging error: its call stack
         self._signal_said = False  # the one line for torchrun's signal was shown
         self._exceptions: list[str] = []  # the chain's exception lines so far
         self._in_frames = False
@@ -107,7 +109,7 @@ class LauncherReport:
         if self._chain is not None:
             out += self._end_chain()
         if self._logging_error is not None:
-            out += "".join(self._logging_error)
+            out += self._logging_error
             self._logging_error = None
         return out
 
@@ -116,8 +118,6 @@ class LauncherReport:
     def _line(self, line: str) -> str:
         if self._block is not None:
             return self._report_line(line)
-        if self._logging_error is not None:
-            return self._logging_error_line(line)
         out = ""
         if self._chain is not None:
             if _OWN_LINE.match(line):  # a rank's line amid a traceback: shown, read on
@@ -126,16 +126,32 @@ class LauncherReport:
             if held:
                 return ""
             out = self._end_chain()
+        if self._drop_call_stack:
+            if line.startswith(_CALL_STACK_TAIL):
+                return out
+            self._drop_call_stack = False
+            if line.startswith("Arguments: "):
+                return out
+        if self._logging_error is not None:
+            if _OWN_LINE.match(line) or _CHATTER.search(line):
+                return out + ("" if _CHATTER.search(line) else line)
+            held, self._logging_error = self._logging_error, None
+            if line.rstrip("\n") == _TRACEBACK:
+                self._chain, self._exceptions, self._in_frames = [line], [], True
+                self._chain_prefix = held
+                return out
+            out += held
         if _START.search(line):
             self._block, self._root_seen = [line], False
             return out
         if _CHATTER.search(line):
             return out
         if line.rstrip("\n") == _LOGGING_ERROR:
-            self._logging_error = [line]
+            self._logging_error = line
             return out
         if line.rstrip("\n") == _TRACEBACK:
             self._chain, self._exceptions, self._in_frames = [line], [], True
+            self._chain_prefix = ""
             return out
         return out + line
 
@@ -165,23 +181,26 @@ class LauncherReport:
 
     def _end_chain(self) -> str:
         chain, self._chain = self._chain or [], None
+        prefix, self._chain_prefix = self._chain_prefix, ""
         # Blank lines read while waiting for a chained traceback are not part of it.
         tail: list[str] = []
         while chain and chain[-1].strip() in ("", *_CHAINED):
             tail.insert(0, chain.pop())
         if self._in_frames or not self._exceptions:  # cut short: let it through
-            return "".join(chain + tail)
+            return prefix + "".join(chain + tail)
         signals = [_SIGNAL_EXC.match(exc) for exc in self._exceptions]
         if all(signals):
+            self._drop_call_stack = bool(prefix)
             return self._signal_line(signals[-1]) + "".join(tail)  # type: ignore[arg-type]
         key = tuple(chain[:-1])
         if key in self._seen:
             last = chain[-1].rstrip("\n")
-            return f"[shardctl] another rank printed the same traceback, ending: {last}\n" + (
-                "".join(tail)
+            return (
+                f"{prefix}[shardctl] another rank printed the same traceback, ending: {last}\n"
+                + "".join(tail)
             )
         self._seen.add(key)
-        return "".join(chain + tail)
+        return prefix + "".join(chain + tail)
 
     def _signal_line(self, match: re.Match[str]) -> str:
         """The one line for torchrun's own signal; said once however often it prints."""
@@ -194,27 +213,6 @@ class LauncherReport:
             f"[shardctl] the launcher received {got} and stopped its ranks (not a crash; "
             f"{self.where})\n"
         )
-
-    def _logging_error_line(self, line: str) -> str:
-        block = self._logging_error
-        assert block is not None
-        if _OWN_LINE.match(line):
-            return line
-        block.append(line)
-        if line.startswith("Arguments: "):
-            self._logging_error = None
-            heads = [x.rstrip("\n") for x in block if x[:1] not in (" ", "\t")]
-            signals = [m for x in heads if (m := _SIGNAL_EXC.match(x))]
-            others = [
-                x for x in heads
-                if not _SIGNAL_EXC.match(x) and x not in _LOGGING_ERROR_HEADS
-                and not x.startswith(("Message: ", "Arguments: "))
-            ]  # fmt: skip
-            return self._signal_line(signals[-1]) if signals and not others else "".join(block)
-        if len(block) > _MAX_BLOCK_LINES:
-            self._logging_error = None
-            return "".join(block)
-        return ""
 
     def _report_line(self, line: str) -> str:
         block = self._block

@@ -19,6 +19,9 @@ CRASHED = (DATA / "torchrun-script-crashed.txt").read_text()
 # The same cancel, the signal arriving while torchrun logged "Sending process ...":
 # Python's "--- Logging error ---" report, then the usual chain, with a rank's lines.
 MID_LOG = (DATA / "torchrun-cancelled-mid-log.txt").read_text()
+# ... and the signal again while logging printed that report: no call stack, four
+# chained tracebacks, torchrun's warnings and a rank's lines in between.
+INTERRUPTED = (DATA / "torchrun-cancelled-log-interrupted.txt").read_text()
 WHERE = "/runs/job/logs/launcher.err"
 BEFORE = "[rank 0] INFO shardctl.train.checkpoint: checkpoint step-00000005 complete\n"
 AFTER = "a line printed afterwards\n"
@@ -44,7 +47,10 @@ def test_the_report_of_an_all_preempted_run_becomes_one_line() -> None:
 @pytest.mark.parametrize("size", [1, 7, 64, 4096])
 def test_chunks_of_any_size_give_the_same_text(size: int) -> None:
     text = BEFORE + EXIT42 + AFTER
-    texts = {BEFORE + EXIT42 + AFTER: 1, CANCELLED + AFTER: 1, BEFORE + CRASHED: 1, MID_LOG: 2}
+    texts = {
+        BEFORE + EXIT42 + AFTER: 1, CANCELLED + AFTER: 1, BEFORE + CRASHED: 1, MID_LOG: 2,
+        INTERRUPTED: 1,
+    }  # fmt: skip
     for text, blocks in texts.items():
         report = LauncherReport()
         out = "".join(report.feed(text[i : i + size]) for i in range(0, len(text), size))
@@ -72,6 +78,16 @@ def test_a_signal_amid_torchruns_logging_is_the_same_one_line_said_once() -> Non
         "/tmp/run/d1/checkpoints/step-00000002",
         f"{rank}step-00000005 complete",
     ]
+
+
+@pytest.mark.parametrize("text", [CANCELLED, MID_LOG, INTERRUPTED], ids=["plain", "mid", "twice"])
+def test_every_shape_of_a_cancel_is_the_one_line_and_the_ranks_lines(text: str) -> None:
+    out = readable(text, where=WHERE)
+    assert "Traceback" not in out and "Logging error" not in out and "W1125" not in out
+    line = "[shardctl] the launcher received SIGTERM and stopped its ranks"
+    assert out.count(line) == 1
+    ranks = [x for x in text.splitlines() if x.startswith("[rank ")]
+    assert [x for x in out.splitlines() if not x.startswith(line)] == ranks
 
 
 def test_a_logging_error_of_the_users_own_is_kept() -> None:
