@@ -92,7 +92,6 @@ class LauncherReport:
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
         self.replaced = 0  # launcher blocks replaced by one line
-        self.preempted = 0  # of those, reports of ranks that all stopped for a preemption
 
     def feed(self, text: str) -> str:
         lines = (self._partial + text).split("\n")
@@ -253,7 +252,6 @@ class LauncherReport:
         # The first rank to stop saved for a preemption; the rest either did the same
         # or were torn down by torchrun itself (SIGTERM, then SIGKILL after its grace).
         if root[1] == EXIT_PREEMPTED and codes <= {EXIT_PREEMPTED, *_TEARDOWN}:
-            self.preempted += 1
             return (
                 "[shardctl] the launcher reports exit 42 from its ranks: they saved a "
                 "checkpoint and stopped for a preemption (this is not a crash; submit again "
