@@ -1,45 +1,97 @@
-"""What a launcher prints when its ranks stopped for a preemption, made readable.
+"""What a launcher prints about its own stop, made readable.
 
-A rank that saved a checkpoint on a preemption signal exits with EXIT_PREEMPTED
-(42). torchrun (and `accelerate launch`, which runs torchrun's agent) treats any
-non-zero exit as a crash: it logs `failed (exitcode: 42)`, raises
-ChildFailedError with a Python traceback and prints a "FAILED / Root Cause"
-report of every rank. A normal preemption then looks like a crash in the user's
-terminal. `PreemptionReport` recognises that block in a stream of lines and, when
-its root cause (the first rank to stop) exited 42 and every other rank did the same
-or was stopped by torchrun itself (SIGTERM/SIGKILL), replaces it with one line
-saying what happened; any other exit code lets it through untouched (a real
-failure keeps its whole report). The launcher's own log file is never changed.
+torchrun (and `accelerate launch`, which runs torchrun's agent) reports every end of
+its ranks but exit 0 as a crash of its own, in two shapes:
+
+- a rank stopped (a crash, a clear error and exit, a save for a preemption: 42):
+  `failed (exitcode: N)`, a ChildFailedError traceback and a "FAILED / Root Cause"
+  report of every rank, about 40 lines;
+- torchrun itself got SIGTERM or SIGINT (`shardctl cancel`, Ctrl-C under
+  `submit --wait`, `scancel`): "Received 15 death signal", "Sending process N closing
+  signal", then three chained tracebacks ending in SignalException, about 60 lines
+  (and Python's "--- Logging error ---" report when the signal interrupts one of its
+  log calls).
+
+Neither tells the user anything the run has not said already: a rank prints its own
+error line or traceback before it exits, and the markers it writes tell `status` and
+`submit --wait` why the run ended. `LauncherReport` is the one filter every display
+of a launcher's log goes through (`submit --wait`, `logs`, `logs -f`, on every
+cluster): it replaces each of those blocks with one line saying what the launcher
+saw and which file keeps its full report (the log file itself is never changed), and
+shows a traceback that another rank already printed word for word (every rank of a
+crashing script raises the same) as one line. A user's own traceback is never
+hidden. A ChildFailedError report that carries a rank's traceback (the rank used
+torch's `@record`, so an error file exists) is let through whole, and so is anything
+the filter does not recognise in full (a block cut short, a traceback interleaved
+with a line of unknown origin; a rank's own `[rank N]` line is shown where it comes,
+and the block read on).
 """
 
 from __future__ import annotations
 
 import re
+import signal
 
 from .rundir import EXIT_PREEMPTED
 
-_START = re.compile(r"torch/distributed/elastic/.*\] failed \(exitcode: (-?\d+)\)")
+_ELASTIC = r"torch/distributed/elastic/\S*\] "
+_START = re.compile(_ELASTIC + r"failed \(exitcode: (-?\d+)\)")
+# torchrun's chatter while it tears its ranks down.
+_CHATTER = re.compile(_ELASTIC + r"(Received \d+ death signal|Sending process \d+ closing signal)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_ERROR_FILE = re.compile(r"^\s*error_file\s*:\s*(\S+)")
 _RULE = re.compile(r"^={20,}\s*$")
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+# What Python's logging prints when a signal interrupts a log call of torchrun's: this
+# line, the traceback, then (unless the signal came again meanwhile) "Call stack:",
+# frames, "Message: ..." and "Arguments: ..." (the last line).
+_LOGGING_ERROR = "--- Logging error ---"
+_CALL_STACK_TAIL = ("Call stack:", "Message: ", " ", "\t")
+# A line of a rank or of shardctl's own (another process writing to the same file):
+# shown where it comes, never part of a launcher's block.
+_OWN_LINE = re.compile(r"^\[(rank \d+|shardctl)[\] ]")
+# The exception torchrun's agent raises on its own SIGTERM/SIGINT/SIGHUP.
+_SIGNAL_EXC = re.compile(r"^torch\.distributed\.elastic\.\S*SignalException: .*signal: (\d+)")
 # Exit codes torchrun gives ranks it stops itself once another rank has ended.
 _TEARDOWN = frozenset({-15, -9})
 # A block that never closes (torchrun killed mid-report) is let through after this.
 _MAX_BLOCK_LINES = 400
 
 
-class PreemptionReport:
-    """A line filter: feed it text in any chunks, read back what the user should see."""
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
-    def __init__(self, summary: str | None = None) -> None:
-        self.summary = summary or (
-            "[shardctl] the launcher reports exit 42 from its ranks: they saved a checkpoint "
-            "and stopped for a preemption (this is not a crash; submit again to resume)\n"
-        )
+
+def _ended(code: int) -> str:
+    return f"killed by {_signal_name(-code)}" if code < 0 else f"exit {code}"
+
+
+class LauncherReport:
+    """A line filter: feed it text in any chunks, read back what the user should see.
+    `where`: the file that keeps the launcher's full report (named in the one line)."""
+
+    def __init__(self, where: str | None = None) -> None:
+        self.where = f"its full report is in {where}" if where else "its full report is in its log"
         self._partial = ""
-        self._block: list[str] | None = None
-        self._rules_after_root = 0
+        self._block: list[str] | None = None  # a ChildFailedError report
         self._root_seen = False
-        self.replaced = 0  # blocks replaced by the summary
+        self._chain: list[str] | None = None  # a traceback (and those chained to it)
+        self._logging_error: str | None = None  # its first line, held until we know
+        self._chain_prefix = ""  # that line, when the traceback being read follows it
+        self._drop_call_stack = False  # after a dropped logging error: its call stack
+        self._signal_said = False  # the one line for torchrun's signal was shown
+        self._exceptions: list[str] = []  # the chain's exception lines so far
+        self._in_frames = False
+        self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
+        self.replaced = 0  # launcher blocks replaced by one line
 
     def feed(self, text: str) -> str:
         lines = (self._partial + text).split("\n")
@@ -47,55 +99,177 @@ class PreemptionReport:
         return "".join(self._line(line + "\n") for line in lines)
 
     def close(self) -> str:
-        """Everything still held (an unfinished line, an unfinished block)."""
+        """Everything still held (an unfinished line, block or traceback)."""
         out = self._line(self._partial) if self._partial else ""
         self._partial = ""
         if self._block is not None:
             out += "".join(self._block)
             self._block = None
+        if self._chain is not None:
+            out += self._end_chain()
+        if self._logging_error is not None:
+            out += self._logging_error
+            self._logging_error = None
         return out
 
+    # -- the state machine ------------------------------------------------------------
+
     def _line(self, line: str) -> str:
-        if self._block is None:
-            m = _START.search(line)
-            if m is None:
+        if self._block is not None:
+            return self._report_line(line)
+        out = ""
+        if self._chain is not None:
+            if _OWN_LINE.match(line):  # a rank's line amid a traceback: shown, read on
                 return line
-            self._block, self._root_seen, self._rules_after_root = [line], False, 0
+            held = self._chain_line(line)
+            if held:
+                return ""
+            out = self._end_chain()
+        if self._drop_call_stack:
+            if line.startswith(_CALL_STACK_TAIL):
+                return out
+            self._drop_call_stack = False
+            if line.startswith("Arguments: "):
+                return out
+        if self._logging_error is not None:
+            if _OWN_LINE.match(line) or _CHATTER.search(line):
+                return out + ("" if _CHATTER.search(line) else line)
+            held, self._logging_error = self._logging_error, None
+            if line.rstrip("\n") == _TRACEBACK:
+                self._chain, self._exceptions, self._in_frames = [line], [], True
+                self._chain_prefix = held
+                return out
+            out += held
+        if _START.search(line):
+            self._block, self._root_seen = [line], False
+            return out
+        if _CHATTER.search(line):
+            return out
+        if line.rstrip("\n") == _LOGGING_ERROR:
+            self._logging_error = line
+            return out
+        if line.rstrip("\n") == _TRACEBACK:
+            self._chain, self._exceptions, self._in_frames = [line], [], True
+            self._chain_prefix = ""
+            return out
+        return out + line
+
+    def _chain_line(self, line: str) -> bool:
+        """Hold `line` as part of the traceback being read; False when it is not."""
+        chain = self._chain
+        assert chain is not None
+        text = line.rstrip("\n")
+        if len(chain) > _MAX_BLOCK_LINES:
+            return False
+        if self._in_frames:
+            chain.append(line)
+            if text and not text[0].isspace():  # the exception line ends a traceback
+                self._exceptions.append(text)
+                self._in_frames = False
+            return True
+        # After an exception: only "", a "During handling ..." line, "" and the next
+        # traceback continue the chain.
+        if text == "" or text in _CHAINED:
+            chain.append(line)
+            return True
+        if text == _TRACEBACK and chain[-1].strip() == "" and chain[-2].strip() in _CHAINED:
+            chain.append(line)
+            self._in_frames = True
+            return True
+        return False
+
+    def _end_chain(self) -> str:
+        chain, self._chain = self._chain or [], None
+        prefix, self._chain_prefix = self._chain_prefix, ""
+        # Blank lines read while waiting for a chained traceback are not part of it.
+        tail: list[str] = []
+        while chain and chain[-1].strip() in ("", *_CHAINED):
+            tail.insert(0, chain.pop())
+        if self._in_frames or not self._exceptions:  # cut short: let it through
+            return prefix + "".join(chain + tail)
+        signals = [_SIGNAL_EXC.match(exc) for exc in self._exceptions]
+        if all(signals):
+            self._drop_call_stack = bool(prefix)
+            return self._signal_line(signals[-1]) + "".join(tail)  # type: ignore[arg-type]
+        key = tuple(chain[:-1])
+        if key in self._seen:
+            last = chain[-1].rstrip("\n")
+            return (
+                f"{prefix}[shardctl] another rank printed the same traceback, ending: {last}\n"
+                + "".join(tail)
+            )
+        self._seen.add(key)
+        return prefix + "".join(chain + tail)
+
+    def _signal_line(self, match: re.Match[str]) -> str:
+        """The one line for torchrun's own signal; said once however often it prints."""
+        self.replaced += 1
+        if self._signal_said:
             return ""
-        self._block.append(line)
+        self._signal_said = True
+        got = _signal_name(int(match.group(1)))
+        return (
+            f"[shardctl] the launcher received {got} and stopped its ranks (not a crash; "
+            f"{self.where})\n"
+        )
+
+    def _report_line(self, line: str) -> str:
+        block = self._block
+        assert block is not None
+        block.append(line)
         if "Root Cause" in line:
             self._root_seen = True
         elif self._root_seen and _RULE.match(line):
-            return self._finish()
-        if len(self._block) > _MAX_BLOCK_LINES:
-            held, self._block = self._block, None
-            return "".join(held)
+            return self._finish_report()
+        if len(block) > _MAX_BLOCK_LINES:
+            self._block = None
+            return "".join(block)
         return ""
 
-    def _finish(self) -> str:
+    def _finish_report(self) -> str:
         block, self._block = self._block or [], None
-        root: int | None = None
-        others: set[int] = set()
+        root: tuple[int | None, int] | None = None  # (rank, exit code)
+        others: list[tuple[int | None, int]] = []
         in_root = False
+        rank: int | None = None
         for line in block:
             if "Root Cause" in line:
                 in_root = True
-            m = _EXITCODE.match(line)
-            if m is None:
+            if (m := _ERROR_FILE.match(line)) and m.group(1) != "<N/A>":
+                return "".join(block)  # the report holds a rank's own traceback
+            if m := _RANK.match(line):
+                rank = int(m.group(1))
+            if (m := _EXITCODE.match(line)) is None:
                 continue
             if in_root and root is None:
-                root = int(m.group(1))
+                root = (rank, int(m.group(1)))
             else:
-                others.add(int(m.group(1)))
+                others.append((rank, int(m.group(1))))
+        if root is None:
+            return "".join(block)
+        self.replaced += 1
+        codes = {code for _, code in others}
         # The first rank to stop saved for a preemption; the rest either did the same
         # or were torn down by torchrun itself (SIGTERM, then SIGKILL after its grace).
-        if root == EXIT_PREEMPTED and others <= {EXIT_PREEMPTED, *_TEARDOWN}:
-            self.replaced += 1
-            return self.summary
-        return "".join(block)
+        if root[1] == EXIT_PREEMPTED and codes <= {EXIT_PREEMPTED, *_TEARDOWN}:
+            return (
+                "[shardctl] the launcher reports exit 42 from its ranks: they saved a "
+                "checkpoint and stopped for a preemption (this is not a crash; submit again "
+                f"to resume; {self.where})\n"
+            )
+        who = f"rank {root[0]}" if root[0] is not None else "a rank"
+        rest = ""
+        if others and codes <= _TEARDOWN:
+            rest = ", then stopped the other ranks"
+        elif others:
+            rest = ", then " + ", ".join(
+                f"rank {r if r is not None else '?'} ({_ended(code)})" for r, code in others
+            )
+        first = f"{who} ended first ({_ended(root[1])})"
+        return f"[shardctl] the launcher reports {first}{rest}; {self.where}\n"
 
 
-def readable(text: str) -> str:
-    """`text` with every all-preempted launcher report replaced by one line."""
-    report = PreemptionReport()
+def readable(text: str, where: str | None = None) -> str:
+    """`text` with every launcher report replaced by one line (see `LauncherReport`)."""
+    report = LauncherReport(where)
     return report.feed(text) + report.close()

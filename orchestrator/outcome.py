@@ -339,6 +339,17 @@ def _rule_exit_ok(ev: Evidence) -> Outcome | None:
     return Outcome(Kind.DONE, step=done.step if done else None)
 
 
+def _rule_finished_before_the_stop(ev: Evidence) -> Outcome | None:
+    # DONE is written after the last step (and consolidation): a cancel or a signal
+    # that reached the ranks only while they shut down stopped nothing of the run.
+    done = ev.outcome_of(DONE_FILE)
+    if done is None or any(name in ev.markers for name in (FAILED_FILE, HUNG_FILE)):
+        return None
+    if CANCELLED_FILE not in ev.markers and not ev.signals:
+        return None
+    return Outcome(Kind.DONE, step=done.step)
+
+
 def _rule_cancel_asked(ev: Evidence) -> Outcome | None:
     if CANCELLED_FILE not in ev.markers:
         return None
@@ -417,6 +428,10 @@ def _rule_done_marker(ev: Evidence) -> Outcome | None:
 # First match wins (docs/guides/faults.md, "How an attempt ends", lists the same rules).
 RULES: tuple[tuple[str, Callable[[Evidence], Outcome | None]], ...] = (
     ("exit code 0", _rule_exit_ok),
+    (
+        "a DONE marker, then a cancel or a signal: the run had finished",
+        _rule_finished_before_the_stop,
+    ),
     ("a CANCELLED marker (`shardctl cancel`)", _rule_cancel_asked),
     ("the supervisor received the cluster's warning signal", _rule_warned),
     ("the supervisor received TERM or INT and no warning", _rule_ended_from_outside),

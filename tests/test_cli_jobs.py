@@ -496,3 +496,30 @@ def test_slurm_follow_logs_reads_the_per_node_files(
     assert "".join(out) == "[node 1/err] warn\n"
     with pytest.raises(UsageError, match=r"--node 2: job 's' has 2 node\(s\); accepted: 0..1"):
         SlurmCluster().follow_logs(ref, out.append, node=2)
+
+
+def test_slurm_logs_show_the_launchers_stop_as_one_line_naming_the_node_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scancel reaches torchrun on every node: each node's stderr holds its traceback."""
+    monkeypatch.setattr(
+        SlurmCluster, "status", lambda self, ref: JobStatus(JobState.CANCELLED, "x")
+    )
+    cancelled = (Path(__file__).parent / "data" / "torchrun-cancelled.txt").read_text()
+    folder = tmp_path / "submitit" / "6"
+    folder.mkdir(parents=True)
+    err = folder / "6_0_log.err"
+    err.write_text("before\n" + cancelled + "after\n")
+    ref = JobRef("slurm", "6", "s", str(tmp_path), {"folder": str(folder), "nodes": 1})
+    line = (
+        "the launcher received SIGTERM and stopped its ranks (not a crash; its full report "
+        f"is in {err})"
+    )
+    shown = SlurmCluster().logs(ref)
+    assert "Traceback" not in shown and f"before\n[shardctl] {line}\nafter\n" in shown
+    out: list[str] = []
+    SlurmCluster().follow_logs(ref, out.append, poll_s=0.01)
+    assert (
+        "".join(out) == f"[node 0/err] before\n[node 0/err] [shardctl] {line}\n[node 0/err] after\n"
+    )
+    assert err.read_text().count("Traceback") == 3  # the file keeps the whole report

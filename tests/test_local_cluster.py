@@ -46,6 +46,20 @@ def test_status_logs_cancel_of_a_job_that_never_ran(tmp_path: Path) -> None:
         local.cancel(ref)
 
 
+def test_a_run_that_wrote_done_before_a_cancel_says_succeeded(tmp_path: Path) -> None:
+    """The last step and DONE came first; the cancel only met the ranks shutting down."""
+    run_dir = tmp_path / "late"
+    run_dir.mkdir()
+    (run_dir / "local.pid").write_text("999999999 1\n")  # the supervisor has ended
+    (run_dir / "local.exit").write_text("1\n")
+    (run_dir / "DONE").write_text('{"kind": "done", "step": 6}\n')
+    (run_dir / "CANCELLED").write_text('{"kind": "cancelled"}\n')
+    ref = JobRef(cluster="local", job_id="1", name="late", run_dir=str(run_dir))
+    st = LocalCluster().status(ref)
+    assert (st.state, st.detail) == (JobState.SUCCEEDED, "finished step 6"), st
+    assert LocalCluster().exit_code(ref) == 0
+
+
 def _wait_for(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while not cond():
@@ -87,6 +101,12 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
     assert (marker["kind"], marker["signal"]) == ("preempted", "SIGTERM")
     assert (run_dir / "checkpoints" / f"step-{step:08d}" / "manifest.json").is_file()
     assert local.exit_code(ref) == 42
+    # torchrun's own traceback of the SIGTERM it got is one line on screen, and stays
+    # whole in launcher.err (the file the line names).
+    err = run_dir / "logs" / "launcher.err"
+    shown = local.logs(ref)
+    assert "Traceback" not in shown and "SignalException" in err.read_text(), shown[-3000:]
+    assert f"stopped its ranks (not a crash; its full report is in {err})" in shown
     # The supervisor asked the classifier too, and recorded its verdict: a cancel, stop.
     verdict = json.loads((run_dir / "local.outcome").read_text())
     assert (verdict["decision"], verdict["outcome"]["kind"]) == ("stop", "cancelled")
@@ -159,7 +179,13 @@ def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> 
     assert code != 0
     st = local.status(ref)
     assert st.state == JobState.FAILED and st.native_state == f"exit {code}"
-    assert "train.data.text 'missing' does not exist" in local.logs(ref)
+    shown = local.logs(ref)
+    assert "train.data.text 'missing' does not exist" in shown
+    # The rank's clear error, then one line for torchrun's 40-line report (kept in the file).
+    assert "Traceback" not in shown and "ChildFailedError" not in shown, shown[-3000:]
+    err = tmp_path / "bad" / "logs" / "launcher.err"
+    assert "[shardctl] the launcher reports rank " in shown and "ended first (exit 1)" in shown
+    assert f"its full report is in {err}" in shown and "ChildFailedError" in err.read_text()
 
 
 @pytest.mark.slow

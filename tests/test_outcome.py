@@ -29,6 +29,18 @@ DO_NOT_RETRY = {"kind": "failed", "code": 78, "rank": 1, "reason": "bad config"}
         # exit 0 is done, whatever else lies there
         (0, {"DONE": {"kind": "done", "step": 20}}, (), (Kind.DONE, 20, None, None, None)),
         (0, {"CANCELLED": {}}, ("SIGTERM",), (Kind.DONE, None, None, None, None)),
+        # the run wrote DONE (finished) before a cancel or a signal reached it: done
+        (1, {"DONE": {"kind": "done", "step": 20}, "CANCELLED": {}}, (),
+         (Kind.DONE, 20, None, None, None)),
+        (143, {"DONE": {"kind": "done", "step": 20}}, ("SIGTERM",),
+         (Kind.DONE, 20, None, None, None)),
+        (1, {"DONE": {"kind": "done", "step": 20}}, ("SIGUSR2",),
+         (Kind.DONE, 20, None, None, None)),
+        # ... unless a rank failed or hung after it: that stays what it was
+        (1, {"DONE": {"kind": "done", "step": 20}, "CANCELLED": {}, "FAILED": FAILED}, (),
+         (Kind.CANCELLED, None, None, None, None)),
+        (1, {"DONE": {"kind": "done", "step": 20}, "FAILED": FAILED}, ("SIGTERM",),
+         (Kind.CANCELLED, None, "SIGTERM", None, None)),
         # `shardctl cancel` wrote CANCELLED: a cancel, even over the ranks' warning save
         (1, {"CANCELLED": {}, "PREEMPTED": PREEMPTED_USR2}, (),
          (Kind.CANCELLED, 7, "SIGUSR2", None, None)),

@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGQUIT prints every thread's stack (the watchdog asks for it on a hang).
     from .heartbeat import install_stack_dump
+    from .libwarnings import show_library_warnings_once
 
     install_stack_dump()
+    show_library_warnings_once(int(rank or 0))
     try:
         from shardctl.orchestrator.spec import read_job_yaml
 

@@ -45,6 +45,7 @@ from shardctl.orchestrator.rundir import (
 )
 
 from .heartbeat import install_stack_dump
+from .libwarnings import show_library_warnings_once
 
 USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
 
@@ -120,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     # SIGQUIT prints every thread's stack (the watchdog asks for it on a hang).
     install_stack_dump()
+    rank = int(os.environ.get("RANK", "0") or 0)
+    # Before the user's code: its own filters, set later, come first.
+    show_library_warnings_once(rank)
     code = run(words[0], words[1], words[2:])
     sys.stdout.flush()
     sys.stderr.flush()
-    rank = int(os.environ.get("RANK", "0") or 0)
     record(code, started, os.environ.get(ENV_RUN_DIR), rank)
     return code
 

@@ -54,7 +54,7 @@ from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
 from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export
-from ...launcher_output import PreemptionReport, readable
+from ...launcher_output import LauncherReport, readable
 from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
 from ...proctree import Proc, alive, descendants, signal_all, start_ticks
 from ...rundir import (
@@ -412,7 +412,7 @@ class LocalCluster(Cluster):
             text = _read(logs / name)
             if text is None:
                 continue
-            lines = readable(text).splitlines(keepends=True)
+            lines = readable(text, where=str(logs / name)).splitlines(keepends=True)
             if tail is not None:
                 lines = lines[-tail:]
             parts.append(f"==> {logs / name} <==\n" + "".join(lines))
@@ -483,7 +483,7 @@ class LocalCluster(Cluster):
             name: FileTail(logs / name, offset=int(offsets.get(name, 0)), tail=tail)
             for name in LOG_FILES
         }
-        reports = {name: PreemptionReport() for name in LOG_FILES}
+        reports = {name: LauncherReport(str(logs / name)) for name in LOG_FILES}
         wait = self.poll_s if poll_s is None else poll_s
 
         def pump(final: bool = False) -> None:
@@ -517,8 +517,8 @@ class LocalCluster(Cluster):
         # Only this attempt's output: earlier attempts appended to the same files.
         offsets = {name: int(ref.extra.get("log_offsets", {}).get(name, 0)) for name in LOG_FILES}
         decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in LOG_FILES}
-        # torchrun's crash report for ranks that stopped for a preemption becomes one line.
-        reports = {name: PreemptionReport() for name in LOG_FILES}
+        # The launcher's report of its own stop becomes one line (orchestrator/launcher_output.py).
+        reports = {name: LauncherReport(str(logs / name)) for name in LOG_FILES}
 
         def pump(final: bool = False) -> None:
             for name in LOG_FILES:

@@ -102,7 +102,7 @@ from ...durable import write_text_atomic
 from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...fence import claim_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, export, export_from
-from ...launcher_output import PreemptionReport, readable
+from ...launcher_output import LauncherReport, readable
 from ...outcome import (
     MAX_ATTEMPTS_WITHOUT_PROGRESS,
     POLICY,
@@ -351,7 +351,7 @@ class SlurmCluster(Cluster):
                 if not path.is_file():
                     parts.append("(no output yet)\n")
                     continue
-                text = readable(path.read_text(errors="replace"))
+                text = readable(path.read_text(errors="replace"), where=str(path))
                 if tail is not None:
                     text = "".join(text.splitlines(keepends=True)[-tail:])
                 parts.append(text if text.endswith("\n") or not text else text + "\n")
@@ -380,8 +380,8 @@ class SlurmCluster(Cluster):
             )
         folder = _log_folder(ref)
         tails = [
-            (FileTail(folder / f"{ref.job_id}_{n}_log.{kind}", tail=tail), PreemptionReport(),
-             f"[node {n}/{kind}] ")
+            (FileTail(path := folder / f"{ref.job_id}_{n}_log.{kind}", tail=tail),
+             LauncherReport(str(path)), f"[node {n}/{kind}] ")
             for n in range(nodes) if node is None or n == node
             for kind in ("out", "err")
         ]  # fmt: skip
