@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -54,8 +54,8 @@ from .rundir import ATTEMPTS_FILE, CURRENT_ATTEMPT_FILE, LOGS_DIR
 
 # Decisions after which the job went again (`outcome.Decision` values).
 WENT_AGAIN = ("restart", "retry")
-# Clock slack when a step record is matched to an attempt: a supervisor's start is
-# whole seconds (bash `date +%s`).
+# Clock slack after an attempt's end when a step record is matched to it (the end is
+# when the supervisor judged it, after the ranks' last line).
 SLACK_S = 1.0
 
 
@@ -225,19 +225,21 @@ def goodput(
         notes.append(f"no readable {LOGS_DIR}/{METRICS_FILE}: training time unknown")
     else:
         _assign(attempts, metrics[0])
-    return _measure(attempts, resumed, restarts, running, now, notes)
+    measured = _measure(attempts, resumed, restarts, running, now, notes)
+    return measured if metrics is not None else replace(measured, effective=None)
 
 
 def _assign(attempts: Sequence[_Attempt], rows: list[dict[str, Any]]) -> None:
-    """Give each step record to the newest attempt whose time span holds it."""
+    """Give each step record to the attempt whose time span holds it."""
     for row in rows:
         step, when = _step(row.get("step")), _number(row.get("time"))
         if step is None or when is None:
             continue
-        for attempt in reversed(attempts):
-            if attempt.start - SLACK_S <= when <= attempt.end + SLACK_S:
-                attempt.records.append((step, when))
-                break
+        # The newest attempt started by then (a start is never late: bash's whole
+        # seconds round down), if the record is not past its end.
+        attempt = next((a for a in reversed(attempts) if a.start <= when), None)
+        if attempt is not None and when <= attempt.end + SLACK_S:
+            attempt.records.append((step, when))
 
 
 def _overlap(low: float, high: float, keep_low: float, keep_high: float) -> float:
