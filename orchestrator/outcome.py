@@ -670,10 +670,16 @@ def last_attempt(run_dir: str | Path, job: str) -> dict[str, Any] | None:
     return next((e for e in reversed(_attempts(run_dir)) if e.get("job") == job), None)
 
 
-def record_attempt(run_dir: str | Path, job: str, verdict: Verdict, progress: Progress) -> None:
-    """Append this attempt to `attempts.jsonl` (one short line, one write)."""
+def record_attempt(
+    run_dir: str | Path, job: str, verdict: Verdict, progress: Progress, since: float | None = None
+) -> None:
+    """Append this attempt to `attempts.jsonl` (one short line, one write): its
+    timeline for `goodput.py` (`start`: `since`, the attempt's start; `end`: now, when
+    it was judged; `time`, the same, read by lines written before `end` existed)."""
+    now = time.time()
     entry = {
-        "job": job, "attempt": verdict.retries, "restart": verdict.restarts, "time": time.time(),
+        "job": job, "attempt": verdict.retries, "restart": verdict.restarts,
+        "start": since, "end": now, "time": now,
         "kind": verdict.outcome.kind.value, "decision": verdict.decision.value,
         "checkpoint_step": progress.step, "advanced": progress.advanced,
         "summary": verdict.summary(),
@@ -726,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         restarts=args.restarts, max_restarts=args.max_restarts,
     )  # fmt: skip
     if args.job and progress is not None:
-        record_attempt(args.run_dir, args.job, verdict, progress)
+        record_attempt(args.run_dir, args.job, verdict, progress, args.since)
     if args.write:
         from .durable import write_text_atomic
 

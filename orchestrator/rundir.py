@@ -30,8 +30,9 @@ A run directory (`spec.run_dir`, default `runs/<name>` beside the spec file) hol
                                        for a live job and submits (cli, clusters/owner)
     attempts.jsonl                     one line per attempt a retrying supervisor
                                        judged (Slurm; local and Slurm per restart
-                                       inside the allocation): its outcome and newest
-                                       complete checkpoint (progress)
+                                       inside the allocation): its start and end, its
+                                       outcome and newest complete checkpoint
+                                       (progress; goodput.py)
     RESTART                            JSON {"job", "requeue", "restart", "decision"}:
                                        Slurm node 0's verdict on the last round of
                                        the allocation; the other nodes restart their

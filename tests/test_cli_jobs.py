@@ -146,7 +146,7 @@ def test_ls_marks_stale_and_unreadable_records_and_never_crashes(tmp_path: Path)
     res = invoke("ls")
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
-    assert lines[0].split() == ["NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "AGE"]
+    assert lines[0].split() == ["NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "GOODPUT", "AGE"]
     row = {line.split()[0]: line.split() for line in lines[1:] if line and line[0] != "*"}
     assert row["done"][3:6] == ["SUCCEEDED", "20/20", "3"]
     assert row["gone"][3] == "UNKNOWN*" and row["gone"][4] == "—"

@@ -2,7 +2,8 @@
 ranks) in which a rank is SIGKILLed after the first checkpoint and, later, a rank of
 the restarted ranks is SIGSTOPped. The supervisor restarts every rank by itself both
 times (a new attempt token each time), the ranks resume from the newest complete
-checkpoint, and the run finishes SUCCEEDED; attempts.jsonl records the two restarts."""
+checkpoint, and the run finishes SUCCEEDED; attempts.jsonl records the two restarts,
+and `status -o json`'s goodput counts them (two recoveries, some time lost)."""
 
 from __future__ import annotations
 
@@ -94,6 +95,12 @@ def test_a_killed_rank_then_a_stopped_rank_restart_in_place_and_the_run_finishes
         (0, "failed", "restart"), (1, "hung", "restart"), (2, "done", "finish"),
     ], attempts  # fmt: skip
     assert attempts[0]["advanced"] is True  # the first checkpoint came before the kill
+    # Goodput: both faults are restarts with a recovery each, and their time is lost.
+    good = st["goodput"]
+    assert good["restarts"] == 2, good
+    assert [r["kind"] for r in good["recoveries"]] == ["failed", "hung"], good
+    assert all(r["seconds"] > 0 for r in good["recoveries"]), good
+    assert 0 < good["effective"] < 1, good
     # Both restarts resumed from a complete checkpoint, never from step 0 again.
     assert out.count("resumed at step") == 2 and out.count("starting at step 0") == 1
     err = (run_dir / "logs" / "launcher.err").read_text()

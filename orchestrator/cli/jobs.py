@@ -6,7 +6,8 @@ job's cluster at once, one thread per job, and waits at most `--timeout` seconds
 all: a slow or unreachable cluster marks its rows stale instead of holding the table.
 Step, total and loss come from the run's logs/metrics.jsonl where this machine can
 read the run dir (local; Slurm's shared run dir), see orchestrator/progress.py; so does
-the line `status` prints under the state when one rank is consistently the slowest.
+the line `status` prints under the state when one rank is consistently the slowest, and
+the goodput line and `ls` column (orchestrator/goodput.py, from attempts.jsonl).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .common import ClusterChoice, echo_json, handle_errors, output_option
 
 if TYPE_CHECKING:
     from ..clusters.base import Cluster, JobRef, JobStatus
+    from ..goodput import Goodput
     from ..progress import Progress
     from ..spec import JobSpec
 
@@ -54,6 +56,22 @@ def _straggler(backend: Cluster, ref: JobRef) -> str | None:
     return straggler(ref.run_dir)
 
 
+def _goodput(
+    backend: Cluster, ref: JobRef, st: JobStatus | None, submitted: float | None = None
+) -> Goodput | None:
+    """The job's goodput (orchestrator/goodput.py) where its run dir is readable here;
+    `st`: its state (None: unknown, counted as ended); `submitted`: its record's time."""
+    if not backend.run_dir_here:
+        return None
+    from ..goodput import goodput
+
+    running = st is not None and not backend.has_ended(ref, st)
+    return goodput(
+        ref.run_dir, backend.attempts_job(ref), running=running, now=time.time(),
+        submitted=submitted,
+    )  # fmt: skip
+
+
 def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
     detail = f" — {st.detail}" if st.detail else ""
     step = f"; {prog.short()}" if prog is not None else ""
@@ -63,7 +81,12 @@ def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
 
 
 def _status_json(
-    ref: JobRef, st: JobStatus, prog: Progress | None, why: str, slow: str | None
+    ref: JobRef,
+    st: JobStatus,
+    prog: Progress | None,
+    why: str,
+    slow: str | None,
+    good: Goodput | None = None,
 ) -> dict[str, Any]:
     return {
         **ref.to_json(),
@@ -73,6 +96,7 @@ def _status_json(
         "progress": prog.to_json() if prog is not None else None,
         "why": why if prog is None else "",
         "straggler": slow,
+        "goodput": good.to_json() if good is not None else None,
     }
 
 
@@ -113,8 +137,9 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
             seen = (st, prog.step if prog else None)
             if seen != last:
                 slow = _straggler(backend, ref)
+                good = _goodput(backend, ref, st)
                 if output == "json":
-                    data = _status_json(ref, st, prog, why, slow)
+                    data = _status_json(ref, st, prog, why, slow, good)
                     if watch:  # one JSON document per line, one line per change
                         import json
 
@@ -125,6 +150,8 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
                     click.echo(_status_line(ref, st, prog))
                     if slow is not None:
                         click.echo(f"  straggler: {slow}")
+                    if good is not None:
+                        click.echo(f"  {good.line()}")
                 last = seen
             if not watch:
                 return
@@ -241,6 +268,7 @@ class Row:
     stale: str = ""  # why the record no longer describes a job ("" when it does)
     progress: Progress | None = None
     why: str = ""  # why there is no progress
+    goodput: Goodput | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self, now: float) -> dict[str, Any]:
@@ -259,6 +287,7 @@ class Row:
             "why": self.why if self.progress is None else "",
             "submitted": self.submitted,
             "age_s": round(now - self.submitted, 1) if self.submitted is not None else None,
+            "goodput": self.goodput.to_json() if self.goodput is not None else None,
         }
 
 
@@ -267,6 +296,7 @@ def _look(backend: Cluster, ref: JobRef, row: Row) -> None:
     from ..clusters.base import JobState
     from ..errors import ShardctlError
 
+    st: JobStatus | None = None
     try:
         st = backend.status(ref)
     except ShardctlError as exc:
@@ -281,6 +311,7 @@ def _look(backend: Cluster, ref: JobRef, row: Row) -> None:
         row.progress, row.why = _progress(backend, ref)
     except OSError as exc:
         row.why = f"cannot read the run dir: {exc}"
+    row.goodput = _goodput(backend, ref, st, row.submitted)
 
 
 def _age(seconds: float | None) -> str:
@@ -293,7 +324,7 @@ def _age(seconds: float | None) -> str:
 
 
 def _table(rows: list[Row], now: float) -> str:
-    head = ("NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "AGE")
+    head = ("NAME", "CLUSTER", "ID", "STATE", "STEP", "LOSS", "GOODPUT", "AGE")
     lines = [head]
     for r in rows:
         p = r.progress
@@ -301,7 +332,8 @@ def _table(rows: list[Row], now: float) -> str:
         loss = "—" if p is None or p.loss is None else f"{p.loss:.4g}"
         state = r.state + ("*" if r.stale else "")
         age = _age(now - r.submitted if r.submitted is not None else None)
-        lines.append((r.name, r.cluster, r.job_id or "-", state, step, loss, age))
+        good = r.goodput.percent() if r.goodput is not None else ""
+        lines.append((r.name, r.cluster, r.job_id or "-", state, step, loss, good, age))
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     out = [
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines

@@ -258,6 +258,11 @@ class Cluster(ABC):
         """`submit --wait`: follow the job until it ends and return its exit code."""
         raise UsageError(f"--wait is not supported with --cluster {self.name}")
 
+    def attempts_job(self, ref: JobRef) -> str:
+        """The job's id in the run dir's attempts.jsonl (`outcome.record_attempt`),
+        read by `status` and `ls` for its goodput (`orchestrator/goodput.py`)."""
+        return ref.job_id
+
     def has_ended(self, ref: JobRef, st: JobStatus) -> bool:
         """Whether the job will change no more (`status --watch`, `logs -f` stop then)."""
         return st.state.is_terminal

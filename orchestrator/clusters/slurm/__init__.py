@@ -806,7 +806,7 @@ class NodeTask:
             restarts=round_, max_restarts=self.max_restarts if node == 0 else None,
         )  # fmt: skip
         if progress is not None:
-            record_attempt(self.run_dir, job_id, verdict, progress)
+            record_attempt(self.run_dir, job_id, verdict, progress, started)
         out = verdict.outcome
         if node == 0 and self.max_restarts:
             if verdict.decision is Decision.RESTART:

@@ -1,0 +1,298 @@
+"""Goodput: how much of a job's wall time went into training that was kept.
+
+Torch-free; reads two files of the run dir, written by others: `attempts.jsonl` (one
+line per judged attempt, `outcome.record_attempt`: `start` and `end` in epoch
+seconds, `kind`, `decision`, `checkpoint_step`: the newest complete checkpoint at the
+attempt's end) and `logs/metrics.jsonl` (one line per logged step with its wall-clock
+`time`, `progress.py`). One job's attempts only (its id in attempts.jsonl: a new
+submission starts over); a job still running adds an open attempt, from its start
+(the run dir's `CURRENT_ATTEMPT`, claimed by the attempt's supervisor, or the end of
+the attempt before it) up to now.
+
+Definitions (what `status` and `ls` show):
+
+- An attempt's *step records* are the metrics lines logged between its start and
+  its end. The next attempt resumes from the attempt's `checkpoint_step` (none: 0).
+- A step *survives* when it is in the final state: a step of an attempt survives
+  when it is at or below the step the next attempt resumed from (it was not redone),
+  and, for the last attempt, when the job finished or is still running (a job that
+  stopped on a fault keeps only its last checkpoint).
+- *Training time*: the wall time of the surviving steps, each step counted once,
+  from the attempt whose work was kept. A step record covers the steps since the
+  record before it in the same attempt and the wall time between the two; the first
+  record of an attempt covers the steps since the attempt resumed and the attempt's
+  own seconds per step for them (at most the time since the attempt started: the
+  rest is start-up). A record partly past the surviving limit counts in proportion.
+- `effective` = training time ÷ the wall time of all the job's attempts (start to
+  end, each).
+- `restarts`: attempts judged `restart` (in place) or `retry` (requeued).
+- `lost_steps`: steps computed and then not kept: past the checkpoint the next
+  attempt resumed from, or past the last checkpoint of a job that stopped on a fault
+  (counted from the logged steps: with `log_every` > 1, up to `log_every` - 1 fewer).
+- `recoveries`: one per fault that was restarted or requeued, its `kind` (failed,
+  hung, preempted, ...) and `seconds` from the fault (the attempt's end) to the first
+  step record of the attempt after it (up to now while the job is still running
+  without one; None when it never logged one).
+
+Missing or unreadable files never raise: no attempt and no open attempt gives None;
+lines that cannot be read, or attempts without their times (lines written before
+`start`/`end` were recorded), are left out and said in `notes`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from .progress import METRICS_FILE
+from .rundir import ATTEMPTS_FILE, CURRENT_ATTEMPT_FILE, LOGS_DIR
+
+# Decisions after which the job went again (`outcome.Decision` values).
+WENT_AGAIN = ("restart", "retry")
+# Clock slack after an attempt's end when a step record is matched to it (the end is
+# when the supervisor judged it, after the ranks' last line).
+SLACK_S = 1.0
+
+
+@dataclass(frozen=True)
+class Recovery:
+    kind: str
+    seconds: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        seconds = None if self.seconds is None else round(self.seconds, 1)
+        return {"kind": self.kind, "seconds": seconds}
+
+
+@dataclass(frozen=True)
+class Goodput:
+    effective: float | None  # None: no wall time yet
+    training_s: float
+    wall_s: float
+    restarts: int
+    lost_steps: int
+    recoveries: tuple[Recovery, ...]
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "effective": None if self.effective is None else round(self.effective, 4),
+            "training_s": round(self.training_s, 1),
+            "wall_s": round(self.wall_s, 1),
+            "restarts": self.restarts,
+            "lost_steps": self.lost_steps,
+            "recoveries": [r.to_json() for r in self.recoveries],
+            "notes": list(self.notes),
+        }
+
+    def percent(self) -> str:
+        """`87 %` (what `ls` shows), or "" when unknown."""
+        return "" if self.effective is None else f"{self.effective * 100:.0f} %"
+
+    def line(self) -> str:
+        """`goodput 87 % (10m29s of 12m03s trained; 2 restarts, 14 steps lost;
+        recoveries: failed 47 s, hung 63 s)` (what `status` shows)."""
+        head = f"goodput {self.percent() or '?'}"
+        parts = [f"{_duration(self.training_s)} of {_duration(self.wall_s)} trained"]
+        parts.append(
+            f"{self.restarts} restart{'s' if self.restarts != 1 else ''}, "
+            f"{self.lost_steps} step{'s' if self.lost_steps != 1 else ''} lost"
+        )
+        if self.recoveries:
+            each = ", ".join(
+                f"{r.kind} {'?' if r.seconds is None else f'{r.seconds:.0f}'} s"
+                for r in self.recoveries
+            )
+            parts.append(f"recoveries: {each}")
+        text = f"{head} ({'; '.join(parts)})"
+        return text + "".join(f"\n  note: {n}" for n in self.notes)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+@dataclass
+class _Attempt:
+    start: float
+    end: float
+    kind: str | None  # None: still running
+    decision: str | None
+    checkpoint_step: int | None
+    records: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _step(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _jsonl(path: Path) -> tuple[list[dict[str, Any]], int] | None:
+    """(the lines that are JSON objects, how many others) or None when unreadable."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    rows, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            bad += 1  # cut short by a crash, or damaged: the others still count
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            bad += 1
+    return rows, bad
+
+
+def _started(run_dir: Path) -> float | None:
+    """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime)."""
+    try:
+        return (run_dir / CURRENT_ATTEMPT_FILE).stat().st_mtime
+    except OSError:
+        return None
+
+
+def goodput(
+    run_dir: str | Path,
+    job: str,
+    *,
+    running: bool = False,
+    now: float,
+    submitted: float | None = None,
+) -> Goodput | None:
+    """The goodput of `job` (its id in attempts.jsonl) in `run_dir`; `running`: the
+    job has not ended (its open attempt counts up to `now`); `submitted`: when it was
+    submitted, the open attempt's start when nothing better is known. None when there
+    is nothing to measure (no attempt of the job, or no run dir here)."""
+    root = Path(run_dir)
+    notes: list[str] = []
+    read = _jsonl(root / ATTEMPTS_FILE)
+    lines, bad = read if read is not None else ([], 0)
+    if bad:
+        notes.append(f"{bad} line{'s' if bad != 1 else ''} of {ATTEMPTS_FILE} could not be read")
+    mine = [e for e in lines if e.get("job") == job]
+    attempts: list[_Attempt] = []
+    untimed = 0
+    for entry in mine:
+        start, end = _number(entry.get("start")), _number(entry.get("end", entry.get("time")))
+        if start is None or end is None or end < start:
+            untimed += 1
+            continue
+        attempts.append(
+            _Attempt(start, end, str(entry.get("kind")), str(entry.get("decision")),
+                     _step(entry.get("checkpoint_step")))
+        )  # fmt: skip
+    if untimed:
+        notes.append(f"{untimed} attempt{'s' if untimed != 1 else ''} recorded without times")
+    if running:
+        known = [t for t in (_started(root), submitted) if t is not None]
+        if attempts:  # a restart starts once the attempt before it was judged
+            known.append(attempts[-1].end)
+        start = max(known, default=None)
+        if start is not None and start <= now:
+            attempts.append(_Attempt(start, now, None, None, None))
+    restarts = sum(1 for e in mine if e.get("decision") in WENT_AGAIN)
+    if not attempts:
+        if not mine:
+            return None
+        return Goodput(None, 0.0, 0.0, restarts, 0, (), tuple(notes))
+    # A job that resumed from an earlier submission's checkpoint starts from its step.
+    first = lines.index(mine[0]) if mine else len(lines)
+    before = [_step(e.get("checkpoint_step")) for e in lines[:first]]
+    resumed = next((s for s in reversed(before) if s is not None), 0)
+    metrics = _jsonl(root / LOGS_DIR / METRICS_FILE)
+    if metrics is None:
+        notes.append(f"no readable {LOGS_DIR}/{METRICS_FILE}: training time unknown")
+    else:
+        _assign(attempts, metrics[0])
+    measured = _measure(attempts, resumed, restarts, running, now, notes)
+    return measured if metrics is not None else replace(measured, effective=None)
+
+
+def _assign(attempts: Sequence[_Attempt], rows: list[dict[str, Any]]) -> None:
+    """Give each step record to the attempt whose time span holds it."""
+    for row in rows:
+        step, when = _step(row.get("step")), _number(row.get("time"))
+        if step is None or when is None:
+            continue
+        # The newest attempt started by then (a start is never late: bash's whole
+        # seconds round down), if the record is not past its end.
+        attempt = next((a for a in reversed(attempts) if a.start <= when), None)
+        if attempt is not None and when <= attempt.end + SLACK_S:
+            attempt.records.append((step, when))
+
+
+def _overlap(low: float, high: float, keep_low: float, keep_high: float) -> float:
+    """The share of the steps (low, high] that lies in (keep_low, keep_high]."""
+    if high <= low:
+        return 0.0
+    return max(0.0, min(high, keep_high) - max(low, keep_low)) / (high - low)
+
+
+def _measure(
+    attempts: list[_Attempt],
+    resumed: int,
+    restarts: int,
+    running: bool,
+    now: float,
+    notes: list[str],
+) -> Goodput:
+    """The definitions of the module docstring; `resumed`: the step the first attempt
+    resumed from."""
+    training = 0.0
+    lost = 0
+    recoveries: list[Recovery] = []
+    for i, attempt in enumerate(attempts):
+        last = i == len(attempts) - 1
+        kept_all = last and (attempt.kind in (None, "done"))
+        limit = math.inf if kept_all else float(attempt.checkpoint_step or 0)
+        records = sorted(attempt.records, key=lambda r: r[1])
+        # Steps only go up within an attempt; a record that does not is left out.
+        steps: list[tuple[int, float]] = []
+        for step, when in records:
+            if not steps or step > steps[-1][0]:
+                steps.append((step, when))
+        if steps:
+            first_step, first_t = steps[0]
+            last_step, last_t = steps[-1]
+            per_step = (last_t - first_t) / (last_step - first_step) if len(steps) > 1 else None
+            startup = max(0.0, first_t - attempt.start)
+            covered = first_step - resumed
+            first_s = startup if per_step is None else min(per_step * covered, startup)
+            training += first_s * _overlap(resumed, first_step, resumed, limit)
+            for (s0, t0), (s1, t1) in pairwise(steps):
+                training += (t1 - t0) * _overlap(s0, s1, resumed, limit)
+            if not kept_all:
+                lost += max(0, last_step - max(int(limit), resumed))
+        if attempt.decision in WENT_AGAIN:
+            nxt = attempts[i + 1] if not last else None
+            first = min((t for _, t in nxt.records), default=None) if nxt else None
+            if first is not None:
+                seconds: float | None = max(0.0, first - attempt.end)
+            else:
+                seconds = now - attempt.end if running else None
+            recoveries.append(Recovery(attempt.kind or "?", seconds))
+        resumed = attempt.checkpoint_step or 0
+    wall = sum(a.end - a.start for a in attempts)
+    effective = min(1.0, training / wall) if wall > 0 else None
+    return Goodput(effective, training, wall, restarts, lost, tuple(recoveries), tuple(notes))
