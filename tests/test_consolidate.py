@@ -271,7 +271,7 @@ def test_a_folder_gives_the_checkpoint_resume_would_pick(run_dir, tmp_path):
     assert all(torch.equal(loaded[k], trained[k]) for k in loaded)
     # Every one damaged: refused, nothing written.
     _flip_a_byte(ckpts / "step-00000001")
-    with pytest.raises(CheckpointError, match="every complete checkpoint .* failed verification"):
+    with pytest.raises(CheckpointError, match=r"every complete checkpoint .* failed verification"):
         consolidate(tmp_path / "run", tmp_path / "m2")
     assert not (tmp_path / "m2").exists() and not (tmp_path / "m2.tmp").exists()
     res = CliRunner().invoke(
