@@ -14,7 +14,7 @@ import errno
 import os
 from pathlib import Path
 
-from .errors import StorageError
+from .errors import ShardctlError, StorageError
 
 
 def fsync_dir(path: str | Path) -> None:
@@ -122,6 +122,10 @@ def storage_error(
     failure without an errno counts as a full disk only when `where` has less than
     `LOW_SPACE_BYTES` (or less than `needed`) free right after it.
     """
+    if isinstance(exc, ShardctlError) and not isinstance(exc.__cause__, OSError):
+        return None  # shardctl's own refusals already say what is wrong
+    if isinstance(exc, ShardctlError):
+        exc = exc.__cause__  # type: ignore[assignment]
     code = exc.errno if isinstance(exc, OSError) else None
     free = free_bytes(where)
     if code in _WHY_UNWRITABLE:

@@ -22,6 +22,7 @@ DeepSpeed checkpoint is written.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -88,26 +89,23 @@ def convert_checkpoint(
     out = Path(out)
     _check_out(out, step_dir)
     check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the reads
-    hashing = VerifyAlongside(step_dir, manifest) if verify else None
-    try:
-        state = read_state(step_dir, manifest)
-    except CheckpointError:
-        if hashing is not None:  # a damaged file is named by its sha256, not its parse error
-            hashing.check()
-        raise
-    notes: list[str] = []
-    try:
-        target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
-    except BaseException:
-        if hashing is not None:
-            hashing.problems()  # no thread left reading behind a refusal
-        raise
 
     # Published like a checkpoint: staged in `<out>.tmp/` (a leftover of an earlier
-    # conversion that died there is removed), made visible by one rename.
+    # conversion that died there is removed), made visible by one rename. Staged
+    # first: an --out that cannot be written is named before the source is read.
     storage = PosixStorage(out.parent)
+    hashing: VerifyAlongside | None = None
     try:
         tmp = storage.new_staging(out.name)
+        hashing = VerifyAlongside(step_dir, manifest) if verify else None
+        try:
+            state = read_state(step_dir, manifest)
+        except CheckpointError:
+            if hashing is not None:  # a damaged file is named by its sha256, not its parse
+                hashing.check()
+            raise
+        notes: list[str] = []
+        target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
         if to == "fsdp":
             from .dcp_out import write_dcp
 
@@ -138,7 +136,8 @@ def convert_checkpoint(
     except BaseException as exc:
         storage.discard(out.name)
         if hashing is not None:
-            hashing.problems()  # the thread ends before the error is reported
+            with contextlib.suppress(CheckpointError):
+                hashing.problems()  # no thread left reading behind the error
         problem = storage_error(
             exc,
             out.parent,
