@@ -351,16 +351,18 @@ class CheckpointManager:
             self._pending_error = self._save_failed(final_dir.name, exc)
 
     def _save_failed(self, name: str, exc: BaseException) -> BaseException:
-        """The error a failed save raises: a `StorageError` naming the checkpoint folder
-        with its free and needed bytes when the file system is full or read-only (torch's
-        zip writer hides ENOSPC as "unexpected pos": free space, asked right after,
-        tells), else `exc`. Either way the half-written staging folder is removed and
-        the previous checkpoints are left as they were."""
+        """The error a failed save raises. On a full, over-quota, read-only or
+        size-limited file system (torch's zip writer hides ENOSPC as "unexpected pos":
+        the free space, asked right after, tells) a `StorageError` naming the checkpoint
+        folder with its free and needed bytes, once the half-written staging folder is
+        removed; the previous checkpoints are left as they were. Any other failure is
+        `exc` as it is (its staging folder goes at the next save, as after a crash)."""
         previous = complete_candidates(self.storage)
         needed = _dir_bytes(previous[0]) if previous else None
         cause = _os_error_in(exc) or exc
         # Asked before the staging folder goes: its partial files hold the space.
-        free_now = storage_error(cause, self.dir, what="", needed=needed) is not None
+        if storage_error(cause, self.dir, what="", needed=needed) is None:
+            return exc
         self.storage.discard(name)
         kept = (
             f"the previous checkpoint {previous[0].name} is intact"
@@ -368,19 +370,12 @@ class CheckpointManager:
             else "there is no earlier checkpoint"
         )
         aftermath = f"the half-written {self.storage.staging_path(name).name} was removed; {kept}"
-        if not free_now:
-            return exc
-        problem = storage_error(
-            cause,
-            self.dir,
-            what=f"checkpoint {name} (rank {self.rank})",
-            needed=needed,
-            aftermath=aftermath,
-        )
+        what = f"checkpoint {name} (rank {self.rank})"
+        problem = storage_error(cause, self.dir, what=what, needed=needed, aftermath=aftermath)
         if problem is None:  # the space came back once the staging folder went
             problem = StorageError(
-                f"cannot write checkpoint {name} (rank {self.rank}): {self.dir} was full "
-                f"({type(cause).__name__}: {str(cause)[:200]}); {aftermath}"
+                f"cannot write {what}: {self.dir} was full ({type(cause).__name__}: "
+                f"{str(cause)[:200]}); {aftermath}"
             )
         log.error("%s", problem)
         return problem

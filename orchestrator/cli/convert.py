@@ -230,7 +230,7 @@ def _write(path: Path, text: str) -> None:
         write_text_atomic(path, text, durable=False)
     except OSError as exc:
         problem = storage_error(
-            exc, path.parent, what=str(path), needed=len(text.encode()),
+            exc, path.parent, what=repr(str(path)), needed=len(text.encode()),
             aftermath="any earlier file there is unchanged",
         )  # fmt: skip
         fallback = ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}")
