@@ -325,7 +325,10 @@ class CheckpointManager:
         except StaleAttemptError:
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
-            raise self._save_failed(name, exc) from exc
+            problem = self._save_failed(name, exc)
+            if problem is exc:
+                raise
+            raise problem from exc
 
         if self.async_save and not final:
             future = self.state_io.save_async(tmp, self.group)
