@@ -174,3 +174,23 @@ def test_a_save_on_a_full_disk_fails_the_run_saying_why_and_keeps_the_previous(
     assert "step-00000004.tmp was removed" in reason and "step-00000002 is intact" in reason
     outcome = classify(Evidence.gather(tmp_path / "job", None, 1))
     assert outcome.kind is Kind.FAILED and reason in outcome.summary()
+
+
+def test_a_users_script_stopped_by_a_full_disk_records_why(tmp_path: Path) -> None:
+    """`entrypoint:` scripts: a shardctl error (here the StorageError a save raises)
+    that ends the script is the reason of its FAILED marker."""
+    import time
+
+    from shardctl.train import entry
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from shardctl.orchestrator.errors import StorageError\n"
+        "raise StorageError('cannot write checkpoint step-00000004: /ck is full')\n"
+    )
+    started = time.time()
+    code = entry.run("script", str(script), [])
+    entry.record(code, started, str(tmp_path / "run"), 1)
+    marker = json.loads((tmp_path / "run" / FAILED_FILE).read_text())
+    assert (marker["code"], marker["rank"]) == (1, 1)
+    assert marker["reason"] == "cannot write checkpoint step-00000004: /ck is full"
