@@ -90,6 +90,20 @@ class CheckpointError(ShardctlError):
     """A checkpoint is missing, incomplete or corrupt."""
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files do not match its manifest (a size or a sha256); `problems`
+    names each file with what the manifest expects and what was found."""
+
+    def __init__(self, message: str, problems: list[str]) -> None:
+        super().__init__(message)
+        self.problems = problems
+
+
+class StorageError(ShardctlError):
+    """A write failed because its file system is full, over quota, read-only or refuses
+    the file's size; the message names the path (and the free and needed bytes)."""
+
+
 class MissingDependencyError(ShardctlError):
     """An optional dependency (torch, submitit, kubernetes ...) is not installed."""
 

@@ -178,7 +178,8 @@ class Outcome:
             return f"the script said do not retry ({who} exited with code {self.code}){why}"
         if self.kind is Kind.FAILED:
             who = f"rank {self.rank}" if self.rank is not None else "the launcher"
-            return f"failed: {who} exited with code {self.code}"
+            why = f": {self.reason}" if self.reason else ""
+            return f"failed: {who} exited with code {self.code}{why}"
         return "ended without a record (no exit code, no marker)"
 
 
@@ -411,7 +412,7 @@ def _rule_rank_failed(ev: Evidence) -> Outcome | None:
     failed = ev.outcome_of(FAILED_FILE)
     if failed is None or not failed.code:
         return None
-    return Outcome(Kind.FAILED, code=failed.code, rank=failed.rank)
+    return Outcome(Kind.FAILED, code=failed.code, rank=failed.rank, reason=failed.reason)
 
 
 def _rule_exit_code(ev: Evidence) -> Outcome | None:

@@ -225,14 +225,65 @@ def test_truncated_file_is_named(run_dir, tmp_path):
         consolidate(step, tmp_path / "m")
 
 
-def test_altered_file_is_named_with_verify(run_dir, tmp_path):
-    step = _copy_step(run_dir, tmp_path)
+def _flip_a_byte(step: Path) -> tuple[Path, str]:
+    """One byte of a .distcp altered, same size; returns the file and its old sha256."""
+    import hashlib
+
     distcp = sorted((step / "dcp").glob("*.distcp"))[0]
     data = bytearray(distcp.read_bytes())
+    before = hashlib.sha256(data).hexdigest()
     data[len(data) // 2] ^= 0xFF
     distcp.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=rf"{distcp.name}: sha256"):
-        consolidate(step, tmp_path / "m", verify=True)
+    return distcp, before
+
+
+def test_altered_file_is_refused_by_default_naming_file_and_digests(run_dir, tmp_path):
+    import hashlib
+
+    step = _copy_step(run_dir, tmp_path)
+    distcp, expected = _flip_a_byte(step)
+    actual = hashlib.sha256(distcp.read_bytes()).hexdigest()
+    with pytest.raises(CheckpointError) as info:
+        consolidate(step, tmp_path / "m")
+    message = str(info.value)
+    assert f"{distcp.name}: sha256 {actual}, manifest expects {expected}" in message
+    assert "--no-verify" in message
+    assert not (tmp_path / "m").exists() and not (tmp_path / "m.tmp").exists()
+    # --no-verify: the old speed, the old trust (sizes only).
+    assert consolidate(step, tmp_path / "m", verify=False).checkpoint == step
+
+
+def test_a_folder_gives_the_checkpoint_resume_would_pick(run_dir, tmp_path):
+    """The newest checkpoint fails verification: like resume, the previous one is used
+    and the note says why; the choice is the one `latest_complete` (resume) makes."""
+    import shutil
+
+    from shardctl.train.manifest import latest_complete
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copytree(run_dir / "checkpoints", ckpts)
+    distcp, _ = _flip_a_byte(ckpts / "step-00000002")
+    result = consolidate(tmp_path / "run", tmp_path / "m")
+    assert result.checkpoint == latest_complete(ckpts) == ckpts / "step-00000001"
+    assert any("step-00000002 failed verification" in n and distcp.name in n for n in result.notes)
+    loaded = _load_dir(tmp_path / "m")
+    trained = tiny_llama(tied=True, seed=1).state_dict()
+    assert all(torch.equal(loaded[k], trained[k]) for k in loaded)
+    # Every one damaged: refused, nothing written.
+    _flip_a_byte(ckpts / "step-00000001")
+    with pytest.raises(CheckpointError, match=r"every complete checkpoint .* failed verification"):
+        consolidate(tmp_path / "run", tmp_path / "m2")
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m2.tmp").exists()
+    res = CliRunner().invoke(
+        cli, ["consolidate", str(ckpts / "step-00000002"), "--out", str(tmp_path / "m3")]
+    )
+    assert res.exit_code == 1 and distcp.name in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(
+        cli,
+        ["consolidate", str(ckpts / "step-00000002"), "--out", str(tmp_path / "m3"),
+         "--no-verify", "--no-progress"],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
 
 
 def test_corrupt_metadata_is_named(run_dir, tmp_path):
@@ -241,8 +292,8 @@ def test_corrupt_metadata_is_named(run_dir, tmp_path):
     manifest = json.loads((step / "manifest.json").read_text())
     manifest["files"]["dcp/.metadata"]["size"] = 7
     (step / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match=r"\.metadata is corrupt"):
-        consolidate(step, tmp_path / "m")
+    with pytest.raises(CheckpointError, match=r"\.metadata is corrupt"):  # the reader's own check
+        consolidate(step, tmp_path / "m", verify=False)
 
 
 def test_existing_output_is_kept_unless_forced(run_dir, tmp_path):

@@ -355,11 +355,21 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_p
     _assert_same_weights(_model(run_dir), _model(reference))
 
 
-def test_higher_priority_job_preempts_then_the_run_resumes(reference: Path, tmp_path: Path):
+def test_higher_priority_job_preempts_then_the_run_resumes(slurm_cluster: None, tmp_path: Path):
     # Partition `urgent` outranks `debug` (PreemptMode=REQUEUE): Slurm sends the
     # job's signal (preempt_send_user_signal), the ranks save, the job is requeued
-    # and resumes once the urgent job is done.
-    ref = _submitted(tmp_path, _spec("preempt-prio"))
+    # and resumes once the urgent job is done. Slurm's scheduler takes its time to
+    # preempt: the run is long enough not to end first (bit-exactness against the
+    # reference is the USR2 test's).
+    steps = 300
+    ref = _submitted(
+        tmp_path,
+        _spec(
+            "preempt-prio",
+            train={"steps": steps},
+            checkpoint={"every_steps": 50, "consolidate_on_finish": False},
+        ),
+    )
     run_dir = Path(ref.run_dir)
     _wait(ref, lambda: len(_steps(run_dir)) >= 5, 180, "step 5")
     urgent = subprocess.run(
@@ -374,9 +384,8 @@ def test_higher_priority_job_preempts_then_the_run_resumes(reference: Path, tmp_
         assert _finished(ref, timeout=300) is JobState.SUCCEEDED, SlurmCluster().logs(ref)
     finally:
         subprocess.run(["scancel", urgent], timeout=30, check=False)
-    assert f"resumed at step {saved_at}" in SlurmCluster().logs(ref)
-    assert _steps(run_dir) == list(range(1, STEPS + 1))
-    _assert_same_weights(_model(run_dir), _model(reference))
+    assert saved_at < steps and f"resumed at step {saved_at}" in SlurmCluster().logs(ref)
+    assert _steps(run_dir) == list(range(1, steps + 1))
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None, tmp_path):

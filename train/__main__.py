@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 from shardctl.orchestrator.errors import ShardctlError
 
@@ -40,7 +41,26 @@ def _spec_arg(argv: list[str]) -> str:
     return words[0]
 
 
+def _record_failure(exc: ShardctlError, rank: str, started: float) -> None:
+    """A FAILED marker whose reason is the error, so that `shardctl status` says why
+    the run stopped (a full disk, a corrupt checkpoint), not only an exit code."""
+    from shardctl.orchestrator.outcome import failed_marker
+    from shardctl.orchestrator.rundir import ENV_RUN_DIR, RunDir
+
+    from .entry import write_failed
+
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir:
+        return
+    reason = str(exc)
+    if len(reason) > 2000:
+        reason = reason[:2000] + "…"
+    rank_no = int(rank) if rank.isdigit() else 0
+    write_failed(RunDir.of(run_dir), started, failed_marker(exc.exit_code, rank_no, reason))
+
+
 def main(argv: list[str] | None = None) -> int:
+    started = time.time()
     path = _spec_arg(sys.argv[1:] if argv is None else argv)
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
@@ -61,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(read_job_yaml(path))
     except ShardctlError as exc:
         print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        _record_failure(exc, rank, started)
         return exc.exit_code
 
 

@@ -67,7 +67,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..orchestrator.errors import CheckpointError
+from ..orchestrator.durable import storage_error
+from ..orchestrator.errors import CheckpointError, StorageError
 from ..orchestrator.fence import AttemptFence, StaleAttemptError
 from . import heartbeat
 from .backends.base import Stateful, StateIO
@@ -163,6 +164,30 @@ def _read_or_why(path: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, str(exc)
 
 
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def _os_error_in(exc: BaseException) -> OSError | None:
+    """The OSError with an errno behind `exc`: its causes, and the per-rank failures
+    DCP's CheckpointException carries."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+            todo = [t for t in todo if isinstance(t, BaseException)]
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+    return None
+
+
 # ------------------------------------------------------------------- the manager
 
 
@@ -248,18 +273,25 @@ class CheckpointManager:
         """Run `fn` on rank 0 and share its result, or its error, with every rank
         (so a failure on rank 0 fails every rank instead of hanging them)."""
         result: Any = None
+        cause: BaseException | None = None
         if self.rank == 0:
             try:
                 result = ("ok", fn())
             except StaleAttemptError as exc:  # every rank of a stale attempt stops as such
                 result = ("stale", str(exc))
             except Exception as exc:
-                result = ("error", f"{type(exc).__name__}: {exc}")
+                cause = exc
+                # The errno travels too: every rank can then say "full" or "read-only".
+                code = exc.errno if isinstance(exc, OSError) else None
+                result = ("error", (f"{type(exc).__name__}: {exc}", code))
         status, value = self._broadcast(result)
         if status == "stale":
             raise StaleAttemptError(value)
         if status == "error":
-            raise CheckpointError(f"checkpoint step failed on rank 0: {value}")
+            text, code = value
+            if cause is None and code is not None:
+                cause = OSError(code, text)
+            raise CheckpointError(f"checkpoint step failed on rank 0: {text}") from cause
         return value
 
     # -- save -----------------------------------------------------------------------
@@ -283,8 +315,20 @@ class CheckpointManager:
             self._clean_stale()
             (self.storage.new_staging(name) / TRAINER_DIR).mkdir()
 
-        self._rank0_do(prepare)
-        self._write_trainer_state(tmp, step, trainer)
+        try:
+            self._rank0_do(prepare)
+            self._write_trainer_state(tmp, step, trainer)
+            if not (self.async_save and not final):
+                self.state_io.save(tmp, self.group)
+                self.timings["write"] = time.perf_counter() - t0
+                self._finalize(step, tmp, final_dir, t0)
+        except StaleAttemptError:
+            raise
+        except BaseException as exc:  # DCP's CheckpointException is a BaseException
+            problem = self._save_failed(name, exc)
+            if problem is exc:
+                raise
+            raise problem from exc
 
         if self.async_save and not final:
             future = self.state_io.save_async(tmp, self.group)
@@ -296,10 +340,6 @@ class CheckpointManager:
                 daemon=True,
             )
             self._pending.start()
-        else:
-            self.state_io.save(tmp, self.group)
-            self.timings["write"] = time.perf_counter() - t0
-            self._finalize(step, tmp, final_dir, t0)
         self.timings["blocked"] = time.perf_counter() - t0
         heartbeat.beat(step, "step")  # saved (or staged): training goes on
 
@@ -308,8 +348,40 @@ class CheckpointManager:
             future.result()
             self.timings["write"] = time.perf_counter() - t0
             self._finalize(step, tmp, final_dir, t0)
-        except BaseException as exc:  # re-raised in the training thread by wait()
+        except StaleAttemptError as exc:
             self._pending_error = exc
+        except BaseException as exc:  # re-raised in the training thread by wait()
+            self._pending_error = self._save_failed(final_dir.name, exc)
+
+    def _save_failed(self, name: str, exc: BaseException) -> BaseException:
+        """The error a failed save raises. On a full, over-quota, read-only or
+        size-limited file system (torch's zip writer hides ENOSPC as "unexpected pos":
+        the free space, asked right after, tells) a `StorageError` naming the checkpoint
+        folder with its free and needed bytes, once the half-written staging folder is
+        removed; the previous checkpoints are left as they were. Any other failure is
+        `exc` as it is (its staging folder goes at the next save, as after a crash)."""
+        previous = complete_candidates(self.storage)
+        needed = _dir_bytes(previous[0]) if previous else None
+        cause = _os_error_in(exc) or exc
+        # Asked before the staging folder goes: its partial files hold the space.
+        if storage_error(cause, self.dir, what="", needed=needed) is None:
+            return exc
+        self.storage.discard(name)
+        kept = (
+            f"the previous checkpoint {previous[0].name} is intact"
+            if previous
+            else "there is no earlier checkpoint"
+        )
+        aftermath = f"the half-written {self.storage.staging_path(name).name} was removed; {kept}"
+        what = f"checkpoint {name} (rank {self.rank})"
+        problem = storage_error(cause, self.dir, what=what, needed=needed, aftermath=aftermath)
+        if problem is None:  # the space came back once the staging folder went
+            problem = StorageError(
+                f"cannot write {what}: {self.dir} was full ({type(cause).__name__}: "
+                f"{str(cause)[:200]}); {aftermath}"
+            )
+        log.error("%s", problem)
+        return problem
 
     def _write_trainer_state(self, tmp: Path, step: int, trainer: Stateful | None) -> None:
         blob = {

@@ -60,8 +60,14 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+# The message of a shardctl error that ended the user's script, for its FAILED marker.
+_failure_reason: str | None = None
+
+
 def run(kind: str, target: str, args: list[str]) -> int:
     """Run the target as `__main__`; return its exit code (an exception is exit 1)."""
+    global _failure_reason
+    _failure_reason = None
     try:
         if kind == "script":
             sys.argv = [target, *args]
@@ -73,8 +79,11 @@ def run(kind: str, target: str, args: list[str]) -> int:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         return _exit_code(exc)
-    except BaseException:  # the user's code raised: show it as Python would
+    except BaseException as exc:  # the user's code raised: show it as Python would
         traceback.print_exc()
+        # shardctl's own errors (a save on a full disk) say why: FAILED records it.
+        if any(c.__module__.startswith("shardctl.") for c in type(exc).__mro__[:-2]):
+            _failure_reason = str(exc)[:2000]
         return 1
     return EXIT_OK
 
@@ -93,7 +102,7 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
             data = done_marker(None) if code == EXIT_OK else preempted_marker(None, None, "exit 42")
             folder.write_marker(name, {**data, "time": time.time()})
         return
-    write_failed(folder, started, failed_marker(code, rank))
+    write_failed(folder, started, failed_marker(code, rank, _failure_reason or ""))
 
 
 def write_failed(folder: RunDir, started: float, marker: dict[str, object]) -> bool:

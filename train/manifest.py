@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..orchestrator.durable import write_text_atomic
-from ..orchestrator.errors import CheckpointError
+from ..orchestrator.errors import CheckpointError, CorruptCheckpointError
 from .storage import COMMIT_MARKER, CheckpointStorage, PosixStorage
 
 log = logging.getLogger(__name__)
@@ -276,6 +276,56 @@ def verify(
                     "(contents altered)"
                 )
     return problems
+
+
+class VerifyAlongside:
+    """Every file's sha256 checked against the manifest in a background thread, while
+    the caller reads the same files to convert or consolidate them.
+
+    The readers touch byte ranges out of order (and consolidation copies them in the
+    kernel, never seeing the bytes), so the hashes are not taken from their reads; but
+    both run at once over the same files, so the disk is read about once (the page
+    cache serves the second reader) and hashlib releases the GIL on large blocks: the
+    whole costs about what the slower of the two costs alone. `problems()` waits for
+    the thread; call it before anything is published.
+    """
+
+    def __init__(self, step_dir: str | Path, manifest: dict[str, Any]) -> None:
+        import threading
+
+        self.step_dir, self.manifest = Path(step_dir), manifest
+        self._problems: list[str] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True, name="shardctl-verify")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._problems = verify(self.step_dir, manifest=self.manifest)
+        except BaseException as exc:  # re-raised in the caller's thread
+            self._error = exc
+
+    def problems(self) -> list[str]:
+        self._thread.join()
+        if self._error is not None:
+            raise CheckpointError(f"verifying {self.step_dir} failed: {self._error}")
+        return self._problems
+
+    def check(self) -> None:
+        """Raise `CorruptCheckpointError` naming every file that does not match."""
+        problems = self.problems()
+        if problems:
+            raise corrupt_error(self.step_dir, problems)
+
+
+def corrupt_error(step_dir: str | Path, problems: list[str]) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"checkpoint {step_dir} failed verification against its manifest (resume would "
+        "skip it too); nothing was written:\n  "
+        + "\n  ".join(problems)
+        + "\n(--no-verify skips the sha256 check, at your own risk)",
+        problems,
+    )
 
 
 def complete_candidates(checkpoint_dir: str | Path | CheckpointStorage) -> list[Path]:

@@ -87,7 +87,11 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
 )
 @click.option("--force", is_flag=True, help="Replace a non-empty output folder (once done).")
 @click.option(
-    "--verify", is_flag=True, help="Check every file's sha256 against the manifest first."
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Check every file's sha256 against the manifest while copying (the newest "
+    "checkpoint that passes is used, as resume does). --no-verify checks sizes only.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -124,7 +128,7 @@ def consolidate_cmd(
 
     max_bytes = parse_size(max_shard_size)
     where, run_dir = _checkpoints_and_run_dir(checkpoint)
-    step_dir = resolve_checkpoint(where)
+    resolve_checkpoint(where)  # a wrong path is named before the output is
     if out is None:
         if run_dir is None:
             raise UsageError(
@@ -134,7 +138,7 @@ def consolidate_cmd(
             )
         out = RunDir.of(run_dir).model
     result = consolidate(
-        step_dir,
+        where,
         out,
         dtype=dtype,
         max_shard_bytes=max_bytes,

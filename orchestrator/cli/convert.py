@@ -74,10 +74,11 @@ STDIN = "-"
     help="Checkpoint: allow rounding fp32 masters and moments to bf16 (loses bits).",
 )
 @click.option(
-    "--verify",
-    is_flag=True,
-    help="Checkpoint: check every source file's sha256 against its manifest first "
-    "(sizes are always checked).",
+    "--verify/--no-verify",
+    default=None,
+    help="Checkpoint: check every source file's sha256 against its manifest while "
+    "converting, and write nothing when one differs (the default). --no-verify checks "
+    "sizes only.",
 )
 @click.option(
     "--output",
@@ -99,7 +100,7 @@ def convert_cmd(
     zero_stage: int | None,
     precision: str | None,
     allow_downcast: bool,
-    verify: bool,
+    verify: bool | None,
     output: str,
 ) -> None:
     """Convert CONFIG (an accelerate config, a shardctl job spec, or a checkpoint folder)
@@ -128,7 +129,7 @@ def convert_cmd(
         "--zero-stage": zero_stage,
         "--precision": precision,
         "--allow-downcast": allow_downcast or None,
-        "--verify": verify or None,
+        "--verify/--no-verify": verify,
     }
     if str(config) != STDIN and config.is_dir():
         if ds_json is not None or fsdp_version is not None or force:
@@ -137,7 +138,7 @@ def convert_cmd(
                 "are for accelerate configs (a checkpoint conversion never replaces anything)"
             )
         _convert_checkpoint(config, to, out, world_size, zero_stage, precision, allow_downcast,
-                            verify, output)  # fmt: skip
+                            verify is not False, output)  # fmt: skip
         return
     given = [name for name, value in checkpoint_options.items() if value is not None]
     if given:
@@ -221,14 +222,19 @@ def _check_targets(out: Path | None, ds_json: Path | None, force: bool) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    from ..durable import write_text_atomic
+    from ..durable import storage_error, write_text_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Atomic: a full disk leaves the old file (or none), never a truncated one.
         write_text_atomic(path, text, durable=False)
     except OSError as exc:
-        raise ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        problem = storage_error(
+            exc, path.parent, what=repr(str(path)), needed=len(text.encode()),
+            aftermath="any earlier file there is unchanged",
+        )  # fmt: skip
+        fallback = ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}")
+        raise problem or fallback from None
 
 
 def _convert_checkpoint(

@@ -7,11 +7,13 @@ backend (no display needed).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..durable import storage_error, write_bytes_atomic
+from ..errors import ShardctlError, UsageError
 from .common import handle_errors
 
 
@@ -63,9 +65,19 @@ def plot_loss(run_dir: Path, out: Path) -> int:
         ax2.plot(steps, lrs, color="tab:orange", linewidth=0.8, alpha=0.7, label="lr")
         ax2.set_ylabel("learning rate")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # Atomic: a full disk leaves the previous plot (or none), never a truncated PNG.
+        write_bytes_atomic(out, png.getvalue(), durable=False)
+    except OSError as exc:
+        problem = storage_error(
+            exc, out.parent, what=f"the plot {out}", needed=len(png.getvalue()),
+            aftermath="any earlier plot there is unchanged",
+        )  # fmt: skip
+        raise problem or ShardctlError(f"cannot write {out}: {exc.strerror or exc}") from None
     return len(rows)
 
 

@@ -25,7 +25,9 @@ model is only replaced (with `force`) once the new one is complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,9 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...orchestrator.errors import CheckpointError, UsageError
+from ...orchestrator.durable import storage_error
+from ...orchestrator.errors import CheckpointError, CorruptCheckpointError, UsageError
 from ..storage import PosixStorage
 from .io import SourceTensor
+
+log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 _MARKER = ".shardctl-consolidating"
@@ -85,6 +90,14 @@ def _newest_hint(checkpoint_dir: Path) -> str:
 
 def resolve_checkpoint(path: Path) -> Path:
     """A complete step folder from a step folder, a checkpoints folder or a run folder."""
+    return resolve_candidates(path)[0][0]
+
+
+def resolve_candidates(path: Path) -> tuple[list[Path], bool]:
+    """(the complete step folders to try, newest first; whether one was named).
+
+    A named step folder is the only candidate; a checkpoints or run folder gives every
+    complete one, in the order resume tries them (`manifest.latest_complete`)."""
     from ..manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
 
     folder, one_step = resolve_checkpoint_dir(path)
@@ -94,7 +107,7 @@ def resolve_checkpoint(path: Path) -> Path:
                 f"checkpoint {folder} is incomplete (no {MANIFEST}: it was still being "
                 f"written or its save was interrupted); {_newest_hint(folder.parent)}"
             )
-        return folder
+        return [folder], True
     found = list_checkpoints(folder)
     if not found:
         raise CheckpointError(
@@ -105,7 +118,7 @@ def resolve_checkpoint(path: Path) -> Path:
     if not complete:
         why = "; ".join(f"{Path(c.path).name}: {c.why_incomplete}" for c in found)
         raise CheckpointError(f"{folder} holds no complete checkpoint ({why})")
-    return Path(complete[-1].path)
+    return [Path(c.path) for c in reversed(complete)], False
 
 
 def read_manifest(step_dir: Path) -> dict[str, Any]:
@@ -122,9 +135,12 @@ def read_manifest(step_dir: Path) -> dict[str, Any]:
 
 def check_files(step_dir: Path, manifest: dict[str, Any], *, verify: bool) -> None:
     """Every file of the manifest exists with its size (always), and its sha256 (`verify`)."""
+    from ..manifest import corrupt_error
     from ..manifest import verify as verify_files
 
     problems = verify_files(step_dir, hashes=verify, manifest=manifest)
+    if problems and verify:
+        raise corrupt_error(step_dir, problems)
     if problems:
         raise CheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
 
@@ -281,63 +297,120 @@ def consolidate(
     max_shard_bytes: int = 5 * 2**30,
     progress: bool | Callable[[int, int], None] = False,
     force: bool = False,
-    verify: bool = False,
+    verify: bool = True,
     durable: bool | None = None,
 ) -> ConsolidationResult:
     """Write the model weights of `checkpoint` as safetensors (+ config.json) to `out_dir`.
 
     `checkpoint` is a step folder, or a checkpoints/run folder (its newest complete
-    checkpoint). `dtype` is "fp32" or "bf16" (floating tensors; integer buffers keep
-    theirs). `progress` is True for a rich progress bar on stderr, or a callback
-    `(bytes_done, bytes_total)`. `verify` checks every file's sha256 against the manifest
-    (sizes are always checked). `durable` fsyncs the files and folders written before the
-    result counts as done; None (default) does so when an existing model is replaced
-    (`force`) — the only case where a power loss could lose data that existed before.
-    A new output is then written like torch.save/save_pretrained write theirs. Works
-    without torch.distributed being initialised.
+    checkpoint that passes verification: the one resume would pick). `dtype` is "fp32"
+    or "bf16" (floating tensors; integer buffers keep theirs). `progress` is True for a
+    rich progress bar on stderr, or a callback `(bytes_done, bytes_total)`. `verify`
+    (default) checks every file's sha256 against the manifest while the weights are
+    copied and publishes nothing when one differs; sizes are always checked. `durable`
+    fsyncs the files and folders written before the result counts as done; None
+    (default) does so when an existing model is replaced (`force`) — the only case where
+    a power loss could lose data that existed before. A new output is then written like
+    torch.save/save_pretrained write theirs. Works without torch.distributed being
+    initialised. A full or read-only output file system raises `StorageError` naming it.
     """
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not supported; accepted: {', '.join(DTYPES)}")
     if max_shard_bytes <= 0:
         raise UsageError(f"max shard size must be positive, got {max_shard_bytes}")
-    from .safetensors_out import out_nbytes, plan_shards, write_shards
-
     started = time.perf_counter()
-    step_dir = resolve_checkpoint(Path(checkpoint))
+    candidates, named = resolve_candidates(Path(checkpoint))
     out_dir = Path(out_dir)
     _check_out(out_dir, force)  # before any reading: refuse early and cheaply
     if durable is None:
         durable = out_dir.exists()
+    skipped: list[str] = []
+    for step_dir in candidates if verify else candidates[:1]:
+        try:
+            result = _consolidate_one(
+                step_dir, out_dir, dtype, max_shard_bytes, progress, verify, durable
+            )
+        except CorruptCheckpointError as exc:
+            if named:
+                raise
+            # Like resume: the newest checkpoint that verifies, the others named.
+            log.warning("%s", exc)
+            skipped.append(f"{step_dir.name} failed verification: {'; '.join(exc.problems)}")
+            continue
+        notes = [*skipped, *result.notes]
+        if skipped:
+            notes.insert(len(skipped), f"used {step_dir.name}, as resume would")
+        return dataclasses.replace(result, notes=notes, seconds=time.perf_counter() - started)
+    raise CheckpointError(
+        f"every complete checkpoint in {Path(checkpoint)} failed verification against its "
+        "manifest (resume would skip them all); nothing was written:\n  " + "\n  ".join(skipped)
+    )
+
+
+def _consolidate_one(
+    step_dir: Path,
+    out_dir: Path,
+    dtype: str,
+    max_shard_bytes: int,
+    progress: bool | Callable[[int, int], None],
+    verify: bool,
+    durable: bool,
+) -> ConsolidationResult:
+    from ..manifest import VerifyAlongside
+    from .safetensors_out import out_nbytes, plan_shards, write_shards
+
+    started = time.perf_counter()
     manifest = read_manifest(step_dir)
-    check_files(step_dir, manifest, verify=verify)
-    model_meta = manifest.get("model") or {}
-    hf_config = model_meta.get("hf_config")
-    check = KeyCheck(hf_config, model_meta.get("state_keys")) if hf_config else None
-    if check is not None:
-        check.start()
-    tensors, notes = source_tensors(step_dir, manifest)
-    if not hf_config:
-        notes.append("no hf_config in the manifest: weights only, no config.json")
-    if not tensors:
-        raise CheckpointError(f"checkpoint {step_dir} holds no model tensors")
+    check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the copy
+    hashing = VerifyAlongside(step_dir, manifest) if verify else None
+    try:
+        model_meta = manifest.get("model") or {}
+        hf_config = model_meta.get("hf_config")
+        check = KeyCheck(hf_config, model_meta.get("state_keys")) if hf_config else None
+        if check is not None:
+            check.start()
+        tensors, notes = source_tensors(step_dir, manifest)
+        if not hf_config:
+            notes.append("no hf_config in the manifest: weights only, no config.json")
+        if not tensors:
+            raise CheckpointError(f"checkpoint {step_dir} holds no model tensors")
+    except CheckpointError:
+        # A damaged file explains itself better through its sha256 than its parse error.
+        if hashing is not None:
+            hashing.check()
+        raise
     shards = plan_shards(tensors, DTYPES[dtype], max_shard_bytes)
     total_in = sum(
         sum(s.nbytes for s in t.segments) + sum(c.ref.nbytes for c in t.chunks) for t in tensors
     )
+    total_out = sum(out_nbytes(t, DTYPES[dtype]) for t in tensors)
 
     storage = _storage(out_dir, durable)
-    tmp = storage.new_staging(out_dir.name)
+    replacing = out_dir.exists()
     bar, on_bytes = _progress(progress, total_in, step_dir)
     try:
+        tmp = storage.new_staging(out_dir.name)
         files = write_shards(shards, tmp, DTYPES[dtype], on_bytes, durable=durable)
         if check is not None:
             check.verify([t.name for t in tensors], step_dir, notes)
             _write_config(hf_config, dtype, tmp)
+        if hashing is not None:
+            hashing.check()  # before anything is published
         # config.json and the index (the shards were synced as written: cheap again)
         storage.sync(tmp, [f.name for f in tmp.iterdir() if f.name != _MARKER])
         storage.publish(out_dir.name, replace=True)  # an old model goes only now
-    except BaseException:
+    except BaseException as exc:
         storage.discard(out_dir.name)
+        kept = f"; the existing {out_dir} is unchanged" if replacing else ""
+        problem = storage_error(
+            exc,
+            out_dir.parent,
+            what=f"the consolidated model {out_dir}",
+            needed=total_out,
+            aftermath=f"the half-written {storage.staging_path(out_dir.name)} was removed{kept}",
+        )
+        if problem is not None:
+            raise problem from None
         raise
     finally:
         if bar is not None:
@@ -346,7 +419,7 @@ def consolidate(
         checkpoint=step_dir,
         out_dir=out_dir,
         files=[out_dir / f.name for f in files],
-        total_bytes=sum(out_nbytes(t, DTYPES[dtype]) for t in tensors),
+        total_bytes=total_out,
         tensors=len(tensors),
         seconds=time.perf_counter() - started,
         dtype=dtype,

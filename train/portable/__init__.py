@@ -22,17 +22,20 @@ DeepSpeed checkpoint is written.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...orchestrator.durable import storage_error
 from ...orchestrator.errors import CheckpointError, UsageError
 from ...orchestrator.spec import SHARDING_TO_ZERO, ZERO_TO_SHARDING
 from ..manifest import (
     FORMAT_VERSION,
     MANIFEST,
+    VerifyAlongside,
     describe_files,
     list_files,
     package_version,
@@ -85,16 +88,24 @@ def convert_checkpoint(
     _check_request(step_dir, manifest, to, world_size, zero_stage, precision)
     out = Path(out)
     _check_out(out, step_dir)
-    check_files(step_dir, manifest, verify=verify)
-    state = read_state(step_dir, manifest)
-    notes: list[str] = []
-    target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
+    check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the reads
 
     # Published like a checkpoint: staged in `<out>.tmp/` (a leftover of an earlier
-    # conversion that died there is removed), made visible by one rename.
+    # conversion that died there is removed), made visible by one rename. Staged
+    # first: an --out that cannot be written is named before the source is read.
     storage = PosixStorage(out.parent)
-    tmp = storage.new_staging(out.name)
+    hashing: VerifyAlongside | None = None
     try:
+        tmp = storage.new_staging(out.name)
+        hashing = VerifyAlongside(step_dir, manifest) if verify else None
+        try:
+            state = read_state(step_dir, manifest)
+        except CheckpointError:
+            if hashing is not None:  # a damaged file is named by its sha256, not its parse
+                hashing.check()
+            raise
+        notes: list[str] = []
+        target_precision = _target_precision(manifest, state, to, precision, allow_downcast, notes)
         if to == "fsdp":
             from .dcp_out import write_dcp
 
@@ -116,12 +127,27 @@ def convert_checkpoint(
         files = [rel for rel in list_files(tmp) if rel != MANIFEST]
         storage.sync(tmp, files)
         new_manifest["files"] = describe_files(tmp, sorted(files), hashes)
+        if hashing is not None:
+            hashing.check()  # a manifest never certifies what came from damaged files
         write_manifest(tmp, new_manifest)
         if out.exists():  # appeared while we were writing
             raise CheckpointError(f"--out {out} appeared while converting; nothing replaced")
         storage.publish(out.name)
-    except BaseException:
+    except BaseException as exc:
         storage.discard(out.name)
+        if hashing is not None:
+            with contextlib.suppress(CheckpointError):
+                hashing.problems()  # no thread left reading behind the error
+        problem = storage_error(
+            exc,
+            out.parent,
+            what=f"the converted checkpoint {out}",
+            needed=sum(int(f["size"]) for f in manifest["files"].values()),
+            aftermath=f"the half-written {storage.staging_path(out.name)} was removed; "
+            f"the source {step_dir} is untouched",
+        )
+        if problem is not None:
+            raise problem from None
         raise
     return ConvertReport(
         source=str(step_dir),

@@ -390,9 +390,10 @@ class LocalCluster(Cluster):
             )  # fmt: skip
         if out.kind is Kind.FAILED:
             if out.rank is not None:  # the script's own code, not the launcher's 1
+                why = f": {out.reason}" if out.reason else ""  # e.g. a full disk, named
                 return JobStatus(
-                    JobState.FAILED, f"exit {out.code}", f"a rank exited with code {out.code}; "
-                    f"see `shardctl logs {ref.name}`"
+                    JobState.FAILED, f"exit {out.code}", f"a rank exited with code {out.code}"
+                    f"{why}; see `shardctl logs {ref.name}`"
                 )  # fmt: skip
             return JobStatus(JobState.FAILED, native, f"see `shardctl logs {ref.name}`")
         if pid_info is not None:
