@@ -266,6 +266,40 @@ def test_logs_of_master_and_workers_by_operator_labels(server: KMockServer) -> N
     assert {r.params["container"] for r in log_reads} == {"pytorch"}
 
 
+# torchrun 2.13 under a cancel (SIGTERM): 73 lines, three chained tracebacks.
+CANCELLED = (Path(__file__).parent / "data" / "torchrun-cancelled.txt").read_text()
+
+
+def test_a_stopped_launchers_report_is_one_line_in_logs_and_logs_f(server: KMockServer) -> None:
+    """A pod's torchrun report (a cancel, a rank that failed) is the one line every
+    cluster shows, naming where the whole of it is; the pod's log itself is untouched."""
+    backend = k8s_backend.K8sCluster()
+    ref = backend.submit(make(resources__nodes=2))
+    add_pod(server, f"{NAME}-master-0", NAME, "master", 0)
+    server.serve_log(f"{NAME}-master-0", "step 1 loss 5.5\n" + CANCELLED)
+    where = f"the pod's log (kubectl logs -n {NS} {NAME}-master-0 -c pytorch)"
+    one = (
+        "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; "
+        f"its full report is in {where})"
+    )
+    assert backend.logs(ref) == f"==> {NAME}-master-0 (master 0) <==\nstep 1 loss 5.5\n{one}\n"
+
+    # `logs -f` (on the worker's pod: the emulator serves one log per pod and route).
+    stream_log(server, f"{NAME}-worker-0", b"step 1 loss 5.5\n", CANCELLED.encode())
+    add_pod(server, f"{NAME}-worker-0", NAME, "worker", 0)
+    set_conditions(server, ("Running", "True"))
+    timer = threading.Timer(1.0, set_conditions, (server, ("Running", "False"), ("Failed", "True")))
+    timer.start()
+    out: list[str] = []
+    try:
+        backend.follow_logs(ref, out.append, node=1, poll_s=0.05)
+    finally:
+        timer.cancel()
+    prefix = f"[pod/{NAME}-worker-0/pytorch] "
+    one = one.replace("master-0", "worker-0")
+    assert "".join(out) == f"{prefix}step 1 loss 5.5\n{prefix}{one}\n"
+
+
 def test_logs_before_any_pod(server: KMockServer) -> None:
     backend = k8s_backend.K8sCluster()
     ref = backend.submit(make())

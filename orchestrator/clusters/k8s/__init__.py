@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ...assets import manifest
 from ...errors import ClusterError, JobNotFoundError, MissingDependencyError, SpecError
 from ...launch import EnvLine
+from ...launcher_output import LauncherReport, readable
 from ...render import common_artifacts
 from ...spec import JobSpec
 from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
@@ -335,6 +336,10 @@ class K8sCluster(Cluster):
                 )
             except _BadRequest as exc:  # e.g. the container is still being created
                 text = f"(no log yet: {exc})\n"
+            else:
+                # The launcher's own report of a run that stopped becomes one line that
+                # says where the whole of it is (the pod's log keeps it).
+                text = readable(text or "", _full_log(ns, pod_name, kind.container))
             if text and not text.endswith("\n"):
                 text += "\n"
             out.append(text or "")
@@ -443,11 +448,18 @@ class K8sCluster(Cluster):
                 emit(f"{prefix}(no log: {exc})\n")
                 return
             partial = b""
+            report = LauncherReport(_full_log(ns, pod, kind.container))
+
+            def shown(text: str, report: LauncherReport = report) -> None:
+                text = report.feed(text)
+                if text:
+                    emit("".join(f"{prefix}{line}\n" for line in text.splitlines()))
+
             try:
                 for chunk in resp.stream(64 * 1024, decode_content=True):
                     *lines, partial = (partial + chunk).split(b"\n")
                     if lines:
-                        emit("".join(_decoded(prefix, line) for line in lines))
+                        shown("".join(_decoded("", line) for line in lines))
                     if stop.is_set():
                         return
             except (OSError, _urllib3_errors()) as exc:
@@ -455,7 +467,10 @@ class K8sCluster(Cluster):
             finally:
                 resp.release_conn()
             if partial:
-                emit(_decoded(prefix, partial))
+                shown(_decoded("", partial))
+            rest = report.close()
+            if rest:
+                emit("".join(f"{prefix}{line}\n" for line in rest.splitlines()))
             return
 
     def cancel(self, ref: JobRef) -> None:
@@ -615,6 +630,11 @@ def _restarts(pod: dict[str, Any], container: str) -> int:
         if cs.get("name") == container:
             return int(cs.get("restart_count") or 0)
     return 0
+
+
+def _full_log(ns: str, pod: str, container: str) -> str:
+    """Where a pod's whole log is, for the launcher report's one line."""
+    return f"the pod's log (kubectl logs -n {ns} {pod} -c {container})"
 
 
 def _decoded(prefix: str, line: bytes) -> str:
