@@ -93,7 +93,26 @@ def input_problems(spec: JobSpec) -> list[str]:
             f"logging.tensorboard_dir {_show(tensorboard)} is a file; accepted: a folder "
             "(made if missing) for TensorBoard's event files"
         )
+    blockers: set[Path] = set()  # one file in the way is said once
+    for field, folder in (("run_dir", spec.run_dir), ("checkpoint.dir", c.dir)):
+        blocker = _file_in_the_way(folder) if folder else None
+        if blocker is not None and blocker not in blockers:
+            blockers.add(blocker)
+            where = "" if blocker == Path(folder) else f" ({_show(str(blocker))} is a file)"
+            problems.append(
+                f"{field} {_show(str(folder))} cannot be a folder here{where}; accepted: a "
+                f"folder, or a path where one can be made{RELATIVE_NOTE}"
+            )
     return problems + tracker_problems(spec)
+
+
+def _file_in_the_way(folder: str | Path) -> Path | None:
+    """`folder` itself or the nearest existing folder above it, when that is a file:
+    a run dir that could never be made."""
+    here = Path(folder).absolute()
+    while not os.path.lexists(here) and here != here.parent:
+        here = here.parent
+    return None if here.is_dir() else here
 
 
 def tracker_problems(spec: JobSpec) -> list[str]:

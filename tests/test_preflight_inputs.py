@@ -39,6 +39,11 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"logging": {"tensorboard_dir": "job.yaml"}},
         "logging.tensorboard_dir '{d}/job.yaml' is a file; accepted: a folder",
     ),
+    "run-dir-file": (
+        {"run_dir": "job.yaml"},
+        "run_dir '{d}/job.yaml' cannot be a folder here; accepted: a folder, or a path "
+        "where one can be made",
+    ),
     "tracker": (
         {"logging": {"backends": ["wandb"]}},
         "logging.backends 'wandb' needs the Python package 'wandb', which is not installed; "
@@ -81,6 +86,20 @@ def test_validate_and_submit_refuse_alike_and_start_nothing(
         lines[" ".join(command)] = result.stderr
     assert len(set(lines.values())) == 1, lines
     assert not (tmp_path / "runs").exists()  # no run dir, so no rank started
+
+
+def test_a_file_above_the_run_dir_is_named(tmp_path: Path) -> None:
+    (tmp_path / "runs").write_text("not a folder")
+    path = _spec(tmp_path, {"run_dir": "runs/job"})
+    result = CliRunner().invoke(cli, ["submit", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    d = tmp_path.resolve()
+    assert result.stderr.strip().endswith(
+        f"run_dir '{d}/runs/job' cannot be a folder here ('{d}/runs' is a file); accepted: a "
+        "folder, or a path where one can be made (a relative path is taken from the spec "
+        "file's folder)"
+    ), result.stderr
+    assert (tmp_path / "runs").read_text() == "not a folder"
 
 
 def test_a_factory_that_does_not_import_is_refused_at_submit_only(tmp_path: Path) -> None:
