@@ -161,6 +161,27 @@ def test_verify_names_file_expected_and_found(tmp_path: Path) -> None:
     assert "missing" in problem
 
 
+def test_verify_alongside_hashes_in_several_threads_and_names_every_bad_file(
+    tmp_path: Path,
+) -> None:
+    from shardctl.train.manifest import VerifyAlongside, _balanced, read_manifest
+
+    s = Setup(tmp_path)
+    s.train_and_save([2])
+    step_dir = s.ckdir / "step-00000002"
+    manifest = read_manifest(step_dir)
+    files = sorted(manifest["files"])
+    assert len(files) >= 3
+    groups = _balanced(manifest["files"], 2)
+    assert sorted(f for g in groups for f in g) == files and len(groups) == 2
+    assert VerifyAlongside(step_dir, manifest).problems() == []
+    bad = [files[0], files[-1]]
+    for rel in bad:
+        flip_byte(step_dir / rel)
+    problems = VerifyAlongside(step_dir, manifest).problems()
+    assert [p.split(":")[0] for p in problems] == [f"{step_dir}/{rel}" for rel in bad]
+
+
 def test_resume_bit_exact_and_fallback_when_newest_corrupt(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
