@@ -4,7 +4,8 @@ sha256 check (hashed alongside the copy) against `--no-verify` and `cp -r`.
     python benchmarks/verify_cost.py                # ~512 MiB checkpoint, 5 rounds
     python benchmarks/verify_cost.py --mib 64 --rounds 2   # a quick smoke run
 
-1. Writes a synthetic single-process DCP checkpoint in the shardctl layout (fp32
+1. Writes a synthetic DCP checkpoint in the shardctl layout, its data in `--shards`
+   files as that many ranks would write them (default 2; fp32
    weights plus an Adam moment of the same size, so half the bytes are optimizer
    state that consolidation does not copy but verification hashes), with its
    manifest through shardctl's own writer.
@@ -35,18 +36,21 @@ HASH_ALL = (
 )
 
 
-def make_checkpoint(step_dir: Path, mib: int) -> int:
-    """A DCP step folder whose weights total `mib` MiB (+ the same again of Adam state)."""
+def make_checkpoint(step_dir: Path, mib: int, shards: int = 2) -> int:
+    """A DCP step folder whose weights total `mib` MiB (+ the same again of Adam state),
+    written in `shards` data files as `shards` ranks would write them."""
     import torch
     import torch.distributed.checkpoint as dcp
     from shardctl.train import manifest as contract
+    from torch.distributed.checkpoint import FileSystemWriter
 
     side = 2048  # 16 MiB per fp32 tensor
     count = max(1, mib // 16)
     gen = torch.Generator().manual_seed(0)
     model = {f"layers.{i}.weight": torch.randn(side, side, generator=gen) for i in range(count)}
     optim = {"state": {k: {"exp_avg": torch.randn_like(v)} for k, v in model.items()}}
-    dcp.save({"model": model, "optim": optim}, checkpoint_id=str(step_dir / "dcp"), no_dist=True)
+    writer = FileSystemWriter(str(step_dir / "dcp"), thread_count=shards)
+    dcp.save({"model": model, "optim": optim}, storage_writer=writer, no_dist=True)
     files = contract.describe_files(step_dir, contract.list_files(step_dir))
     contract.write_manifest(
         step_dir,
@@ -84,11 +88,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=256, help="fp32 weights in MiB")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--shards", type=int, default=2, help="data files, as that many ranks would write"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shardctl-verify-bench-"))
     try:
         step = work / "checkpoints" / "step-00000001"
-        nbytes = make_checkpoint(step, args.mib)
+        nbytes = make_checkpoint(step, args.mib, args.shards)
         _warm(step)
         shardctl = str(BIN / "shardctl")
         hashed = [str(f) for f in sorted(step.rglob("*")) if f.is_file()]
