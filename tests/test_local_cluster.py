@@ -180,7 +180,8 @@ def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> 
     st = local.status(ref)
     assert st.state == JobState.FAILED and st.native_state == f"exit {code}"
     shown = local.logs(ref)
-    assert "train.data.text 'missing' does not exist" in shown
+    # A relative path in a spec file is the file's folder's (spec/paths.py).
+    assert f"train.data.text '{spec_path.parent / 'missing'}' does not exist" in shown
     # The rank's clear error, then one line for torchrun's 40-line report (kept in the file).
     assert "Traceback" not in shown and "ChildFailedError" not in shown, shown[-3000:]
     err = tmp_path / "bad" / "logs" / "launcher.err"

@@ -358,16 +358,16 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_p
 def test_higher_priority_job_preempts_then_the_run_resumes(slurm_cluster: None, tmp_path: Path):
     # Partition `urgent` outranks `debug` (PreemptMode=REQUEUE): Slurm sends the
     # job's signal (preempt_send_user_signal), the ranks save, the job is requeued
-    # and resumes once the urgent job is done. Slurm's scheduler takes its time to
-    # preempt: the run is long enough not to end first (bit-exactness against the
-    # reference is the USR2 test's).
-    steps = 300
+    # and resumes once the urgent job is done. Two ranks per node take every CPU of
+    # the dev nodes, so the urgent job cannot run beside it: it must preempt
+    # (bit-exactness against the reference is the USR2 test's).
+    steps = STEPS
     ref = _submitted(
         tmp_path,
         _spec(
             "preempt-prio",
-            train={"steps": steps},
-            checkpoint={"every_steps": 50, "consolidate_on_finish": False},
+            resources={"procs_per_node": 2},
+            checkpoint={"consolidate_on_finish": False},
         ),
     )
     run_dir = Path(ref.run_dir)
@@ -396,6 +396,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None,
     steps = 500
     spec = _spec(
         "preempt-time",
+        resources={"procs_per_node": 2},  # 500 steps on 2 x 2 ranks outlast the ~50 s
         train={"steps": steps},
         checkpoint={"every_steps": 100, "consolidate_on_finish": False},
         slurm={"time": "10", "signal_delay_s": 580},
