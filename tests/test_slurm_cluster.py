@@ -396,7 +396,6 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None,
     steps = 500
     spec = _spec(
         "preempt-time",
-        resources={"procs_per_node": 2},  # 500 steps on 2 x 2 ranks outlast the ~50 s
         train={"steps": steps},
         checkpoint={"every_steps": 100, "consolidate_on_finish": False},
         slurm={"time": "10", "signal_delay_s": 580},
