@@ -46,10 +46,13 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(w.decode(errors="replace").partition("=")[::2] for w in raw.split(b"\0") if w)
 
 
-def _rank_of_node(run_dir: Path, node: int, attempt: int) -> tuple[int, str] | None:
-    """(pid, RANK) of the training rank that node `node` runs for `attempt` of the run:
-    the dev cluster's nodes are processes of this machine. A rank's own children (forked,
-    same environment) are left out: the one whose parent is not one of them."""
+def _rank_of_node(
+    run_dir: Path, node: int, attempt: int, restart: int | None = None
+) -> tuple[int, str] | None:
+    """(pid, RANK) of the training rank that node `node` runs for `attempt` of the run
+    (and, given `restart`, that round of restarts in place): the dev cluster's nodes are
+    processes of this machine. A rank's own children (forked, same environment) are
+    left out: the one whose parent is not one of them."""
     found: dict[int, tuple[int, str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -67,6 +70,7 @@ def _rank_of_node(run_dir: Path, node: int, attempt: int) -> tuple[int, str] | N
             and os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(run_dir)
             and env.get("SLURM_NODEID") == str(node)
             and env.get("SHARDCTL_ATTEMPT") == str(attempt)
+            and (restart is None or env.get("SHARDCTL_RESTART") == str(restart))
             and "shardctl.train" in words
         ):
             parent = int(stat[stat.rfind(")") + 2 :].split()[1])

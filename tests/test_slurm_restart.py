@@ -33,7 +33,7 @@ from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helper
     _wait,
     slurm_cluster,  # noqa: F401  (a fixture)
 )
-from test_slurm_hang import _environ
+from test_slurm_hang import _rank_of_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -44,29 +44,9 @@ HANG_TIMEOUT_S = 20
 
 def _rank(run_dir: Path, node: int, restart: int) -> int | None:
     """The pid of the training rank node `node` runs in round `restart` of the run's
-    first allocation (the dev cluster's nodes are processes of this machine); a rank's
-    own children (same environment) are left out."""
-    found: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            env = _environ(int(entry))
-            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if (
-            "RANK" in env
-            and os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(run_dir)
-            and env.get("SLURM_NODEID") == str(node)
-            and env.get("SHARDCTL_ATTEMPT") == "0"
-            and env.get("SHARDCTL_RESTART") == str(restart)
-            and b"shardctl.train" in argv
-        ):
-            found[int(entry)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-    ranks = [pid for pid, parent in found.items() if parent not in found]
-    return ranks[0] if len(ranks) == 1 else None
+    first allocation."""
+    found = _rank_of_node(run_dir, node, 0, restart=restart)
+    return found[0] if found else None
 
 
 def _rank0_out(ref: JobRef) -> str:
