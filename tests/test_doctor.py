@@ -24,7 +24,6 @@ from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.doctor import Check, budget_check, percentile
 from shardctl.orchestrator.spec import parse_spec
 from test_k8s_render import BASE
-from test_slurm_cluster import slurm_cluster  # noqa: F401  (the session fixture)
 
 
 def doctor(spec: dict[str, Any], tmp_path: Path, *args: str) -> tuple[int, dict[str, Check]]:
@@ -94,37 +93,6 @@ def test_a_grace_period_shorter_than_the_measured_save_fails(tmp_path: Path) -> 
     # Nothing measured: said, not passed.
     assert budget_check(spec, "k8s", str(tmp_path / "none")).status == "skip"
     assert percentile([1, 2, 3, 4, 100], 95) == 100
-
-
-# -------------------------------------------------------------------------- slurm
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(300)
-def test_slurm_probe_catches_a_master_that_resolves_to_loopback(
-    slurm_cluster: None,  # noqa: F811
-    tmp_path: Path,
-) -> None:
-    data = copy.deepcopy(BASE)  # 2 nodes
-    shared = Path(__file__).resolve().parent.parent / "runs" / "doctor-test"
-    data["run_dir"] = str(shared)
-    data["slurm"] = {"partition": "debug"}
-    try:
-        code, checks = doctor(data, tmp_path, "--cluster", "slurm")
-    finally:
-        import shutil
-
-        shutil.rmtree(shared, ignore_errors=True)
-    master = checks["master address"]
-    # Both dev nodes are this host at 127.0.0.1: a real cluster would not rendezvous.
-    assert master.status == "fail", checks
-    assert "n1 (the first host) resolves to a loopback address" in master.detail
-    assert "NodeAddr" in master.fix
-    assert code == 1
-    # The same folder on one host: every node saw every node's file.
-    assert checks["checkpoint dir"].status == "ok", checks["checkpoint dir"]
-    assert checks["master port"].status in ("ok", "fail")
-    assert checks["node rank"].detail.endswith("$SLURM_NODEID")
 
 
 # ---------------------------------------------------------------------------- k8s
