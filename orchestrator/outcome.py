@@ -282,18 +282,26 @@ class Evidence:
         signals: Sequence[str] = (),
         warning: str | None = None,
         wait_s: float = 0.0,
+        culprit_wait_s: float = 0.0,
     ) -> Evidence:
         """Read this attempt's markers (written at or after `since`; None: every marker
         there). With `wait_s`, a failed launcher that nothing explains yet waits that
         long for PREEMPTED, HUNG or FAILED: rank 0 (which writes them) may run on
-        another node and end a moment later."""
+        another node and end a moment later. With `culprit_wait_s` (a job of several
+        nodes), a HUNG that names no rank waits that long for one that does: every
+        node's watchdog sees the same idle time, and the one whose rank stopped first
+        may declare a poll later than a node whose ranks wait in a collective."""
         folder = RunDir.of(run_dir)
-        evidence = cls(exit_code, _read_markers(folder, since), tuple(signals), warning)
-        if wait_s > 0 and evidence._unexplained():
-            deadline = time.monotonic() + wait_s
-            while evidence._unexplained() and time.monotonic() < deadline:
+
+        def read() -> Evidence:
+            return cls(exit_code, _read_markers(folder, since), tuple(signals), warning)
+
+        evidence = read()
+        for wait, pending in ((wait_s, cls._unexplained), (culprit_wait_s, cls._unpinned)):
+            deadline = time.monotonic() + wait
+            while wait > 0 and pending(evidence) and time.monotonic() < deadline:
                 time.sleep(0.5)
-                evidence = cls(exit_code, _read_markers(folder, since), tuple(signals), warning)
+                evidence = read()
         return evidence
 
     def _unexplained(self) -> bool:
@@ -303,6 +311,10 @@ class Evidence:
             and not self.signals
             and not any(name in self.markers for name in explained)
         )
+
+    def _unpinned(self) -> bool:
+        hung = self.outcome_of(HUNG_FILE)
+        return hung is not None and hung.rank is None
 
     def outcome_of(self, name: str) -> Outcome | None:
         data = self.markers.get(name)

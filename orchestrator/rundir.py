@@ -115,6 +115,8 @@ SUBMIT_CLAIM_FILE = ".submit.claim"  # held by one `shardctl submit` while it su
 ATTEMPTS_FILE = "attempts.jsonl"
 # Slurm: node 0's decision on each round inside an allocation (clusters/slurm NodeTask).
 RESTART_FILE = "RESTART"
+# JSON lines: the hosts a Slurm requeue left behind after a fault pinned on them.
+LEFT_BEHIND_FILE = "nodes-left-behind.jsonl"
 SPEC_FILE = "job.yaml"
 LAUNCH_FILE = "launch.sh"
 ENV_FILE = "env.sh"

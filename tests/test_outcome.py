@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -305,3 +306,32 @@ def test_the_docs_table_is_the_policy() -> None:
         assert code.startswith(written), (kind, code)
     rules = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert len(rules) == len(oc.RULES)
+
+
+def test_a_hang_that_names_no_rank_waits_for_the_node_that_does(tmp_path: Path) -> None:
+    """Node 0's watchdog (its ranks wait in a collective) may declare before the node
+    whose rank stopped: the judge waits, bounded, for the HUNG that names that rank."""
+    since = time.time() - 1
+    unnamed = {"kind": "hung", "step": 26, "rank": None, "node": 0, "first": []}
+    named = {"kind": "hung", "step": 26, "rank": 3, "node": 1, "first": [3]}
+    (tmp_path / "HUNG").write_text(json.dumps(unnamed))
+    # No wait asked: the first HUNG is the evidence.
+    assert Evidence.gather(tmp_path, since, 124).outcome_of("HUNG").rank is None
+
+    def declare() -> None:
+        time.sleep(1.0)
+        (tmp_path / "HUNG").write_text(json.dumps(named))
+
+    writer = threading.Thread(target=declare)
+    writer.start()
+    try:
+        evidence = Evidence.gather(tmp_path, since, 124, culprit_wait_s=60)
+    finally:
+        writer.join()
+    hung = oc.classify(evidence)
+    assert (hung.kind, hung.rank, hung.node) == (Kind.HUNG, 3, 1)
+    # Bounded: with nobody to name one, the unnamed HUNG stands after the wait.
+    (tmp_path / "HUNG").write_text(json.dumps(unnamed))
+    started = time.monotonic()
+    assert Evidence.gather(tmp_path, since, 124, culprit_wait_s=1.0).outcome_of("HUNG").rank is None
+    assert time.monotonic() - started >= 1.0

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from shardctl.orchestrator.clusters.slurm.bad_nodes import read_left_behind
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
     _finished,
     _last_checkpoint,
@@ -169,6 +170,12 @@ def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
     assert _steps(run_dir)[-1] == STEPS
     status = cluster.status(ref)
     assert status.state is JobState.SUCCEEDED and "requeued 1 time(s)" in status.detail
+    # The hang was pinned on node 1, but the dev partition has 2 nodes for this job of 2:
+    # none can be left behind, and status says so.
+    (entry,) = read_left_behind(run_dir)
+    assert (entry["node"], entry["excluded"]) == (1, False), entry
+    assert "the partition has 1 node(s) for a job of 2" in entry["note"], entry
+    assert f"{entry['host']} kept (hung at step" in status.detail, status.detail
     # The watchdogs held start-up (imports, restore, the first step) to its own
     # allowance (900 s), not to the 20 s hang timeout.
     assert "start-up allowance 900 s" in logs, logs
@@ -179,3 +186,58 @@ def _text(path: Path) -> str:
         return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+def test_a_node_whose_rank_hung_is_left_behind_when_the_job_requeues(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A one-node job on the two-node dev partition: its rank hangs, node 0 requeues
+    the job excluding that node's host, and the job finishes on the other node."""
+    spec = _spec(
+        "hang-leave",
+        resources={"nodes": 1, "procs_per_node": 1},
+        train={"steps": 60},
+        checkpoint={"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False},
+        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
+    )
+    ref = _submitted(tmp_path, spec)
+    run_dir = Path(ref.run_dir)
+    cluster = SlurmCluster()
+    stopped: int | None = None
+    try:
+        _wait(ref, lambda: (_last_checkpoint(run_dir) or 0) >= EVERY, 480, "a checkpoint")
+        first_host = _job_field(ref.job_id, "NodeList")
+        stopped, _ = _wait(ref, lambda: _rank_of_node(run_dir, 0, 0), 90, "the rank")
+        os.kill(stopped, signal.SIGSTOP)
+        _wait(ref, lambda: read_left_behind(run_dir), HANG_TIMEOUT_S + 150, "the decision")
+        assert _finished(ref, timeout=480) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
+    finally:
+        if stopped is not None and _is_rank(stopped, run_dir, 0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+                os.kill(stopped, signal.SIGKILL)
+        if not cluster.status(ref).state.is_terminal:
+            subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
+
+    (entry,) = read_left_behind(run_dir)
+    assert (entry["host"], entry["node"], entry["excluded"]) == (first_host, 0, True), entry
+    assert entry["why"].startswith("hung at step") and "rank 0 stopped first" in entry["why"]
+    # Slurm itself: the job excludes that host and ran its second attempt elsewhere.
+    assert _job_field(ref.job_id, "ExcNodeList") == first_host
+    assert _job_field(ref.job_id, "NodeList") not in ("", first_host)
+    status = cluster.status(ref)
+    assert status.state is JobState.SUCCEEDED, status
+    assert f"nodes: {first_host} left behind (hung at step" in status.detail, status.detail
+    logs = cluster.logs(ref)
+    assert f"left node 0 ({first_host}) behind" in logs, logs
+    assert _steps(run_dir)[-1] == 60
+
+
+def _job_field(job_id: str, key: str) -> str:
+    """One field of `scontrol show job` (the controller keeps a finished job a while)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+    ).stdout
+    fields = dict(w.partition("=")[::2] for w in out.split() if "=" in w)
+    return fields.get(key, "")

@@ -140,6 +140,7 @@ from ..base import (
     require_script,
 )
 from ..writer import LEDGER, write_rendered
+from .bad_nodes import leave_behind, left_behind_detail, pinned_node
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 from .section import SlurmSection
 
@@ -150,6 +151,10 @@ log = logging.getLogger(__name__)
 
 # How long a node whose launcher failed waits for rank 0's PREEMPTED marker.
 MARKER_WAIT_S = 10.0
+# How long node 0 waits for a HUNG that names the rank that stopped first, after one
+# that names none (another node's watchdog declares a poll later, up to
+# watchdog.MAX_POLL_S, and writes HUNG before it collects the stacks).
+CULPRIT_WAIT_S = 15.0
 
 # Slurm job states (sacct / scontrol) → shardctl's. One table; UNKNOWN otherwise.
 STATE_TABLE: dict[str, JobState] = {
@@ -324,7 +329,8 @@ class SlurmCluster(Cluster):
             # one on a job that failed (out of requeues).
             last = restarts if state is JobState.FAILED else restarts - 1
             hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
-            detail += [x for x in (hung, _stopped_why(ref, state)) if x]
+            left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
+            detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
             return JobStatus(state, native, ", ".join(detail))
         # Gone from the controller's memory (MinJobAge): ask the accounting database.
         out = _run(
@@ -337,7 +343,8 @@ class SlurmCluster(Cluster):
         state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
         began = _slurm_time(start)
         hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
-        detail += [x for x in (hung, _stopped_why(ref, state)) if x]
+        left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
+        detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
         return JobStatus(state, native, ", ".join(detail))
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
@@ -793,6 +800,8 @@ class NodeTask:
             # Global rank 0 (which writes the markers) may run on another node, and this
             # node's ranks may have exited a moment before it wrote one.
             wait_s=MARKER_WAIT_S,
+            # Node 0 judges for every node: the stopped rank's node names it.
+            culprit_wait_s=CULPRIT_WAIT_S if node == 0 and _job_node_count() > 1 else 0.0,
         )  # fmt: skip
         # Node 0 carries the verdict out, so it alone judges progress and records the
         # attempt (the evidence of "no progress" for the attempts after it).
@@ -847,11 +856,24 @@ class NodeTask:
                 what = f"hung at step {_or_q(out.step)} (node {_or_q(out.node)}'s watchdog)"
             else:
                 what = f"hung (the launcher exited with {rc}; no HUNG marker)"
-            return self._retry(
+            pinned = pinned_node(out) if node == 0 and not verdict.out_of_retries else None
+            # Read before the requeue, which gives the nodes back.
+            job = None
+            if pinned is not None:
+                with contextlib.suppress(ClusterError):
+                    job = _scontrol_job(job_id)
+            result = self._retry(
                 node, job_id, restarts, what, what,
                 result="hung", resume=" from the newest complete checkpoint",
                 out_of_retries=verdict.out_of_retries,
             )  # fmt: skip
+            if pinned is not None and job is not None and result == "requeued":
+                why = f"hung at step {_or_q(out.step)}, rank {out.rank} stopped first"
+                _say("node 0: " + leave_behind(
+                    job_id=job_id, run_dir=self.run_dir, node=pinned, needed=_job_nodes(job),
+                    why=why, job=job, requeue=restarts,
+                ))  # fmt: skip
+            return result
         if out.kind is Kind.PERMANENT:
             raise RuntimeError(f"node {node} of job {job_id}: {out.summary()}; not requeued.")
         code = f"; a rank exited with code {out.code}" if out.rank is not None else ""
@@ -921,6 +943,22 @@ def _round_decision(
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)
+
+
+def _job_node_count() -> int:
+    """The nodes of the job this task runs in (Slurm's environment)."""
+    try:
+        return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES", "1"))
+    except ValueError:
+        return 1
+
+
+def _job_nodes(job: dict[str, str]) -> int:
+    """The number of nodes the job runs on (`scontrol show job`'s NumNodes: "2" or "2-2")."""
+    try:
+        return int(job.get("NumNodes", "1").split("-")[0])
+    except ValueError:
+        return 1
 
 
 def _or_q(value: int | None) -> str:

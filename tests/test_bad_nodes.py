@@ -1,0 +1,63 @@
+"""Leaving bad nodes behind: which node a fault is pinned on, the bound, the record.
+
+The Slurm side (a real requeue that excludes the host) is test_slurm_hang.py's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator.clusters.slurm.bad_nodes import (
+    choose,
+    left_behind_detail,
+    pinned_node,
+    read_left_behind,
+)
+from shardctl.orchestrator.outcome import Kind, Outcome
+from shardctl.orchestrator.rundir import LEFT_BEHIND_FILE
+
+
+@pytest.mark.parametrize(
+    ("outcome", "node"),
+    [
+        (Outcome(Kind.HUNG, step=20, rank=3, node=1), 1),
+        # Every rank stopped together (a collective): nothing points at one node.
+        (Outcome(Kind.HUNG, step=20, rank=None, node=1), None),
+        (Outcome(Kind.HUNG), None),  # exit 124 without a marker
+        (Outcome(Kind.FAILED, code=1, rank=3), None),
+        (Outcome(Kind.PREEMPTED, step=20, signal="SIGUSR2"), None),
+    ],
+)
+def test_only_a_hang_that_names_its_rank_pins_a_node(outcome: Outcome, node: int | None) -> None:
+    assert pinned_node(outcome) == node
+
+
+def test_a_host_is_left_behind_while_the_partition_keeps_enough_nodes() -> None:
+    pool = ["n1", "n2", "n3", "n4"]
+    got = choose("n2", [], pool, needed=2)
+    assert (got.excluded, got.exclude) == (True, ("n2",))
+    got = choose("n3", ["n2"], pool, needed=2)
+    assert (got.excluded, got.exclude) == (True, ("n2", "n3"))
+    # A third would leave 1 node for a job of 2.
+    got = choose("n4", ["n2", "n3"], pool, needed=2)
+    assert (got.excluded, got.exclude) == (False, ("n2", "n3"))
+    assert got.note == "kept: without n4 the partition has 1 node(s) for a job of 2"
+    got = choose("n2", ["n2"], pool, needed=1)
+    assert (got.excluded, got.note) == (False, "n2 is already excluded")
+
+
+def test_the_record_reads_back_per_job_and_skips_what_does_not_read(tmp_path: Path) -> None:
+    lines = [
+        {"host": "n1", "node": 0, "job": "7", "why": "hung at step 20", "excluded": True},
+        {"host": "n2", "node": 1, "job": "7", "why": "hung at step 40", "excluded": False},
+        {"host": "n3", "node": 0, "job": "8", "why": "hung at step 5", "excluded": True},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines) + "\n{torn\n[1, 2]\n"
+    (tmp_path / LEFT_BEHIND_FILE).write_text(text)
+    assert [e["host"] for e in read_left_behind(tmp_path)] == ["n1", "n2", "n3"]
+    assert left_behind_detail(tmp_path, "7") == (
+        "nodes: n1 left behind (hung at step 20); n2 kept (hung at step 40)"
+    )
+    assert left_behind_detail(tmp_path, "9") == ""
+    assert read_left_behind(tmp_path / "missing") == []
