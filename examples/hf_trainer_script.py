@@ -112,14 +112,8 @@ def main() -> None:
         print(f"finished at step {result.global_step}", flush=True)
     trainer.save_model()  # the final model, beside the checkpoints
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    # Leave without C++'s exit-time destructors: a rank whose gloo threads are still
-    # running there can abort ("terminate called without an active exception", exit
-    # -6; about 1 run in 8 on CPU here), and the launcher reports a finished run as
-    # failed. Everything is saved; only the output buffers are left to flush.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        torch.distributed.destroy_process_group()  # the Trainer leaves its group up
+    sys.exit(0)
 
 
 if __name__ == "__main__":

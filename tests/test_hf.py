@@ -1,7 +1,9 @@
 """The Hugging Face Trainer integration (`shardctl.train.hf`) and its example script.
 
 Unit tests build checkpoint folders by hand (no processes); the slow ones run
-examples/hf_trainer_script.py on 2 CPU ranks under torchrun and accelerate launch.
+examples/hf_trainer_script.py on 2 CPU ranks under torchrun and accelerate launch,
+through shardctl's runner as `submit` starts every rank of a script
+(`-m shardctl.train.entry script PATH`).
 """
 
 from __future__ import annotations
@@ -251,6 +253,12 @@ def _losses(out: str) -> int:
     return sum(line.startswith("{'loss'") for line in out.splitlines())
 
 
+# How `shardctl submit` runs a script on every rank (shardctl.train.entry records how
+# it ended and leaves without C++'s exit-time teardown, where gloo's threads can abort
+# a finished rank).
+RUN_SCRIPT = ["-m", "shardctl.train.entry", "script", str(SCRIPT)]
+
+
 def _env(run_dir: Path, **extra: str) -> dict[str, str]:
     env = child_env()
     env.pop("SHARDCTL_STOP_AFTER_STEP", None)
@@ -263,7 +271,7 @@ def test_sigterm_to_one_rank_saves_on_every_rank_and_resumes(tmp_path: Path) -> 
     run_dir = tmp_path / "run"
     env = _env(run_dir)
     # Many steps, no periodic save: the only checkpoint is the preemption's.
-    argv = torchrun_argv(2, SCRIPT, "--max-steps", "2000", "--save-steps", "5000")
+    argv = torchrun_argv(2, *RUN_SCRIPT, "--max-steps", "2000", "--save-steps", "5000")
     proc = _start(argv, env)
     try:
         deadline = time.monotonic() + 240
@@ -288,7 +296,7 @@ def test_sigterm_to_one_rank_saves_on_every_rank_and_resumes(tmp_path: Path) -> 
     assert last_complete_checkpoint(run_dir / "checkpoints") == str(ckpt)
 
     # The next start continues at that step: 3 more steps, then a normal finish.
-    argv = torchrun_argv(2, SCRIPT, "--max-steps", str(step + 3), "--save-steps", "5000")
+    argv = torchrun_argv(2, *RUN_SCRIPT, "--max-steps", str(step + 3), "--save-steps", "5000")
     out = _finish(_start(argv, env), 240)
     assert f"resuming from {ckpt}" in out, out[-3000:]
     assert _losses(out) == 3 and f"finished at step {step + 3}" in out, out[-3000:]
@@ -312,7 +320,7 @@ ACCELERATE = [
 @pytest.mark.slow
 def test_accelerate_launch_finishes_without_a_signal(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [*ACCELERATE, "--main_process_port", str(free_port()), str(SCRIPT),
+    argv = [*ACCELERATE, "--main_process_port", str(free_port()), *RUN_SCRIPT,
             "--max-steps", "4", "--save-steps", "2"]  # fmt: skip
     proc = _start(argv, _env(run_dir))
     out = _finish(proc, 240)
@@ -327,7 +335,7 @@ def test_accelerate_launch_finishes_without_a_signal(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_accelerate_launch_preempted_exits_42_on_every_rank(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    argv = [*ACCELERATE, "--main_process_port", str(free_port()), str(SCRIPT),
+    argv = [*ACCELERATE, "--main_process_port", str(free_port()), *RUN_SCRIPT,
             "--max-steps", "20", "--save-steps", "100"]  # fmt: skip
     proc = _start(argv, _env(run_dir, SHARDCTL_STOP_AFTER_STEP="2"))
     out = _finish(proc, 240)
