@@ -870,7 +870,7 @@ class NodeTask:
             if pinned is not None and job is not None and result == "requeued":
                 why = f"hung at step {_or_q(out.step)}, rank {out.rank} stopped first"
                 _say("node 0: " + leave_behind(
-                    job_id=job_id, run_dir=self.run_dir, node=pinned, needed=_job_nodes(job),
+                    job_id=job_id, run_dir=self.run_dir, node=pinned, needed=_job_node_count(),
                     why=why, job=job, requeue=restarts,
                 ))  # fmt: skip
             return result
@@ -949,14 +949,6 @@ def _job_node_count() -> int:
     """The nodes of the job this task runs in (Slurm's environment)."""
     try:
         return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES", "1"))
-    except ValueError:
-        return 1
-
-
-def _job_nodes(job: dict[str, str]) -> int:
-    """The number of nodes the job runs on (`scontrol show job`'s NumNodes: "2" or "2-2")."""
-    try:
-        return int(job.get("NumNodes", "1").split("-")[0])
     except ValueError:
         return 1
 
