@@ -45,6 +45,10 @@ def test_a_host_is_left_behind_while_the_partition_keeps_enough_nodes() -> None:
     assert got.note == "kept: without n4 the partition has 1 node(s) for a job of 2"
     got = choose("n2", ["n2"], pool, needed=1)
     assert (got.excluded, got.note) == (False, "n2 is already excluded")
+    # Slurm did not say which nodes the partition has (a busy controller): kept, or the
+    # requeued job might exclude every node it could run on and wait forever.
+    got = choose("n2", [], [], needed=1)
+    assert (got.excluded, got.note) == (False, "kept: the partition's nodes could not be read")
 
 
 def test_the_record_reads_back_per_job_and_skips_what_does_not_read(tmp_path: Path) -> None:

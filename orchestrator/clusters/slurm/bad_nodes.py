@@ -69,13 +69,18 @@ class Choice:
 
 
 def choose(host: str, already: Iterable[str], partition: Iterable[str], needed: int) -> Choice:
-    """Leave `host` behind only while the partition keeps `needed` usable nodes."""
+    """Leave `host` behind only while the partition keeps `needed` usable nodes (an
+    unknown partition keeps it: a job that excludes too much waits in the queue forever)."""
     already_set, pool = set(already), set(partition)
     if host in already_set:
         return Choice(False, tuple(sorted(already_set)), f"{host} is already excluded")
+    if not pool:
+        return Choice(
+            False, tuple(sorted(already_set)), "kept: the partition's nodes could not be read"
+        )
     after = already_set | {host}
     left = len(pool - after)
-    if pool and left < needed:
+    if left < needed:
         return Choice(
             False,
             tuple(sorted(already_set)),
@@ -106,8 +111,7 @@ def leave_behind(
     already = hostnames(job.get("ExcNodeList", ""), run)
     partition: list[str] = []
     for name in filter(None, job.get("Partition", "").split(",")):
-        proc = run(["sinfo", "-h", "-N", "-p", name, "-o", "%N"])
-        partition += proc.stdout.split() if proc.returncode == 0 else []
+        partition += _partition_nodes(name, run)
     choice = choose(host, already, partition, needed)
     note = choice.note
     if choice.excluded:
@@ -125,6 +129,17 @@ def leave_behind(
             f"{','.join(choice.exclude)}"
         )
     return f"node {node} ({host}): {why}; {note}"
+
+
+def _partition_nodes(name: str, run: Runner, tries: int = 5) -> list[str]:
+    """The node names of a partition; [] when Slurm does not answer (a busy controller
+    times out: asked again a few times)."""
+    for attempt in range(tries):
+        proc = run(["sinfo", "-h", "-N", "-p", name, "-o", "%N"])
+        if proc.returncode == 0:
+            return proc.stdout.split()
+        time.sleep(1.0 + attempt)
+    return []
 
 
 def _update(job_id: str, exclude: str, run: Runner, wait_s: float) -> str | None:
