@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from shardctl.orchestrator.clusters.slurm.bad_nodes import read_left_behind
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
@@ -145,12 +145,7 @@ def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
         assert "(see logs/hang-attempt0-node" in again.detail, again
         assert _finished(ref, timeout=480) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
     finally:
-        if stopped is not None and _is_rank(stopped, run_dir, 0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stopped, signal.SIGCONT)
-                os.kill(stopped, signal.SIGKILL)
-        if not cluster.status(ref).state.is_terminal:
-            subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
+        _clean_up(ref, run_dir, stopped)
 
     logs = cluster.logs(ref)
     assert f"requeueing job {ref.job_id} (1 of at most" in logs, logs
@@ -179,6 +174,16 @@ def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
     # The watchdogs held start-up (imports, restore, the first step) to its own
     # allowance (900 s), not to the 20 s hang timeout.
     assert "start-up allowance 900 s" in logs, logs
+
+
+def _clean_up(ref: JobRef, run_dir: Path, stopped: int | None) -> None:
+    """Whatever the test left: the rank it stopped (if still that rank) and the job."""
+    if stopped is not None and _is_rank(stopped, run_dir, 0):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(stopped, signal.SIGCONT)
+            os.kill(stopped, signal.SIGKILL)
+    if not SlurmCluster().status(ref).state.is_terminal:
+        subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
 
 
 def _text(path: Path) -> str:
@@ -213,12 +218,7 @@ def test_a_node_whose_rank_hung_is_left_behind_when_the_job_requeues(
         _wait(ref, lambda: read_left_behind(run_dir), HANG_TIMEOUT_S + 150, "the decision")
         assert _finished(ref, timeout=480) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
     finally:
-        if stopped is not None and _is_rank(stopped, run_dir, 0):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stopped, signal.SIGCONT)
-                os.kill(stopped, signal.SIGKILL)
-        if not cluster.status(ref).state.is_terminal:
-            subprocess.run(["scancel", ref.job_id], timeout=30, check=False)
+        _clean_up(ref, run_dir, stopped)
 
     (entry,) = read_left_behind(run_dir)
     assert (entry["host"], entry["node"], entry["excluded"]) == (first_host, 0, True), entry
