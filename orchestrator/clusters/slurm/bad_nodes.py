@@ -40,7 +40,12 @@ Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    """A Slurm command; one that cannot run or hangs is a failed one (node 0 has
+    requeued by now and must end cleanly whatever Slurm says)."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return subprocess.CompletedProcess(argv, 1, "", str(exc))
 
 
 def pinned_node(outcome: Outcome) -> int | None:
