@@ -203,7 +203,8 @@ def scan(run_dir: Path) -> list[RunProc]:
             heartbeat_dir=env.get("SHARDCTL_HEARTBEAT_DIR") or None,
         )  # fmt: skip
         found[pid] = (p, int(fields[1]))
-    return [p for p, parent in found.values() if not (p.role == "rank" and parent in found)]
+    ranks = {pid for pid, (p, _parent) in found.items() if p.role == "rank"}
+    return [p for p, parent in found.values() if not (p.role == "rank" and parent in ranks)]
 
 
 class _Timespec(ctypes.Structure):
@@ -656,8 +657,8 @@ class Watch:
             if (e.get("end") or 0) > self.t_fault
         ]  # fmt: skip
         sub = {
-            "agent_first_line": min(self.agent) - self.t_fault if self.agent else None,
-            "verdict": attempts[0]["end"] - self.t_fault if attempts else None,
+            "agent_first_line": round(min(self.agent) - self.t_fault, 3) if self.agent else None,
+            "verdict": round(attempts[0]["end"] - self.t_fault, 3) if attempts else None,
             "verdict_summary": attempts[0].get("summary") if attempts else None,
             "new_process_starts": starts,
             "old_processes_gone": {
