@@ -2,6 +2,7 @@
 
     python benchmarks/recovery.py --cluster local --faults crash,hang,preempt --rounds 2 --markdown
     python benchmarks/recovery.py --cluster slurm --faults crash,hang,preempt --rounds 2 --markdown
+    python benchmarks/recovery.py --from-json local.out slurm-1.out slurm-2.out   # one table
 
 One real run of the tests' tiny Llama (tests/helpers/train_run.py's TINY_LLAMA: FSDP2
 full_shard, bf16-mixed, gloo; a metrics line every step, a checkpoint every 10 steps,
@@ -53,7 +54,9 @@ two fresh interpreters at once importing what a rank imports before its process 
 (`shardctl.train.loop`, `torch.distributed`), then transformers' Llama.
 
 Prints JSON (every mark of every round), and with --markdown the table for
-benchmarks/README.md (medians over rounds). Every process is cleaned up by its pid,
+benchmarks/README.md (medians over rounds; each phase's median, so the phases need not
+add up to the median total); `--from-json` prints that table for saved outputs, the
+rounds of runs on the same cluster together. Every process is cleaned up by its pid,
 a Slurm job by its id. The work folder (a temporary one unless --work) is removed
 unless --keep.
 """
@@ -840,6 +843,18 @@ def markdown(cluster: str, results: list[dict[str, Any]], hang_timeout: float) -
     return "\n".join(lines)
 
 
+def table_of(files: list[Path]) -> str:
+    """The table of saved reports (this script's stdout; a table after the JSON is
+    ignored), the rounds of reports of the same cluster and hang timeout together."""
+    groups: dict[tuple[str, float], list[dict[str, Any]]] = {}
+    for path in files:
+        report, _end = json.JSONDecoder().raw_decode(path.read_text())
+        key = (report["cluster"], report["hang_timeout_s"])
+        groups.setdefault(key, []).extend(report["results"])
+    tables = [markdown(cluster, rows, hang) for (cluster, hang), rows in groups.items()]
+    return "\n".join(t if i == 0 else t.split("\n", 2)[2] for i, t in enumerate(tables))
+
+
 def host() -> dict[str, Any]:
     model = ""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -859,7 +874,14 @@ def main() -> None:
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--work", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the work folder")
+    p.add_argument(
+        "--from-json", nargs="+", type=Path, default=None, metavar="FILE",
+        help="run nothing: print the table of earlier runs' output (their rounds together)",
+    )  # fmt: skip
     args = p.parse_args()
+    if args.from_json:
+        print(table_of(args.from_json))
+        return
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     bad = [f for f in args.faults if f not in FAULTS]
     if bad or args.rounds < 1:
