@@ -31,6 +31,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _slurm_first(items)
 
 
+# The files of the tests that need the dev Slurm cluster (marker `slurm`).
+SLURM_FILES = "test_slurm"
+
+
 def _slurm_first(items: list[pytest.Item]) -> None:
     """Every test that needs the dev Slurm cluster lives in a `test_slurm_*` file (the
     workers share them out by file name, see `pytest_xdist_make_scheduler`), and those
@@ -46,9 +50,6 @@ def _slurm_first(items: list[pytest.Item]) -> None:
             f"them all, in turn): move {', '.join(astray)}"
         )
     items.sort(key=lambda item: not item.path.name.startswith(SLURM_FILES))
-
-
-SLURM_FILES = "test_slurm"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -344,7 +344,6 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
         assert took < HANG_TIMEOUT_S + 120, took
         # Launchers and ranks ended: SIGKILLed by the watchdog before it exited, but on a
         # loaded machine a killed process can take a moment to be gone.
-        survivors: list[Proc] = []
         deadline = time.monotonic() + 30
         while survivors := [p for p in below if alive(p.pid, p.ticks)]:
             if time.monotonic() > deadline:

@@ -101,15 +101,7 @@ def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
     slurm_cluster: None,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    spec = _spec(
-        "hang-node1",
-        resources={"procs_per_node": 1},
-        train={"steps": STEPS},
-        checkpoint={"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False},
-        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
-    )
-    ref = _submitted(tmp_path, spec)
-    run_dir = Path(ref.run_dir)
+    ref, run_dir = _submit_hang_job(tmp_path, "hang-node1", nodes=2, steps=STEPS)
     cluster = SlurmCluster()
     stopped: int | None = None
     try:
@@ -176,6 +168,20 @@ def test_a_stopped_rank_is_found_hung_requeued_and_the_run_resumes(
     assert "start-up allowance 900 s" in logs, logs
 
 
+def _submit_hang_job(tmp_path: Path, name: str, *, nodes: int, steps: int) -> tuple[JobRef, Path]:
+    """A job of `nodes` × 1 rank whose watchdog declares a hang after HANG_TIMEOUT_S,
+    checkpointing every EVERY steps (no restart in place: `_spec`'s)."""
+    spec = _spec(
+        name,
+        resources={"nodes": nodes, "procs_per_node": 1},
+        train={"steps": steps},
+        checkpoint={"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False},
+        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
+    )
+    ref = _submitted(tmp_path, spec)
+    return ref, Path(ref.run_dir)
+
+
 def _clean_up(ref: JobRef, run_dir: Path, stopped: int | None) -> None:
     """Whatever the test left: the rank it stopped (if still that rank) and the job."""
     if stopped is not None and _is_rank(stopped, run_dir, 0):
@@ -199,15 +205,7 @@ def test_a_node_whose_rank_hung_is_left_behind_when_the_job_requeues(
 ) -> None:
     """A one-node job on the two-node dev partition: its rank hangs, node 0 requeues
     the job excluding that node's host, and the job finishes on the other node."""
-    spec = _spec(
-        "hang-leave",
-        resources={"nodes": 1, "procs_per_node": 1},
-        train={"steps": 60},
-        checkpoint={"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False},
-        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
-    )
-    ref = _submitted(tmp_path, spec)
-    run_dir = Path(ref.run_dir)
+    ref, run_dir = _submit_hang_job(tmp_path, "hang-leave", nodes=1, steps=60)
     cluster = SlurmCluster()
     stopped: int | None = None
     try:
