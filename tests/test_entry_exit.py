@@ -1,7 +1,7 @@
-"""How a rank of a user's script leaves (`shardctl.train.entry.leave`): its threads are
-joined and its atexit hooks run, as Python's own shutdown would, the run contract's
-markers are written, and the exit code is the script's — then `os._exit`, without
-C++'s exit-time teardown (see the module docstring)."""
+"""How a rank of a user's script leaves (`shardctl.train.entry`, ending through
+`shardctl.train.leave`): its threads are joined and its atexit hooks run, as Python's
+own shutdown would, the run contract's markers are written, and the exit code is the
+script's; then `os._exit`, without C++'s exit-time teardown."""
 
 from __future__ import annotations
 

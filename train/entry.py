@@ -20,13 +20,9 @@ exit 1:
 The markers carry the typed outcome (`kind`, `code`, `rank`, ...) that the one
 classifier, `shardctl.orchestrator.outcome`, reads.
 
-Then the rank leaves the way Python's own shutdown does for Python code (other
-threads joined, `atexit` hooks run: a tracker's final sync, a logger's flush) but
-without C++'s exit-time destructors (`os._exit`): a process group the script left up
-has gloo threads running there, and tearing them down aborted a rank that had
-finished ("terminate called without an active exception", exit -6) in about 1 run
-of 8 of a Hugging Face Trainer script on CPU, which its launcher reports as a
-failed run.
+Then the rank leaves through `shardctl.train.leave`: Python's own shutdown for
+Python code (threads joined, `atexit` hooks run), then `os._exit`, because tearing
+down a process group the script left up aborted finished ranks.
 
 Torch-free and import-light: it must not cost the user's script start-up time.
 """
@@ -53,6 +49,7 @@ from shardctl.orchestrator.rundir import (
 )
 
 from .heartbeat import install_stack_dump
+from .leave import leave
 from .libwarnings import show_library_warnings_once
 
 USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
@@ -146,20 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stderr.flush()
     record(code, started, os.environ.get(ENV_RUN_DIR), rank)
     return code
-
-
-def leave(code: int) -> None:
-    """Python's shutdown for Python code, then `os._exit` (the module docstring)."""
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 
 import torch
 import torch.distributed as dist
@@ -245,4 +244,6 @@ def weights_hash(model: nn.Module, engine, zero: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from shardctl.train.leave import leave
+
+    leave(main())  # not the interpreter's teardown of gloo: see shardctl.train.leave

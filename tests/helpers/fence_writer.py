@@ -75,4 +75,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from shardctl.train.leave import leave
+
+    leave(main())  # not the interpreter's teardown of gloo: see shardctl.train.leave

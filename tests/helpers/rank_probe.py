@@ -40,4 +40,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from shardctl.train.leave import leave
+
+    leave(main())  # not the interpreter's teardown of gloo: see shardctl.train.leave

@@ -193,16 +193,9 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _exit_now(code: int) -> None:
-    """Leave without the interpreter's teardown. After the barrier every rank's files
-    are written (DeepSpeed's save is synchronous), but destroying the engine's native
-    objects at exit sometimes aborts a rank ("terminate called without an active
-    exception", SIGABRT: seen twice in about 30 conversions on 2 cores), which turned a
-    complete conversion into a failed one. The parent still hashes every file."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    _exit_now(main(sys.argv[1:]))
+    from shardctl.train.leave import leave
+
+    # After the barrier every rank's files are written (DeepSpeed's save is
+    # synchronous); the interpreter's teardown of the engine could still abort a rank.
+    leave(main(sys.argv[1:]))
