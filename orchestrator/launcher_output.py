@@ -92,6 +92,9 @@ class LauncherReport:
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
         self.replaced = 0  # launcher blocks replaced by one line
+        # Each report's root cause, in order: (the global rank or None, its exit code;
+        # negative: killed by that signal).
+        self.root_causes: list[tuple[int | None, int]] = []
 
     def feed(self, text: str) -> str:
         lines = (self._partial + text).split("\n")
@@ -247,6 +250,7 @@ class LauncherReport:
                 others.append((rank, int(m.group(1))))
         if root is None:
             return "".join(block)
+        self.root_causes.append(root)
         self.replaced += 1
         codes = {code for _, code in others}
         # The first rank to stop saved for a preemption; the rest either did the same
@@ -267,6 +271,16 @@ class LauncherReport:
             )
         first = f"{who} ended first ({_ended(root[1])})"
         return f"[shardctl] the launcher reports {first}{rest}; {self.where}\n"
+
+
+def root_cause(text: str) -> tuple[int | None, int] | None:
+    """The first root cause a launcher reported in `text`: (the global rank, or None
+    when the report does not say; its exit code, negative for a signal). None: no
+    complete report (the launcher did not report a failed rank)."""
+    report = LauncherReport()
+    report.feed(text)
+    report.close()
+    return report.root_causes[0] if report.root_causes else None
 
 
 def readable(text: str, where: str | None = None) -> str:

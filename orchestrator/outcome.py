@@ -16,6 +16,10 @@ The ranks and the watchdog record a typed outcome as fields of the markers
                  (null: none stands out), ...}  — the node watchdog
     FAILED      {"kind": "failed", "code", "rank", "reason"?}  — a user script's own
                  exit (code 78, `EXIT_DO_NOT_RETRY`: the script said do not retry)
+    KILLED      {"kind": "failed", "code": 128 + the signal, "rank", "node", "host",
+                 "signal"}  — a rank killed by a signal that points at its node
+                 (`NODE_SIGNALS`), as that node's launcher reported it (a killed rank
+                 writes nothing); written by the node's supervisor (Slurm's node task)
     CANCELLED   {"kind": "cancelled"}  — `shardctl cancel` (local)
 
 A supervisor gathers the evidence of one attempt (`Evidence`: the exit code, the
@@ -28,8 +32,9 @@ Restarts inside the allocation: a crash (FAILED) or a hang (HUNG) is a RESTART w
 the supervisor's `restarts` in this allocation are below `max_restarts`
 (`restart.max_in_allocation`): every node starts its launcher again on the nodes the
 job holds. Past the bound the row's decision applies (a hang: RETRY, a requeue on
-Slurm; a crash: STOP). A preemption is never restarted in place: it gives the
-allocation back (RETRY).
+Slurm; a crash: STOP, but a crash pinned on one node, a rank killed there by
+SIGKILL, SIGBUS, SIGSEGV or SIGILL, is a RETRY: the requeue leaves that node behind).
+A preemption is never restarted in place: it gives the allocation back (RETRY).
 
 Knowing when to stop: a script's exit `EXIT_DO_NOT_RETRY` is a permanent failure
 (STOP on every cluster). A retrying supervisor (Slurm) also records every attempt it
@@ -69,18 +74,24 @@ from .rundir import (
     EXIT_PREEMPTED,
     FAILED_FILE,
     HUNG_FILE,
+    KILLED_FILE,
     PREEMPTED_FILE,
     RunDir,
 )
 
 # The markers an attempt may leave, in the order they are read.
-MARKER_FILES = (DONE_FILE, CANCELLED_FILE, PREEMPTED_FILE, HUNG_FILE, FAILED_FILE)
+MARKER_FILES = (DONE_FILE, CANCELLED_FILE, PREEMPTED_FILE, HUNG_FILE, KILLED_FILE, FAILED_FILE)
 
 # Signals by name, as the markers and supervisors record them. A warning: the cluster
 # takes the allocation back (Slurm's `--signal`, a preemption's user signal); an end:
 # a cancel, a pod's deletion, Ctrl-C (`shardctl.train.stop` says why a warning wins).
 WARNINGS = ("SIGUSR2", "SIGUSR1")
 ENDS = ("SIGTERM", "SIGINT")
+# A rank killed by one of these points at its node, not at the code every rank runs:
+# the kernel's OOM killer or an operator (KILL), a bad memory page or a file system
+# gone (BUS), a driver's fault (SEGV, ILL). Not ABRT: gloo and NCCL abort the ranks
+# that lost a peer, on the healthy nodes too. Not TERM or INT: a stop from outside.
+NODE_SIGNALS = ("SIGKILL", "SIGBUS", "SIGSEGV", "SIGILL")
 
 # Attempts in a row of one job that published no new complete checkpoint, after
 # which a retry stops (NVIDIA's resiliency extension does the same on restarts
@@ -143,6 +154,21 @@ POLICY: dict[Kind, Rule] = {
     ),
     Kind.UNKNOWN: Rule(Decision.STOP, EXIT_FAILED, "nothing recorded how the attempt ended"),
 }
+# A crash pinned on one node (a rank killed there by one of `NODE_SIGNALS`): restarted
+# in place like any crash; past the restarts a retry, since another node may not fail
+# (Slurm's requeue leaves the node behind, `clusters/slurm/bad_nodes`). Locally there
+# is no other node: a RETRY there stops, as a hang's does.
+PINNED_CRASH = Rule(
+    Decision.RETRY, None, "a rank killed by a signal on one node; another node may not fail",
+    restart=True,
+)  # fmt: skip
+
+
+def rule_for(outcome: Outcome) -> Rule:
+    """The policy row for `outcome`: its kind's, or `PINNED_CRASH`."""
+    if outcome.kind is Kind.FAILED and outcome.pinned:
+        return PINNED_CRASH
+    return POLICY[outcome.kind]
 
 
 @dataclass(frozen=True)
@@ -153,10 +179,16 @@ class Outcome:
     step: int | None = None
     signal: str | None = None  # the signal that stopped it, by name ("SIGUSR2")
     rank: int | None = None  # failed: the rank that failed; hung: the one stuck first
-    node: int | None = None  # hung: the node whose watchdog declared it
+    # hung: the node whose watchdog declared it; failed: the node a rank was killed on
+    node: int | None = None
     code: int | None = None  # failed: the exit code (the rank's own when recorded)
     reason: str = ""
     marker: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def pinned(self) -> bool:
+        """A crash pinned on one node: a rank killed there by one of `NODE_SIGNALS`."""
+        return self.kind is Kind.FAILED and self.node is not None and self.signal in NODE_SIGNALS
 
     def summary(self) -> str:
         """One line for a log or `status`."""
@@ -176,6 +208,11 @@ class Outcome:
             who = f"rank {self.rank}" if self.rank is not None else "the launcher"
             why = f": {self.reason}" if self.reason else ""
             return f"the script said do not retry ({who} exited with code {self.code}){why}"
+        if self.kind is Kind.FAILED and self.pinned:
+            who = f"rank {self.rank}" if self.rank is not None else "a rank"
+            host = self.marker.get("host")
+            where = f"node {self.node}" + (f" ({host})" if isinstance(host, str) else "")
+            return f"failed: {who} was killed by {self.signal} on {where}"
         if self.kind is Kind.FAILED:
             who = f"rank {self.rank}" if self.rank is not None else "the launcher"
             why = f": {self.reason}" if self.reason else ""
@@ -216,6 +253,14 @@ def failed_marker(code: int, rank: int, reason: str = "") -> dict[str, Any]:
     return {**marker, "reason": reason} if reason else marker
 
 
+def killed_marker(rank: int | None, node: int, host: str, signum: int) -> dict[str, Any]:
+    """A rank killed by signal `signum` on `node` (its launcher's report), for KILLED."""
+    return {
+        "kind": Kind.FAILED.value, "code": 128 + signum, "rank": rank, "node": node,
+        "host": host, "signal": signal_name(signum), "time": time.time(),
+    }  # fmt: skip
+
+
 def cancelled_marker() -> dict[str, Any]:
     return {"kind": Kind.CANCELLED.value, "time": time.time()}
 
@@ -236,7 +281,7 @@ def from_marker(name: str, data: Mapping[str, Any]) -> Outcome:
     written before the `kind` field must not break a supervisor)."""
     kinds = {
         DONE_FILE: Kind.DONE, PREEMPTED_FILE: Kind.PREEMPTED, HUNG_FILE: Kind.HUNG,
-        FAILED_FILE: Kind.FAILED, CANCELLED_FILE: Kind.CANCELLED,
+        FAILED_FILE: Kind.FAILED, KILLED_FILE: Kind.FAILED, CANCELLED_FILE: Kind.CANCELLED,
     }  # fmt: skip
     kind = kinds.get(name, Kind.UNKNOWN)
     written = data.get("kind")
@@ -283,6 +328,7 @@ class Evidence:
         warning: str | None = None,
         wait_s: float = 0.0,
         culprit_wait_s: float = 0.0,
+        killed_wait_s: float = 0.0,
     ) -> Evidence:
         """Read this attempt's markers (written at or after `since`; None: every marker
         there). With `wait_s`, a failed launcher that nothing explains yet waits that
@@ -290,14 +336,21 @@ class Evidence:
         another node and end a moment later. With `culprit_wait_s` (a job of several
         nodes), a HUNG that names no rank waits that long for one that does: every
         node's watchdog sees the same idle time, and the one whose rank stopped first
-        may declare a poll later than a node whose ranks wait in a collective."""
+        may declare a poll later than a node whose ranks wait in a collective. With
+        `killed_wait_s`, a crash that no KILLED explains waits that long for one: the
+        node whose rank was killed writes it once its launcher has reported, and this
+        node's ranks may have lost their peer and ended first."""
         folder = RunDir.of(run_dir)
 
         def read() -> Evidence:
             return cls(exit_code, _read_markers(folder, since), tuple(signals), warning)
 
         evidence = read()
-        for wait, pending in ((wait_s, cls._unexplained), (culprit_wait_s, cls._unpinned)):
+        waits = (
+            (wait_s, cls._unexplained), (culprit_wait_s, cls._unpinned),
+            (killed_wait_s, cls._crash_unpinned),
+        )  # fmt: skip
+        for wait, pending in waits:
             deadline = time.monotonic() + wait
             while wait > 0 and pending(evidence) and time.monotonic() < deadline:
                 time.sleep(0.5)
@@ -305,7 +358,7 @@ class Evidence:
         return evidence
 
     def _unexplained(self) -> bool:
-        explained = (PREEMPTED_FILE, HUNG_FILE, FAILED_FILE, CANCELLED_FILE)
+        explained = (PREEMPTED_FILE, HUNG_FILE, KILLED_FILE, FAILED_FILE, CANCELLED_FILE)
         return (
             self.exit_code not in (None, EXIT_OK, EXIT_HUNG)
             and not self.signals
@@ -315,6 +368,10 @@ class Evidence:
     def _unpinned(self) -> bool:
         hung = self.outcome_of(HUNG_FILE)
         return hung is not None and hung.rank is None
+
+    def _crash_unpinned(self) -> bool:
+        out = classify(self)
+        return out.kind is Kind.FAILED and not out.pinned
 
     def outcome_of(self, name: str) -> Outcome | None:
         data = self.markers.get(name)
@@ -420,6 +477,13 @@ def _rule_hung(ev: Evidence) -> Outcome | None:
     return None
 
 
+def _rule_rank_killed(ev: Evidence) -> Outcome | None:
+    killed = ev.outcome_of(KILLED_FILE)
+    if killed is None or not killed.pinned:
+        return None
+    return replace(killed, reason=f"killed by {killed.signal}")
+
+
 def _rule_rank_failed(ev: Evidence) -> Outcome | None:
     failed = ev.outcome_of(FAILED_FILE)
     if failed is None or not failed.code:
@@ -451,6 +515,7 @@ RULES: tuple[tuple[str, Callable[[Evidence], Outcome | None]], ...] = (
     ("a PREEMPTED marker: its signal TERM/INT is a cancel, else a preemption", _rule_saved),
     ("a FAILED marker with code 78, or exit code 78: do not retry", _rule_do_not_retry),
     ("a HUNG marker, or exit code 124", _rule_hung),
+    ("a KILLED marker: a rank killed on its node (pinned there)", _rule_rank_killed),
     ("a FAILED marker (a rank's own non-zero exit)", _rule_rank_failed),
     ("any other exit code (42 without PREEMPTED included)", _rule_exit_code),
     ("no exit code recorded, a DONE marker", _rule_done_marker),
@@ -511,7 +576,7 @@ class Verdict:
         restarts allowed: never said, nothing ran out)."""
         return (
             bool(self.max_restarts)
-            and POLICY[self.outcome.kind].restart
+            and rule_for(self.outcome).restart
             and self.restarts >= self.max_restarts
         )
 
@@ -558,7 +623,7 @@ def decide(
     applies. A RETRY past `max_retries` (retries already made: `retries`) becomes STOP.
     A RESTART or RETRY after `max_stalled` attempts in a row without a new complete
     checkpoint (`progress`; `max_stalled` 0: never) becomes STOP: a crash loop."""
-    rule = POLICY[outcome.kind]
+    rule = rule_for(outcome)
     code = rule.exit_code if rule.exit_code is not None else (outcome.code or EXIT_FAILED)
     base = Verdict(
         outcome, rule.decision, code, False, retries, max_retries,

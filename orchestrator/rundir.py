@@ -88,6 +88,10 @@ ENV_ATTEMPT_TOKEN = "SHARDCTL_ATTEMPT_TOKEN"
 # Restarts inside this allocation so far (`restart.max_in_allocation`): 0 on an
 # allocation's first start, set by the supervisor that restarts in place (local, Slurm).
 ENV_RESTART = "SHARDCTL_RESTART"
+# Set by a supervisor above the node's launcher that judges every attempt from the
+# markers (Slurm's node task: "slurm"); the node watchdog then leaves a lost peer's
+# exit as it is instead of waiting for another node's HUNG.
+ENV_NODE_SUPERVISOR = "SHARDCTL_NODE_SUPERVISOR"
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
@@ -106,6 +110,10 @@ DONE_FILE = "DONE"
 PREEMPTED_FILE = "PREEMPTED"
 FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
 HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job hung
+# JSON {"rank", "node", "host", "signal", "code"}: a rank killed by a signal, as its
+# node's launcher reported it (a killed rank writes nothing itself); written by the
+# node's supervisor (Slurm's node task).
+KILLED_FILE = "KILLED"
 CANCELLED_FILE = "CANCELLED"  # JSON {"kind": "cancelled"}: written by a local `cancel`
 CURRENT_ATTEMPT_FILE = "CURRENT_ATTEMPT"  # JSON {"token", ...}: the attempt that may save
 SUBMIT_CLAIM_FILE = ".submit.claim"  # held by one `shardctl submit` while it submits

@@ -26,10 +26,16 @@ from shardctl.orchestrator.rundir import LEFT_BEHIND_FILE
         (Outcome(Kind.HUNG, step=20, rank=None, node=1), None),
         (Outcome(Kind.HUNG), None),  # exit 124 without a marker
         (Outcome(Kind.FAILED, code=1, rank=3), None),
+        # A rank killed on its node (the KILLED marker): by a node's signal only.
+        (Outcome(Kind.FAILED, code=137, rank=3, node=1, signal="SIGKILL"), 1),
+        (Outcome(Kind.FAILED, code=135, rank=3, node=0, signal="SIGBUS"), 0),
+        (Outcome(Kind.FAILED, code=134, rank=3, node=1, signal="SIGABRT"), None),
         (Outcome(Kind.PREEMPTED, step=20, signal="SIGUSR2"), None),
     ],
 )
-def test_only_a_hang_that_names_its_rank_pins_a_node(outcome: Outcome, node: int | None) -> None:
+def test_a_named_hang_or_a_rank_killed_on_its_node_pins_the_node(
+    outcome: Outcome, node: int | None
+) -> None:
     assert pinned_node(outcome) == node
 
 

@@ -21,6 +21,7 @@ PREEMPTED_TERM = {"kind": "preempted", "step": 7, "signal": "SIGTERM", "reason":
 HUNG = {"kind": "hung", "step": 9, "node": 1, "rank": 3, "first": [3]}
 FAILED = {"kind": "failed", "code": 5, "rank": 2}
 DO_NOT_RETRY = {"kind": "failed", "code": 78, "rank": 1, "reason": "bad config"}
+KILLED = oc.killed_marker(rank=1, node=1, host="n2", signum=9)
 
 
 # (exit code, markers, signals the supervisor received) → (kind, step, signal, rank, code)
@@ -75,6 +76,14 @@ DO_NOT_RETRY = {"kind": "failed", "code": 78, "rank": 1, "reason": "bad config"}
         (124, {}, (), (Kind.HUNG, None, None, None, None)),
         (None, {"HUNG": {"step": 2, "node": 0, "first": [1]}}, (),
          (Kind.HUNG, 2, None, 1, None)),
+        # a rank killed on its node (its node task's KILLED): pinned there, over the
+        # FAILED its peers wrote on losing it; a hang outranks it
+        (1, {"KILLED": KILLED, "FAILED": FAILED}, (), (Kind.FAILED, None, "SIGKILL", 1, 137)),
+        (124, {"HUNG": HUNG, "KILLED": KILLED}, (), (Kind.HUNG, 9, None, 3, None)),
+        # ... but not an abort (gloo aborts the ranks that lost a peer) nor a TERM
+        (1, {"KILLED": {**KILLED, "signal": "SIGABRT"}, "FAILED": FAILED}, (),
+         (Kind.FAILED, None, None, 2, 5)),
+        (1, {"KILLED": {**KILLED, "signal": "SIGTERM"}}, (), (Kind.FAILED, None, None, None, 1)),
         # failed: the rank's own code, else the launcher's; 42 without a marker too
         (1, {"FAILED": FAILED}, (), (Kind.FAILED, None, None, 2, 5)),
         (7, {}, (), (Kind.FAILED, None, None, None, 7)),
@@ -122,6 +131,49 @@ def test_a_retry_past_the_budget_stops(kind: Kind) -> None:
     spent = oc.decide(oc.Outcome(kind), retries=3, max_retries=3)
     assert spent.decision is Decision.STOP and spent.out_of_retries
     assert spent.summary().endswith("; out of retries (3 of at most 3)")
+
+
+def test_a_crash_pinned_on_a_node_restarts_then_retries_and_says_where() -> None:
+    """A rank killed on its node restarts in place like any crash; past the restarts
+    it is retried (Slurm leaves the node behind), within the budget and while the
+    attempts make progress; an unpinned crash stops there."""
+    pinned = oc.classify(Evidence(1, {"KILLED": KILLED}))
+    assert pinned.pinned
+    assert pinned.summary() == "failed: rank 1 was killed by SIGKILL on node 1 (n2)"
+    restart = oc.decide(pinned, restarts=0, max_restarts=1)
+    assert restart.decision is Decision.RESTART
+    past = oc.decide(pinned, restarts=1, max_restarts=1, retries=0, max_retries=3)
+    assert (past.decision, past.exit_code, past.out_of_restarts) == (Decision.RETRY, 137, True)
+    spent = oc.decide(pinned, restarts=1, max_restarts=1, retries=3, max_retries=3)
+    assert spent.decision is Decision.STOP and spent.out_of_retries
+    stalled = oc.Progress(step=20, advanced=False, stalled=3)
+    looping = oc.decide(pinned, retries=0, max_retries=3, progress=stalled)
+    assert looping.decision is Decision.STOP and looping.no_progress
+    crashed = oc.classify(Evidence(1, {"FAILED": FAILED}))
+    assert oc.decide(crashed, restarts=1, max_restarts=1).decision is Decision.STOP
+
+
+def test_a_crash_waits_bounded_for_the_node_that_pins_it(tmp_path: Path) -> None:
+    """Node 0's ranks lost their peer and ended first: the judge waits, bounded, for the
+    KILLED the other node's task writes once its launcher reported."""
+    since = time.time() - 1
+    (tmp_path / "FAILED").write_text(json.dumps(FAILED))
+
+    def report() -> None:
+        time.sleep(1.0)
+        (tmp_path / "KILLED").write_text(json.dumps(KILLED))
+
+    writer = threading.Thread(target=report)
+    writer.start()
+    try:
+        evidence = Evidence.gather(tmp_path, since, 1, killed_wait_s=60)
+    finally:
+        writer.join()
+    assert oc.classify(evidence).pinned
+    (tmp_path / "KILLED").unlink()
+    started = time.monotonic()
+    assert not oc.classify(Evidence.gather(tmp_path, since, 1, killed_wait_s=1.0)).pinned
+    assert time.monotonic() - started >= 1.0
 
 
 def test_do_not_retry_never_retries_and_says_why() -> None:

@@ -199,20 +199,31 @@ def _text(path: Path) -> str:
         return ""
 
 
-def test_a_node_whose_rank_hung_is_left_behind_when_the_job_requeues(
+@pytest.mark.parametrize(
+    ("fault", "why"),
+    [
+        (signal.SIGSTOP, "hung at step"),  # the watchdog names the rank that stopped
+        (signal.SIGKILL, "rank 0 was killed by SIGKILL on node 0"),  # the launcher does
+    ],
+    ids=["hung", "killed"],
+)
+def test_a_node_a_fault_is_pinned_on_is_left_behind_when_the_job_requeues(
     slurm_cluster: None,  # noqa: F811
     tmp_path: Path,
+    fault: signal.Signals,
+    why: str,
 ) -> None:
-    """A one-node job on the two-node dev partition: its rank hangs, node 0 requeues
-    the job excluding that node's host, and the job finishes on the other node."""
-    ref, run_dir = _submit_hang_job(tmp_path, "hang-leave", nodes=1, steps=60)
+    """A one-node job on the two-node dev partition: its rank hangs, or is killed, node
+    0 requeues the job excluding that node's host, and the job finishes on the other
+    node."""
+    ref, run_dir = _submit_hang_job(tmp_path, f"leave-{fault.name.lower()}", nodes=1, steps=60)
     cluster = SlurmCluster()
     stopped: int | None = None
     try:
         _wait(ref, lambda: (_last_checkpoint(run_dir) or 0) >= EVERY, 480, "a checkpoint")
         first_host = _job_field(ref.job_id, "NodeList")
         stopped, _ = _wait(ref, lambda: _rank_of_node(run_dir, 0, 0), 90, "the rank")
-        os.kill(stopped, signal.SIGSTOP)
+        os.kill(stopped, fault)
         _wait(ref, lambda: read_left_behind(run_dir), HANG_TIMEOUT_S + 150, "the decision")
         assert _finished(ref, timeout=480) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
     finally:
@@ -220,13 +231,15 @@ def test_a_node_whose_rank_hung_is_left_behind_when_the_job_requeues(
 
     (entry,) = read_left_behind(run_dir)
     assert (entry["host"], entry["node"], entry["excluded"]) == (first_host, 0, True), entry
-    assert entry["why"].startswith("hung at step") and "rank 0 stopped first" in entry["why"]
+    assert entry["why"].startswith(why), entry
+    if fault is signal.SIGSTOP:
+        assert "rank 0 stopped first" in entry["why"], entry
     # Slurm itself: the job excludes that host and ran its second attempt elsewhere.
     assert _job_field(ref.job_id, "ExcNodeList") == first_host
     assert _job_field(ref.job_id, "NodeList") not in ("", first_host)
     status = cluster.status(ref)
     assert status.state is JobState.SUCCEEDED, status
-    assert f"nodes: {first_host} left behind (hung at step" in status.detail, status.detail
+    assert f"nodes: {first_host} left behind ({why}" in status.detail, status.detail
     logs = cluster.logs(ref)
     assert f"left node 0 ({first_host}) behind" in logs, logs
     assert _steps(run_dir)[-1] == 60

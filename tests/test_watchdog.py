@@ -459,6 +459,23 @@ def test_a_node_whose_peers_were_declared_hung_exits_124(tmp_path: Path) -> None
     assert "node 1 declared the job hung" in err
 
 
+@pytest.mark.timeout(120)
+def test_under_a_node_task_that_reads_the_markers_a_lost_peer_keeps_its_exit(
+    tmp_path: Path,
+) -> None:
+    """Slurm's node task judges from the markers: the watchdog neither waits for another
+    node's HUNG (10 s on every crash of a multi-node job) nor rewrites the exit."""
+    proc = _watchdog(
+        tmp_path, "exit3", "30",
+        extra={"SHARDCTL_NNODES": "2", "SHARDCTL_NODE_SUPERVISOR": "slurm"},
+    )  # fmt: skip
+    _rank_pids(tmp_path)
+    (tmp_path / "run" / HUNG_FILE).write_text(json.dumps({"node": 1, "step": 2}) + "\n")
+    code, err = _finish(proc, tmp_path)
+    assert code == 3, err
+    assert "declared the job hung" not in err
+
+
 def test_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert main(["--"]) == 2

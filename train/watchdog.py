@@ -58,6 +58,7 @@ from shardctl.orchestrator.rundir import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
+    ENV_NODE_SUPERVISOR,
     ENV_RESTART,
     ENV_RUN_DIR,
     ENV_STARTUP_TIMEOUT,
@@ -475,6 +476,8 @@ class Watchdog:
         self.attempt = _env_int(ENV_ATTEMPT, 0)
         self.restart = _env_int(ENV_RESTART, 0)
         self.run_dir = os.environ.get(ENV_RUN_DIR) or None
+        # A supervisor above the launcher (Slurm's node task) judges from the markers.
+        self.judged_above = bool(os.environ.get(ENV_NODE_SUPERVISOR))
         self.rule = HangRule(
             explicit=_env_seconds(ENV_HANG_TIMEOUT),
             earlier_saves=earlier_save_times(os.environ.get(ENV_CHECKPOINT_DIR)),
@@ -556,7 +559,10 @@ class Watchdog:
         for sig in handled:
             signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
         code = rc if rc >= 0 else 128 - rc
-        if code != 0 and self.nnodes > 1 and not self.signalled:
+        # Another node's HUNG turns this node's lost peers into its own 124, for a
+        # cluster that reads exit codes (Kubernetes' policies). A node task that reads
+        # the markers needs no such wait: it cost every crash of a Slurm job 10 s.
+        if code != 0 and self.nnodes > 1 and not self.signalled and not self.judged_above:
             other = (
                 RunDir.of(self.run_dir).wait_for_marker(HUNG_FILE, self.started, OTHER_NODE_WAIT_S)
                 if self.run_dir

@@ -105,23 +105,28 @@ from ...launch import PYTHON_VAR, EnvLine, export, export_from
 from ...launcher_output import LauncherReport, readable
 from ...outcome import (
     MAX_ATTEMPTS_WITHOUT_PROGRESS,
-    POLICY,
     Decision,
     Evidence,
     Kind,
+    Outcome,
+    Verdict,
     attempt_progress,
     from_marker,
     judge,
     last_attempt,
     record_attempt,
+    rule_for,
 )
 from ...proctree import forward_to_catchers
 from ...rundir import (
     ENV_ATTEMPT,
     ENV_ATTEMPT_TOKEN,
+    ENV_NODE_SUPERVISOR,
     ENV_RESTART,
+    EXIT_HUNG,
     FAILED_FILE,
     HUNG_FILE,
+    KILLED_FILE,
     PREEMPTED_FILE,
     RESTART_FILE,
     RunDir,
@@ -141,6 +146,7 @@ from ..base import (
 )
 from ..writer import LEDGER, write_rendered
 from .bad_nodes import leave_behind, left_behind_detail, pinned_node
+from .killed_ranks import own_log, record_killed
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 from .section import SlurmSection
 
@@ -155,6 +161,10 @@ MARKER_WAIT_S = 10.0
 # that names none (another node's watchdog declares a poll later, up to
 # watchdog.MAX_POLL_S, and writes HUNG before it collects the stacks).
 CULPRIT_WAIT_S = 15.0
+# How long node 0, out of restarts, waits for the KILLED of a rank killed on another
+# node after its own ranks lost their peer (that node's task writes it within a poll
+# of its launcher's exit): it decides between failing and leaving the node behind.
+KILLED_WAIT_S = 5.0
 
 # Slurm job states (sacct / scontrol) → shardctl's. One table; UNKNOWN otherwise.
 STATE_TABLE: dict[str, JobState] = {
@@ -717,6 +727,9 @@ class NodeTask:
         # submitit's own variables would make a rank's submitit think it is a task.
         for key in ("SUBMITIT_FOLDER", "SUBMITIT_EXECUTOR"):
             child_env.pop(key, None)
+        # This task judges every attempt from the markers: the node watchdog need not
+        # wait for another node's HUNG to turn a lost peer into its own 124.
+        child_env[ENV_NODE_SUPERVISOR] = "slurm"
         # Rounds inside this allocation: a crash or a hang with restarts left starts
         # every node's launcher again here (no requeue); node 0 decides each round.
         round_ = 0
@@ -735,7 +748,10 @@ class NodeTask:
                 f"node {node} of job {job_id} (requeue {restarts}{again}): running "
                 f"{shlex.join(self.command)}"
             )
+            log = own_log()  # the launcher reports a killed rank here
             rc = self._launch(child_env, preempt_sig, received, forwarded)
+            if rc not in (0, EXIT_HUNG) and not received:
+                self._pin_killed(node, job_id, restarts, round_, log, started)
             result = self._after(node, job_id, restarts, rc, received, preempt_sig, started, round_)
             if result != RESTARTED:
                 signal.signal(preempt_sig, signal.SIG_IGN)
@@ -750,6 +766,19 @@ class NodeTask:
             self.run_dir, _token(job_id, restarts, round_), cluster="slurm", job_id=job_id,
             attempt=restarts, restart=round_,
         )  # fmt: skip
+
+    def _pin_killed(
+        self, node: int, job_id: str, restarts: int, round_: int,
+        log: tuple[str, int] | None, started: float,
+    ) -> None:  # fmt: skip
+        """Record a rank of this node killed by a node's signal (KILLED), unless node 0
+        already judged this round without it (a late marker would be read as the next
+        round's)."""
+        if node != 0 and _round_decision(self.run_dir, job_id, restarts, round_, 0.0):
+            return
+        said = record_killed(self.run_dir, node, log, started)
+        if said:
+            _say(f"node {node}: {said}")
 
     def _launch(
         self,
@@ -802,6 +831,10 @@ class NodeTask:
             wait_s=MARKER_WAIT_S,
             # Node 0 judges for every node: the stopped rank's node names it.
             culprit_wait_s=CULPRIT_WAIT_S if node == 0 and _job_node_count() > 1 else 0.0,
+            # Out of restarts, a crash pinned on another node is left behind there.
+            killed_wait_s=KILLED_WAIT_S
+            if node == 0 and _job_node_count() > 1 and round_ >= self.max_restarts
+            else 0.0,
         )  # fmt: skip
         # Node 0 carries the verdict out, so it alone judges progress and records the
         # attempt (the evidence of "no progress" for the attempts after it).
@@ -822,11 +855,12 @@ class NodeTask:
                 self._claim(job_id, restarts, round_ + 1)
             _tell_round(self.run_dir, job_id, restarts, round_, verdict.decision.value)
         if verdict.decision is Decision.RESTART:
-            for name in (HUNG_FILE, FAILED_FILE):  # this round's; its verdict is recorded
+            # This round's; its verdict is recorded.
+            for name in (HUNG_FILE, KILLED_FILE, FAILED_FILE):
                 (Path(self.run_dir) / name).unlink(missing_ok=True)
             _say(f"node 0: {verdict.summary()}; the other nodes start again too")
             return RESTARTED
-        if node != 0 and self.max_restarts and POLICY[out.kind].restart:
+        if node != 0 and self.max_restarts and rule_for(out).restart:
             decided = _round_decision(self.run_dir, job_id, restarts, round_)
             if decided == Decision.RESTART.value:
                 _say(f"node {node}: {out.summary()}; node 0 restarts every node in place")
@@ -856,31 +890,44 @@ class NodeTask:
                 what = f"hung at step {_or_q(out.step)} (node {_or_q(out.node)}'s watchdog)"
             else:
                 what = f"hung (the launcher exited with {rc}; no HUNG marker)"
-            pinned = pinned_node(out) if node == 0 and not verdict.out_of_retries else None
-            # Read before the requeue, which gives the nodes back.
-            job = None
-            if pinned is not None:
-                with contextlib.suppress(ClusterError):
-                    job = _scontrol_job(job_id)
-            result = self._retry(
-                node, job_id, restarts, what, what,
-                result="hung", resume=" from the newest complete checkpoint",
-                out_of_retries=verdict.out_of_retries,
-            )  # fmt: skip
-            if pinned is not None and job is not None and result == "requeued":
-                why = f"hung at step {_or_q(out.step)}, rank {out.rank} stopped first"
-                _say("node 0: " + leave_behind(
-                    job_id=job_id, run_dir=self.run_dir, node=pinned, needed=_job_node_count(),
-                    why=why, job=job, requeue=restarts,
-                ))  # fmt: skip
-            return result
+            why = f"hung at step {_or_q(out.step)}, rank {out.rank} stopped first"
+            return self._retry_leaving_behind(node, job_id, restarts, out, verdict, what, why)
         if out.kind is Kind.PERMANENT:
             raise RuntimeError(f"node {node} of job {job_id}: {out.summary()}; not requeued.")
+        if out.pinned and verdict.decision is Decision.RETRY:
+            what = out.summary().removeprefix("failed: ")
+            return self._retry_leaving_behind(node, job_id, restarts, out, verdict, what, what)
         code = f"; a rank exited with code {out.code}" if out.rank is not None else ""
         raise RuntimeError(
             f"node {node} of job {job_id}: the launcher exited with code {rc}{code}; the "
             "job failed. Resubmitting resumes from the newest complete checkpoint."
         )
+
+    def _retry_leaving_behind(
+        self, node: int, job_id: str, restarts: int, out: Outcome, verdict: Verdict,
+        what: str, why: str,
+    ) -> str:  # fmt: skip
+        """A hang or a crash past the restarts in place: node 0 requeues (within
+        `max_requeues`) and, when the fault is pinned on one node, leaves that node
+        behind (`bad_nodes`); nothing was saved, the requeued job resumes from the
+        newest complete checkpoint."""
+        pinned = pinned_node(out) if node == 0 and not verdict.out_of_retries else None
+        # Read before the requeue, which gives the nodes back.
+        job = None
+        if pinned is not None:
+            with contextlib.suppress(ClusterError):
+                job = _scontrol_job(job_id)
+        result = self._retry(
+            node, job_id, restarts, what, what,
+            result=out.kind.value, resume=" from the newest complete checkpoint",
+            out_of_retries=verdict.out_of_retries,
+        )  # fmt: skip
+        if pinned is not None and job is not None and result == "requeued":
+            _say("node 0: " + leave_behind(
+                job_id=job_id, run_dir=self.run_dir, node=pinned, needed=_job_node_count(),
+                why=why, job=job, requeue=restarts,
+            ))  # fmt: skip
+        return result
 
     def _retry(
         self, node: int, job_id: str, restarts: int, event: str, job_event: str,

@@ -1,10 +1,12 @@
-"""Leave bad nodes behind: a requeue after a hang pinned on one node excludes that node.
+"""Leave bad nodes behind: a requeue after a fault pinned on one node excludes that node.
 
 A node watchdog that declares a hang names the rank that stopped first and its node
-(the HUNG marker's `rank` and `node`). When node 0 requeues the job after such a hang
-(restarts inside the allocation spent), it adds that node's host to the job's excluded
-nodes, so the requeued job starts on other nodes, as a person would with `sbatch
---exclude`. Bounded: a host is left behind only while the job's partitions keep at
+(the HUNG marker's `rank` and `node`); a rank killed by a node's signal (the OOM
+killer's KILL, a BUS, SEGV or ILL) is pinned on its node by that node's launcher
+report (the KILLED marker, `killed_ranks`). When node 0 requeues the job after such
+a fault (restarts inside the allocation spent), it adds that node's host to the job's
+excluded nodes, so the requeued job starts on other nodes, as a person would with
+`sbatch --exclude`. Bounded: a host is left behind only while the job's partitions keep at
 least as many other nodes as the job needs; otherwise it is kept, and the record says
 why. A hang that names no rank (every rank stopped together, say at a collective) pins
 nothing: no node is left behind for it.
@@ -50,8 +52,11 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
 
 def pinned_node(outcome: Outcome) -> int | None:
     """The node index a fault is pinned on: a hang whose watchdog named the rank that
-    stopped first. None: nothing points at one node."""
+    stopped first, or a rank killed on its node (`Outcome.pinned`, the KILLED marker of
+    `killed_ranks`). None: nothing points at one node."""
     if outcome.kind is Kind.HUNG and outcome.rank is not None and outcome.node is not None:
+        return outcome.node
+    if outcome.pinned:
         return outcome.node
     return None
 
