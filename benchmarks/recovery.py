@@ -3,16 +3,19 @@
     python benchmarks/recovery.py --cluster local --faults crash,hang,preempt --rounds 2 --markdown
     python benchmarks/recovery.py --cluster slurm --faults crash,hang,preempt --rounds 2 --markdown
     python benchmarks/recovery.py --from-json local.out slurm-1.out slurm-2.out   # one table
+    python benchmarks/recovery.py --cluster slurm --nodes 32 --faults crash,preempt --rounds 1 \
+        --hang-timeout 60 --markdown     # at scale (scripts/slurm-dev-cluster up --nodes 32)
 
 One real run of the tests' tiny Llama (tests/helpers/train_run.py's TINY_LLAMA: FSDP2
 full_shard, bf16-mixed, gloo; a metrics line every step, a checkpoint every 10 steps,
 `watchdog.hang_timeout_s` 15, `restart.max_in_allocation` enough for every fault):
-2 CPU ranks under `shardctl submit` here (`--cluster local`), or 2 nodes × 1 rank on
-the Slurm dev cluster (`--cluster slurm`, `scripts/slurm-dev-cluster up`). Once the run
+2 CPU ranks under `shardctl submit` here (`--cluster local`), or `--nodes` (default 2)
+nodes × 1 rank on the Slurm dev cluster (`--cluster slurm`, `scripts/slurm-dev-cluster
+up --nodes N`). Once the run
 has a complete checkpoint newer than its last resume and is a few steps past it (and
 not about to save), each fault of `--faults` is injected in turn, `--rounds` times:
 
-- crash:   SIGKILL to rank 1 (on Slurm: node 1's rank);
+- crash:   SIGKILL to rank 1 (on Slurm: the rank of node N/2, node 1 of 2);
 - hang:    SIGSTOP to the same rank (the node's watchdog ends the ranks after the hang
            timeout);
 - preempt: SIGUSR2 to every rank here; `scancel --signal=USR2 JOB` on Slurm. The ranks
@@ -469,10 +472,14 @@ class LocalRun(Run):
 class SlurmRun(Run):
     cluster = "slurm"
 
+    def __init__(self, work: Path, args: argparse.Namespace) -> None:
+        super().__init__(work, args)
+        self.world = args.nodes
+
     def spec(self) -> dict[str, Any]:
         return {
             **super().spec(),
-            "resources": {"nodes": 2, "procs_per_node": 1, "device": "cpu"},
+            "resources": {"nodes": self.args.nodes, "procs_per_node": 1, "device": "cpu"},
             "slurm": {
                 "time": "01:00:00",
                 "master_port": free_port(),
@@ -489,7 +496,7 @@ class SlurmRun(Run):
 
     def _logs(self, kind: str) -> list[Path]:
         folder = Path(self.ref["extra"]["folder"])
-        return [folder / f"{self.job}_{node}_log.{kind}" for node in (0, 1)]
+        return [folder / f"{self.job}_{node}_log.{kind}" for node in range(self.args.nodes)]
 
     def out_logs(self) -> list[Path]:
         return self._logs("out")
@@ -498,7 +505,7 @@ class SlurmRun(Run):
         return self._logs("err")
 
     def victim(self, ranks: list[RunProc]) -> RunProc:
-        return next(p for p in ranks if p.node == 1)
+        return next(p for p in ranks if p.node == self.args.nodes // 2)
 
     def preempt(self, ranks: list[RunProc]) -> None:
         subprocess.run(["scancel", "--signal=USR2", self.job], check=True, timeout=60)
@@ -773,6 +780,98 @@ def one_fault(run: Run, fault: str, after: int | None) -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------ at scale
+
+
+def start_marks(run: Run, t_submit: float) -> dict[str, Any]:
+    """From `submit` to every rank stepping (the first step in metrics.jsonl: a step is
+    collectives of every rank) and to the first complete checkpoint."""
+    metrics = Tail(run.run_dir / "logs" / "metrics.jsonl", at_end=False)
+    seen: dict[str, float] = {}
+
+    def check() -> bool:
+        time.sleep(0.05)
+        if "first_step" not in seen:
+            steps = metrics_steps(metrics.new())
+            if steps:
+                seen["first_step"] = steps[0][1]
+        if "first_checkpoint" not in seen:
+            newest = newest_checkpoint(run.ckpt_dir)
+            if newest is not None:
+                seen["first_checkpoint"] = newest[1]
+        return len(seen) == 2
+
+    _until("the first step and checkpoint", check, READY_TIMEOUT_S, run)
+    return {k: round(v - t_submit, 3) for k, v in seen.items()}
+
+
+def save_times(ckpt_dir: Path) -> dict[int, float]:
+    """`save_s` (state written, every rank's share hashed, published) of each complete
+    checkpoint now in `ckpt_dir`, by step."""
+    out: dict[int, float] = {}
+    for manifest in ckpt_dir.glob("step-*/manifest.json"):
+        data = _json(manifest) or {}
+        if isinstance(data.get("save_s"), int | float) and isinstance(data.get("step"), int):
+            out[data["step"]] = float(data["save_s"])
+    return out
+
+
+def watchdog_cpu(run: Run) -> dict[str, Any]:
+    """The node watchdogs' CPU use so far: each one's user+system seconds over its
+    lifetime (the cost of watching: heartbeat reads and /proc walks every poll)."""
+    shares = []
+    now = time.time()
+    for p in scan(run.run_dir):
+        fields = _stat(p.pid) if p.role == "watchdog" else None
+        if fields is None or now - p.start < 1.0:
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / HZ
+        shares.append(cpu / (now - p.start))
+    return {
+        "watchdogs": len(shares),
+        "cpu_percent_each": round(100 * statistics.mean(shares), 3) if shares else None,
+        "cpu_percent_max": round(100 * max(shares), 3) if shares else None,
+    }
+
+
+def scale_table(files: list[Path]) -> str:
+    """One row per node count of saved `--cluster slurm` reports (`--scale-table`)."""
+    rows = []
+    for path in files:
+        report, _end = json.JSONDecoder().raw_decode(path.read_text())
+        by_fault = {r["fault"]: r for r in report["results"]}
+        crash, preempt = by_fault.get("crash"), by_fault.get("preempt")
+        saves = list(report.get("save_s", {}).values())
+        dog = report.get("watchdog_cpu", {})
+        saved = preempt["phases"]["detect"] if preempt else None
+        rows.append(
+            (
+                report.get("nodes", 2),
+                [
+                    report.get("start", {}).get("first_step"),
+                    report.get("start", {}).get("first_checkpoint"),
+                    statistics.median(saves) if saves else None,
+                    crash["total"] if crash else None,
+                    saved,
+                    (preempt["total"] - saved) if preempt and preempt["total"] and saved else None,
+                    dog.get("cpu_percent_each"),
+                ],
+            )
+        )
+    head = (
+        "| nodes × 1 rank | submit → every rank stepping | submit → first checkpoint | "
+        "checkpoint save (median) | crash → every rank stepping again (in place) | "
+        "USR2 → every rank saved | saved → requeued, every rank stepping again | "
+        "watchdog CPU % (each) |"
+    )
+    lines = [head, "|---:|" + "---:|" * 7]
+    for nodes, cells in sorted(rows, key=lambda r: r[0]):
+        shown = [_fmt(c) if i < 6 else ("—" if c is None else f"{c:.2f}")
+                 for i, c in enumerate(cells)]  # fmt: skip
+        lines.append(f"| {nodes} | " + " | ".join(shown) + " |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------ imports alone
 
 
@@ -870,6 +969,7 @@ def main() -> None:
     p.add_argument("--faults", default=",".join(FAULTS), help="comma-separated: crash,hang,preempt")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--hang-timeout", type=int, default=15, help="watchdog.hang_timeout_s")
+    p.add_argument("--nodes", type=int, default=2, help="Slurm: nodes × 1 rank (1 to 64)")
     p.add_argument("--imports", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--work", type=Path, default=None, help="default: a temporary folder")
@@ -878,10 +978,19 @@ def main() -> None:
         "--from-json", nargs="+", type=Path, default=None, metavar="FILE",
         help="run nothing: print the table of earlier runs' output (their rounds together)",
     )  # fmt: skip
+    p.add_argument(
+        "--scale-table", nargs="+", type=Path, default=None, metavar="FILE",
+        help="run nothing: one row per node count of earlier `--cluster slurm` runs' output",
+    )  # fmt: skip
     args = p.parse_args()
     if args.from_json:
         print(table_of(args.from_json))
         return
+    if args.scale_table:
+        print(scale_table(args.scale_table))
+        return
+    if not 1 <= args.nodes <= 64 or (args.cluster == "local" and args.nodes != 2):
+        p.error(f"--nodes: {args.nodes}; 1 to 64, and only with --cluster slurm")
     args.faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     bad = [f for f in args.faults if f not in FAULTS]
     if bad or args.rounds < 1:
@@ -889,16 +998,27 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="shardctl-recovery-"))
     work.mkdir(parents=True, exist_ok=True)
     run: Run = (LocalRun if args.cluster == "local" else SlurmRun)(work, args)
-    report: dict[str, Any] = {"cluster": args.cluster, "host_before": host(), "work": str(work)}
+    report: dict[str, Any] = {
+        "cluster": args.cluster, "nodes": args.nodes if args.cluster == "slurm" else 1,
+        "host_before": host(), "work": str(work),
+    }  # fmt: skip
     if args.imports:
         report["imports_alone"] = imports_alone(3)
     results: list[dict[str, Any]] = []
     try:
+        t_submit = time.time()
         run.submit()
         report["job"] = run.ref.get("job_id")
+        report["start"] = start_marks(run, t_submit)
+        print(f"{args.cluster} start: {json.dumps(report['start'])}", file=sys.stderr, flush=True)
+        saves: dict[int, float] = {}
         after: int | None = None
         for rnd in range(args.rounds):
             for fault in args.faults:
+                ready(run, after)
+                saves.update(save_times(run.ckpt_dir))
+                if "watchdog_cpu" not in report:
+                    report["watchdog_cpu"] = watchdog_cpu(run)
                 res = one_fault(run, fault, after)
                 res["round"] = rnd
                 results.append(res)
@@ -912,6 +1032,7 @@ def main() -> None:
         run.cleanup()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    report["save_s"] = {str(k): v for k, v in sorted(saves.items())}
     report["host_after"] = host()
     report["hang_timeout_s"] = args.hang_timeout
     report["results"] = results
