@@ -32,6 +32,7 @@ from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
 from . import objects as k8s_render
 from .apis import job_kind
 from .jobkind import JobKind, Prerequisite
+from .logstreams import LOG_STREAMS, LogNotReady, LogStreams, PodLog
 from .pods import RUNS_MOUNT, configmap_name
 from .preflight import k8s_checks
 from .section import K8sSection
@@ -364,114 +365,72 @@ class K8sCluster(Cluster):
         node: int | None = None,
         tail: int | None = None,
         poll_s: float | None = None,
+        streams: int = LOG_STREAMS,
     ) -> None:
-        """`logs -f`: the training container of every pod, streamed (`follow=True`), one
-        thread per pod, each line prefixed `[pod/NAME/CONTAINER]` like `kubectl logs
-        --prefix`. Pods that appear later (a restart, a recreated pod) join; the command
-        ends when the job has ended and the streams drained (at most STREAM_DRAIN_S)."""
+        """`logs -f`: the training container of every pod, streamed (`follow=True`), each
+        line prefixed `[pod/NAME/CONTAINER]` like `kubectl logs --prefix`. At most
+        `streams` streams (threads, connections) are open at once; a wider job's pods
+        take turns (logstreams.py). Pods that appear later (a restart, a recreated pod)
+        join; one status and one pod list per tick; the command ends when the job has
+        ended and the streams drained (at most STREAM_DRAIN_S)."""
         ns, _ = _where(ref)
         kind = kind_of(ref)
         core = self._core()
         lock = threading.Lock()
-        stop = threading.Event()
-        streams: dict[tuple[str, int], threading.Thread] = {}
         wait = self.poll_s if poll_s is None else poll_s
 
         def emit(text: str) -> None:
             with lock:
                 write(text)
 
-        while True:
-            ended = self.has_ended(ref, self.status(ref))
-            for pod in self.pods(ref):
-                if node is not None and kind.node(pod) != node:
-                    continue
-                key = (str(pod["metadata"].get("uid") or pod["metadata"]["name"]),
-                       _restarts(pod, kind.container))  # fmt: skip
-                if key in streams:
-                    continue
-                thread = threading.Thread(
-                    target=self._stream_pod_reported,
-                    args=(core, ns, kind, pod["metadata"]["name"], tail, emit, stop),
-                    name=f"logs-{pod['metadata']['name']}",
-                    daemon=True,  # a stream that never ends must not keep shardctl alive
-                )
-                streams[key] = thread
-                thread.start()
-            if ended:
-                break
-            time.sleep(wait)
-        deadline = time.monotonic() + STREAM_DRAIN_S
-        for thread in streams.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stop.set()
-
-    def _stream_pod_reported(self, *args: Any) -> None:
-        """`_stream_pod`, with any error of the client library shown as a line of that
-        pod's output instead of a thread's traceback."""
-        try:
-            self._stream_pod(*args)
-        except Exception as exc:
-            pod, kind, emit = args[3], args[2], args[5]
-            emit(f"[pod/{pod}/{kind.container}] (log stream failed: {type(exc).__name__}: {exc})\n")
-
-    def _stream_pod(
-        self,
-        core: Any,
-        ns: str,
-        kind: JobKind,
-        pod: str,
-        tail: int | None,
-        emit: Callable[[str], None],
-        stop: threading.Event,
-    ) -> None:
-        """Stream one pod's log until its container ends; wait while it is being created."""
-        prefix = f"[pod/{pod}/{kind.container}] "
-        while not stop.is_set():
+        def open_stream(log: PodLog, since_s: int | None, read_timeout: float | None) -> Any:
             try:
-                resp = self._call(
+                return self._call(
                     "get",
                     "pods/log",
                     ns,
                     lambda: core.read_namespaced_pod_log(
-                        pod, ns, container=kind.container, follow=True, tail_lines=tail,
-                        # No timeout: a quiet training step is not a dead stream, and
-                        # the thread is a daemon that ends with the command.
+                        log.pod, ns, container=kind.container, follow=True,
+                        tail_lines=log.tail if since_s is None else None,
+                        since_seconds=since_s, timestamps=True if log.resumable else None,
                         _preload_content=False,
+                        _request_timeout=(
+                            None if read_timeout is None else (REQUEST_TIMEOUT_S, read_timeout)
+                        ),
                     ),
                     bad_request_ok=True,
                 )  # fmt: skip
-            except _BadRequest:  # the container is still being created
-                stop.wait(self.poll_s)
-                continue
-            except ClusterError as exc:  # the pod is gone, or reading logs is forbidden
-                emit(f"{prefix}(no log: {exc})\n")
-                return
-            partial = b""
-            report = LauncherReport(_full_log(ns, pod, kind.container))
+            except _BadRequest as exc:  # the container is still being created
+                raise LogNotReady(str(exc)) from None
 
-            def shown(text: str, report: LauncherReport = report) -> None:
-                text = report.feed(text)
-                if text:
-                    emit("".join(f"{prefix}{line}\n" for line in text.splitlines()))
-
-            try:
-                for chunk in resp.stream(64 * 1024, decode_content=True):
-                    *lines, partial = (partial + chunk).split(b"\n")
-                    if lines:
-                        shown("".join(_decoded("", line) for line in lines))
-                    if stop.is_set():
-                        return
-            except (OSError, _urllib3_errors()) as exc:
-                emit(f"{prefix}(log stream broke: {exc})\n")
-            finally:
-                resp.release_conn()
-            if partial:
-                shown(_decoded("", partial))
-            rest = report.close()
-            if rest:
-                emit("".join(f"{prefix}{line}\n" for line in rest.splitlines()))
-            return
+        pool = LogStreams(open_stream, emit, streams=streams, retry_s=self.poll_s)
+        seen: set[tuple[str, int]] = set()
+        while True:
+            ended = self.has_ended(ref, self.status(ref))
+            listed = [p for p in self.pods(ref) if node is None or kind.node(p) == node]
+            # Decided per pod when it is first seen: a pod of a job wider than the pool
+            # is streamed with timestamps so that it can give its stream up and resume.
+            wide = len(listed) > streams
+            for pod in listed:
+                key = (str(pod["metadata"].get("uid") or pod["metadata"]["name"]),
+                       _restarts(pod, kind.container))  # fmt: skip
+                if key in seen:
+                    continue
+                seen.add(key)
+                name = pod["metadata"]["name"]
+                pool.add(
+                    PodLog(
+                        pod=name,
+                        prefix=f"[pod/{name}/{kind.container}] ",
+                        report=LauncherReport(_full_log(ns, name, kind.container)),
+                        resumable=wide,
+                        tail=tail,
+                    )
+                )
+            if ended:
+                break
+            time.sleep(wait)
+        pool.drain(STREAM_DRAIN_S)
 
     def cancel(self, ref: JobRef) -> None:
         ns, name = _where(ref)
@@ -637,10 +596,6 @@ def _full_log(ns: str, pod: str, container: str) -> str:
     return f"the pod's log (kubectl logs -n {ns} {pod} -c {container})"
 
 
-def _decoded(prefix: str, line: bytes) -> str:
-    return f"{prefix}{line.decode('utf-8', errors='replace').rstrip(chr(13))}\n"
-
-
 def _where(ref: JobRef) -> tuple[str, str]:
     ns = ref.extra.get("namespace")
     name = ref.extra.get("job")
@@ -693,15 +648,23 @@ def load_api_client() -> Any:
     config_file = os.environ.get("SHARDCTL_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
     context = os.environ.get("SHARDCTL_KUBE_CONTEXT") or None
     kubeconfig_known = bool(config_file) or os.path.exists(os.path.expanduser("~/.kube/config"))
+    configuration = client.Configuration()
+    # Room in urllib3's pool for every log stream of `logs -f` and the status and list
+    # calls beside them (the default, 5 per CPU, is 10 on a 2-core laptop): a connection
+    # handed back to a full pool is closed, and the next request opens a new one.
+    configuration.connection_pool_maxsize = max(
+        configuration.connection_pool_maxsize or 0, LOG_STREAMS + 4
+    )
     if not kubeconfig_known and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException as exc:
             raise ClusterError(f"in-cluster Kubernetes config is unusable: {exc}") from None
         return client.ApiClient(configuration)
     try:
-        return config.new_client_from_config(config_file=config_file, context=context)
+        return config.new_client_from_config(
+            config_file=config_file, context=context, client_configuration=configuration
+        )
     except (ConfigException, OSError) as exc:
         raise _kubeconfig_error(config_file, str(exc)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
