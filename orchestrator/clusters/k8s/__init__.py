@@ -392,12 +392,9 @@ class K8sCluster(Cluster):
                 write(text)
 
         def open_stream(log: PodLog, since_s: int | None, read_timeout: float | None) -> Any:
-            try:
-                return self._call(
-                    "get",
-                    "pods/log",
-                    ns,
-                    lambda: core.read_namespaced_pod_log(
+            def read() -> Any:
+                try:
+                    return core.read_namespaced_pod_log(
                         log.pod, ns, container=kind.container, follow=True,
                         tail_lines=log.tail if since_s is None else None,
                         since_seconds=since_s, timestamps=True if log.resumable else None,
@@ -405,9 +402,16 @@ class K8sCluster(Cluster):
                         _request_timeout=(
                             None if read_timeout is None else (REQUEST_TIMEOUT_S, read_timeout)
                         ),
-                    ),
-                    bad_request_ok=True,
-                )  # fmt: skip
+                    )  # fmt: skip
+                except _urllib3_errors() as exc:
+                    # A resumable stream's answer did not start within its turn (a slow
+                    # server): its turn again later, rather than "cannot reach".
+                    if _timed_out(exc):
+                        raise LogNotReady(str(exc)) from None
+                    raise
+
+            try:
+                return self._call("get", "pods/log", ns, read, bad_request_ok=True)
             except _BadRequest as exc:  # the container is still being created
                 raise LogNotReady(str(exc)) from None
 
@@ -589,6 +593,15 @@ def _urllib3_errors() -> type[Exception]:
     import urllib3.exceptions
 
     return urllib3.exceptions.HTTPError
+
+
+def _timed_out(exc: Exception) -> bool:
+    """A read timeout of urllib3, retried or not."""
+    import urllib3.exceptions
+
+    errors = urllib3.exceptions
+    reason = getattr(exc, "reason", None) if isinstance(exc, errors.MaxRetryError) else exc
+    return isinstance(reason, errors.ReadTimeoutError)
 
 
 def _restarts(pod: dict[str, Any], container: str) -> int:
