@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 from helpers.k8s_width import LogPlayer, Measured, Width, serve, wait_until
 from helpers.kmock_server import KMockServer
-from shardctl.orchestrator.clusters.k8s.logstreams import LOG_STREAMS, LOG_TURN_S
+from shardctl.orchestrator.clusters.k8s.logstreams import (
+    LOG_STREAMS,
+    LOG_TURN_S,
+    LogStreams,
+    PodLog,
+    stamp_ns,
+)
+from shardctl.orchestrator.launcher_output import LauncherReport
 
 PODS = 128
 # The pool of streams, the main thread (status and list calls) and one spare: the
@@ -137,3 +144,32 @@ def test_a_128_node_trainjob_cancelled_while_followed(server: KMockServer, tmp_p
         run = follow.result()
     check_follow(run, player, ended_at)
     check_status_and_cancel(width, status, cancel, alone=False)
+
+
+# ------------------------------------------------------- resuming by timestamps
+
+
+def test_kubelet_timestamps_of_any_precision_and_zone() -> None:
+    base = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
+    assert stamp_ns("2026-01-01T00:00:00Z") == base
+    assert stamp_ns("2026-01-01T00:00:00.5Z") == base + 500_000_000
+    assert stamp_ns("2026-01-01T00:00:00.000000007Z") == base + 7
+    assert stamp_ns("2026-01-01T01:00:00.25+01:00") == base + 250_000_000
+    assert stamp_ns("step 1 loss 5.5") is None
+    assert stamp_ns("2026-01-01 00:00:00Z") is None
+
+
+def test_a_resumed_stream_shows_only_what_was_not_shown() -> None:
+    """Lines of the newest shown timestamp come again with the next stream (its
+    `sinceSeconds` starts before them): as many as were shown are skipped, in order."""
+    out: list[str] = []
+    pool = LogStreams(lambda *a: None, out.append)
+    log = PodLog("p", "[pod/p/c] ", LauncherReport(), resumable=True, tail=None)
+    t = "2026-01-01T00:00:0{}.5Z "
+    first = [f"{t.format(1)}a", f"{t.format(2)}b", f"{t.format(2)}c"]
+    skip = pool._show(log, [line.encode() for line in first], log.at_last)
+    assert (skip, log.at_last) == (0, 2)
+    again = [f"{t.format(1)}a", f"{t.format(2)}b", f"{t.format(2)}c", f"{t.format(2)}d",
+             f"{t.format(3)}e", "no stamp"]  # fmt: skip
+    pool._show(log, [line.encode() for line in again], log.at_last)
+    assert "".join(out) == "".join(f"[pod/p/c] {x}\n" for x in "abcde") + "[pod/p/c] no stamp\n"
