@@ -127,9 +127,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def pod_count(text: str) -> int:
+    """A job's pods: 1 (a master alone) or more."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a pod count; accepted: 1, 2, ...")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pods", type=int, nargs="+", default=[8, 32, 128])
+    parser.add_argument("--pods", type=pod_count, nargs="+", default=[8, 32, 128])
     parser.add_argument("--apis", nargs="+", default=["pytorchjob", "trainjob"],
                         choices=["pytorchjob", "trainjob"])  # fmt: skip
     parser.add_argument("--markdown", action="store_true")
