@@ -135,8 +135,8 @@ def test_a_128_node_trainjob_cancelled_while_followed(server: KMockServer, tmp_p
     player = LogPlayer(width.pods, lines=240, period_s=0.25)
     player.install(server)
     with width.started("logs", "wide", "-f", timeout=180) as follow:
-        # Every pod has had a stream: the pool went round them all at least once.
-        wait_until(lambda: player.served > PODS, 90, "a turn of every pod's stream")
+        # The first streams have given their turns up; most pods still wait for theirs.
+        wait_until(lambda: player.served > 2 * LOG_STREAMS, 90, "the first turns")
         cancel = width.run("cancel", "wide", timeout=120)
         # What the cluster does next (kmock has no garbage collector and no kubelet):
         # the pods' containers are killed; their logs stay readable.
