@@ -470,6 +470,8 @@ def test_follow_logs_streams_every_pod_with_a_prefix_until_the_job_ends(
     reads = [r for r in server.requests() if r.subresource == "log"]
     assert {r.params["follow"] for r in reads} == {"true"}
     assert len(reads) == 2  # one stream per pod, not one per poll
+    # A job no wider than the pool of streams: each held to its end, never resumed.
+    assert not any("timestamps" in r.params or "sinceSeconds" in r.params for r in reads)
 
     only: list[str] = []
     backend.follow_logs(ref, only.append, node=1, poll_s=0.05)  # worker 0 is node 1

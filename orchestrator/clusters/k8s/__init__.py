@@ -15,6 +15,7 @@ service account. The client is imported only here, only when a call needs it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -32,6 +33,7 @@ from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
 from . import objects as k8s_render
 from .apis import job_kind
 from .jobkind import JobKind, Prerequisite
+from .logstreams import LOG_STREAMS, LogNotReady, LogStreams, PodLog
 from .pods import RUNS_MOUNT, configmap_name
 from .preflight import k8s_checks
 from .section import K8sSection
@@ -300,10 +302,17 @@ class K8sCluster(Cluster):
             "pods",
             ns,
             lambda: core.list_namespaced_pod(
-                ns, label_selector=f"{kind.pod_label}={name}", _request_timeout=REQUEST_TIMEOUT_S
+                ns, label_selector=f"{kind.pod_label}={name}", _request_timeout=REQUEST_TIMEOUT_S,
+                # The API's JSON as it is: `logs -f` lists every tick, and the client's
+                # models cost ~1 ms of CPU per pod to build and turn back into dicts.
+                _preload_content=False,
             ),
-        )
-        pods = [p.to_dict() if hasattr(p, "to_dict") else p for p in found.items]
+        )  # fmt: skip
+        try:
+            items = json.loads(found.data).get("items") or []
+        except (ValueError, AttributeError) as exc:
+            raise ClusterError(f"list pods in namespace {ns!r}: not a pod list: {exc}") from None
+        pods = [p for p in items if isinstance(p, dict) and isinstance(p.get("metadata"), dict)]
         # Filter again: the selector is the server's job, but a pod of another job
         # must never be reported under this one.
         pods = [p for p in pods if (p["metadata"].get("labels") or {}).get(kind.pod_label) == name]
@@ -364,114 +373,76 @@ class K8sCluster(Cluster):
         node: int | None = None,
         tail: int | None = None,
         poll_s: float | None = None,
+        streams: int = LOG_STREAMS,
     ) -> None:
-        """`logs -f`: the training container of every pod, streamed (`follow=True`), one
-        thread per pod, each line prefixed `[pod/NAME/CONTAINER]` like `kubectl logs
-        --prefix`. Pods that appear later (a restart, a recreated pod) join; the command
-        ends when the job has ended and the streams drained (at most STREAM_DRAIN_S)."""
+        """`logs -f`: the training container of every pod, streamed (`follow=True`), each
+        line prefixed `[pod/NAME/CONTAINER]` like `kubectl logs --prefix`. At most
+        `streams` streams (threads, connections) are open at once; a wider job's pods
+        take turns (logstreams.py). Pods that appear later (a restart, a recreated pod)
+        join; one status and one pod list per tick; the command ends when the job has
+        ended and the streams drained (at most STREAM_DRAIN_S)."""
         ns, _ = _where(ref)
         kind = kind_of(ref)
         core = self._core()
         lock = threading.Lock()
-        stop = threading.Event()
-        streams: dict[tuple[str, int], threading.Thread] = {}
         wait = self.poll_s if poll_s is None else poll_s
 
         def emit(text: str) -> None:
             with lock:
                 write(text)
 
+        def open_stream(log: PodLog, since_s: int | None, read_timeout: float | None) -> Any:
+            def read() -> Any:
+                try:
+                    return core.read_namespaced_pod_log(
+                        log.pod, ns, container=kind.container, follow=True,
+                        tail_lines=log.tail if since_s is None else None,
+                        since_seconds=since_s, timestamps=True if log.resumable else None,
+                        _preload_content=False,
+                        _request_timeout=(
+                            None if read_timeout is None else (REQUEST_TIMEOUT_S, read_timeout)
+                        ),
+                    )  # fmt: skip
+                except _urllib3_errors() as exc:
+                    # A resumable stream's answer did not start within its turn (a slow
+                    # server): its turn again later, rather than "cannot reach".
+                    if _timed_out(exc):
+                        raise LogNotReady(str(exc)) from None
+                    raise
+
+            try:
+                return self._call("get", "pods/log", ns, read, bad_request_ok=True)
+            except _BadRequest as exc:  # the container is still being created
+                raise LogNotReady(str(exc)) from None
+
+        pool = LogStreams(open_stream, emit, streams=streams, retry_s=self.poll_s)
+        seen: set[tuple[str, int]] = set()
         while True:
             ended = self.has_ended(ref, self.status(ref))
-            for pod in self.pods(ref):
-                if node is not None and kind.node(pod) != node:
-                    continue
+            listed = [p for p in self.pods(ref) if node is None or kind.node(p) == node]
+            # Decided per pod when it is first seen: a pod of a job wider than the pool
+            # is streamed with timestamps so that it can give its stream up and resume.
+            wide = len(listed) > streams
+            for pod in listed:
                 key = (str(pod["metadata"].get("uid") or pod["metadata"]["name"]),
                        _restarts(pod, kind.container))  # fmt: skip
-                if key in streams:
+                if key in seen:
                     continue
-                thread = threading.Thread(
-                    target=self._stream_pod_reported,
-                    args=(core, ns, kind, pod["metadata"]["name"], tail, emit, stop),
-                    name=f"logs-{pod['metadata']['name']}",
-                    daemon=True,  # a stream that never ends must not keep shardctl alive
+                seen.add(key)
+                name = pod["metadata"]["name"]
+                pool.add(
+                    PodLog(
+                        pod=name,
+                        prefix=f"[pod/{name}/{kind.container}] ",
+                        report=LauncherReport(_full_log(ns, name, kind.container)),
+                        resumable=wide,
+                        tail=tail,
+                    )
                 )
-                streams[key] = thread
-                thread.start()
             if ended:
                 break
             time.sleep(wait)
-        deadline = time.monotonic() + STREAM_DRAIN_S
-        for thread in streams.values():
-            thread.join(max(0.0, deadline - time.monotonic()))
-        stop.set()
-
-    def _stream_pod_reported(self, *args: Any) -> None:
-        """`_stream_pod`, with any error of the client library shown as a line of that
-        pod's output instead of a thread's traceback."""
-        try:
-            self._stream_pod(*args)
-        except Exception as exc:
-            pod, kind, emit = args[3], args[2], args[5]
-            emit(f"[pod/{pod}/{kind.container}] (log stream failed: {type(exc).__name__}: {exc})\n")
-
-    def _stream_pod(
-        self,
-        core: Any,
-        ns: str,
-        kind: JobKind,
-        pod: str,
-        tail: int | None,
-        emit: Callable[[str], None],
-        stop: threading.Event,
-    ) -> None:
-        """Stream one pod's log until its container ends; wait while it is being created."""
-        prefix = f"[pod/{pod}/{kind.container}] "
-        while not stop.is_set():
-            try:
-                resp = self._call(
-                    "get",
-                    "pods/log",
-                    ns,
-                    lambda: core.read_namespaced_pod_log(
-                        pod, ns, container=kind.container, follow=True, tail_lines=tail,
-                        # No timeout: a quiet training step is not a dead stream, and
-                        # the thread is a daemon that ends with the command.
-                        _preload_content=False,
-                    ),
-                    bad_request_ok=True,
-                )  # fmt: skip
-            except _BadRequest:  # the container is still being created
-                stop.wait(self.poll_s)
-                continue
-            except ClusterError as exc:  # the pod is gone, or reading logs is forbidden
-                emit(f"{prefix}(no log: {exc})\n")
-                return
-            partial = b""
-            report = LauncherReport(_full_log(ns, pod, kind.container))
-
-            def shown(text: str, report: LauncherReport = report) -> None:
-                text = report.feed(text)
-                if text:
-                    emit("".join(f"{prefix}{line}\n" for line in text.splitlines()))
-
-            try:
-                for chunk in resp.stream(64 * 1024, decode_content=True):
-                    *lines, partial = (partial + chunk).split(b"\n")
-                    if lines:
-                        shown("".join(_decoded("", line) for line in lines))
-                    if stop.is_set():
-                        return
-            except (OSError, _urllib3_errors()) as exc:
-                emit(f"{prefix}(log stream broke: {exc})\n")
-            finally:
-                resp.release_conn()
-            if partial:
-                shown(_decoded("", partial))
-            rest = report.close()
-            if rest:
-                emit("".join(f"{prefix}{line}\n" for line in rest.splitlines()))
-            return
+        pool.drain(STREAM_DRAIN_S)
 
     def cancel(self, ref: JobRef) -> None:
         ns, name = _where(ref)
@@ -624,21 +595,26 @@ def _urllib3_errors() -> type[Exception]:
     return urllib3.exceptions.HTTPError
 
 
+def _timed_out(exc: Exception) -> bool:
+    """A read timeout of urllib3, retried or not."""
+    import urllib3.exceptions
+
+    errors = urllib3.exceptions
+    reason = getattr(exc, "reason", None) if isinstance(exc, errors.MaxRetryError) else exc
+    return isinstance(reason, errors.ReadTimeoutError)
+
+
 def _restarts(pod: dict[str, Any], container: str) -> int:
     """How often the training container of a pod restarted (a new log each time)."""
-    for cs in (pod.get("status") or {}).get("container_statuses") or []:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
         if cs.get("name") == container:
-            return int(cs.get("restart_count") or 0)
+            return int(cs.get("restartCount") or 0)
     return 0
 
 
 def _full_log(ns: str, pod: str, container: str) -> str:
     """Where a pod's whole log is, for the launcher report's one line."""
     return f"the pod's log (kubectl logs -n {ns} {pod} -c {container})"
-
-
-def _decoded(prefix: str, line: bytes) -> str:
-    return f"{prefix}{line.decode('utf-8', errors='replace').rstrip(chr(13))}\n"
 
 
 def _where(ref: JobRef) -> tuple[str, str]:
@@ -660,8 +636,6 @@ def _exists_message(kind: JobKind, ns: str, name: str) -> str:
 
 def _server_message(exc: Any) -> str:
     """The `message` of the API server's Status body, else the HTTP reason."""
-    import json
-
     try:
         body = json.loads(exc.body or "{}")
         if isinstance(body, dict) and body.get("message"):
@@ -693,15 +667,23 @@ def load_api_client() -> Any:
     config_file = os.environ.get("SHARDCTL_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
     context = os.environ.get("SHARDCTL_KUBE_CONTEXT") or None
     kubeconfig_known = bool(config_file) or os.path.exists(os.path.expanduser("~/.kube/config"))
+    configuration = client.Configuration()
+    # Room in urllib3's pool for every log stream of `logs -f` and the status and list
+    # calls beside them (the default, 5 per CPU, is 10 on a 2-core laptop): a connection
+    # handed back to a full pool is closed, and the next request opens a new one.
+    configuration.connection_pool_maxsize = max(
+        configuration.connection_pool_maxsize or 0, LOG_STREAMS + 4
+    )
     if not kubeconfig_known and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException as exc:
             raise ClusterError(f"in-cluster Kubernetes config is unusable: {exc}") from None
         return client.ApiClient(configuration)
     try:
-        return config.new_client_from_config(config_file=config_file, context=context)
+        return config.new_client_from_config(
+            config_file=config_file, context=context, client_configuration=configuration
+        )
     except (ConfigException, OSError) as exc:
         raise _kubeconfig_error(config_file, str(exc)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
