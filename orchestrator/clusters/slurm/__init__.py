@@ -95,6 +95,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +118,8 @@ from ...outcome import (
     record_attempt,
     rule_for,
 )
-from ...proctree import forward_to_catchers
+from ...proctree import descendants, forward_to_catchers, signal_all
+from ...proctree import proc as process_of
 from ...rundir import (
     ENV_ATTEMPT,
     ENV_ATTEMPT_TOKEN,
@@ -749,8 +751,23 @@ class NodeTask:
                 f"{shlex.join(self.command)}"
             )
             log = own_log()  # the launcher reports a killed rank here
-            rc = self._launch(child_env, preempt_sig, received, forwarded)
-            if rc not in (0, EXIT_HUNG) and not received:
+            # A node other than 0 whose launcher is still in this round (its ranks
+            # waiting in a collective or a rendezvous) once node 0 has decided the
+            # round's end stops it: it would hold up the next round until a timeout.
+            follows = node != 0 and self.max_restarts > 0
+            decided = partial(_round_decision, self.run_dir, job_id, restarts, round_, 0.0)
+            rc, superseded = self._launch(
+                child_env, preempt_sig, received, forwarded, decided if follows else None
+            )
+            if follows:  # this node's launcher of the round is gone: node 0 may go on
+                _ack_round(self.run_dir, job_id, restarts, round_, node)
+            if superseded == Decision.RESTART.value:
+                _say(f"node {node}: node 0 restarts every node in place; this node's "
+                     f"launcher of round {round_} was stopped")  # fmt: skip
+                round_ += 1
+                started = time.time()
+                continue
+            if rc not in (0, EXIT_HUNG) and not received and superseded is None:
                 self._pin_killed(node, job_id, restarts, round_, log, started)
             result = self._after(node, job_id, restarts, rc, received, preempt_sig, started, round_)
             if result != RESTARTED:
@@ -786,8 +803,12 @@ class NodeTask:
         preempt_sig: signal.Signals,
         received: list[int],
         forwarded: set[tuple[int, int]],
-    ) -> int:
-        """Run the node's launcher to its end, passing signals on to the ranks."""
+        decided: Callable[[], str | None] | None = None,
+    ) -> tuple[int, str | None]:
+        """Run the node's launcher to its end, passing signals on to the ranks; the
+        launcher's code. With `decided`: once it returns node 0's decision on this
+        round, the launcher and everything below it are killed (the round is over
+        for every node), and the decision is returned beside the code."""
         child = subprocess.Popen(
             self.command,
             env=child_env,
@@ -797,9 +818,15 @@ class NodeTask:
         )
         while True:
             try:
-                return child.wait(timeout=2.0)
+                return child.wait(timeout=2.0), None
             except subprocess.TimeoutExpired:
                 pass
+            decision = decided() if decided is not None and not received else None
+            if decision is not None:
+                # KILL, not TERM: the ranks would take TERM for a stop and save.
+                tree = [process_of(child.pid), *descendants(child.pid)]
+                signal_all(tree, signal.SIGKILL)
+                return child.wait(), decision
             for signum in set(received):
                 # The ranks stop on USR2 or TERM; whatever `slurm.signal` Slurm sent
                 # (USR1, INT), they are told with USR2.
@@ -859,6 +886,10 @@ class NodeTask:
             for name in (HUNG_FILE, KILLED_FILE, FAILED_FILE):
                 (Path(self.run_dir) / name).unlink(missing_ok=True)
             _say(f"node 0: {verdict.summary()}; the other nodes start again too")
+            missing = _wait_for_acks(self.run_dir, job_id, restarts, round_, _job_node_count())
+            if missing:
+                _say(f"node 0: nodes {missing} did not end round {round_} within "
+                     f"{ROUND_ACK_WAIT_S:.0f} s; starting the next round anyway")  # fmt: skip
             return RESTARTED
         if node != 0 and self.max_restarts and rule_for(out).restart:
             decided = _round_decision(self.run_dir, job_id, restarts, round_)
@@ -965,6 +996,45 @@ def _token(job_id: str, requeue: int, round_: int) -> str:
     `-r<round>` for a restart inside the allocation."""
     token = new_token("slurm", job_id, requeue, unique=False)
     return f"{token}-r{round_}" if round_ else token
+
+
+# How long node 0 waits, after deciding a restart, for every other node's launcher of
+# the round to be gone (`_ack_round`) before it starts the next round's: an old
+# round's launcher still hosting or joining a rendezvous makes the new one fail.
+ROUND_ACK_WAIT_S = 120.0
+ROUNDS_DIR = "rounds"
+
+
+def _ack_name(job_id: str, requeue: int, round_: int) -> str:
+    return f"{job_id}-{requeue}-r{round_}.node"
+
+
+def _ack_round(run_dir: str, job_id: str, requeue: int, round_: int, node: int) -> None:
+    """This node's launcher of the round is gone (a file per node in the run dir)."""
+    folder = Path(run_dir) / ROUNDS_DIR
+    with contextlib.suppress(OSError):
+        folder.mkdir(exist_ok=True)
+        (folder / f"{_ack_name(job_id, requeue, round_)}{node}").touch()
+
+
+def _wait_for_acks(
+    run_dir: str, job_id: str, requeue: int, round_: int, nodes: int,
+    wait_s: float = ROUND_ACK_WAIT_S,
+) -> list[int]:  # fmt: skip
+    """Node 0: wait until every other node acknowledged the end of the round; the
+    nodes that did not within `wait_s` (their acknowledgements are then removed)."""
+    folder = Path(run_dir) / ROUNDS_DIR
+    prefix = _ack_name(job_id, requeue, round_)
+    deadline = time.monotonic() + wait_s
+    while True:
+        missing = [n for n in range(1, nodes) if not (folder / f"{prefix}{n}").exists()]
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    for n in range(1, nodes):
+        with contextlib.suppress(OSError):
+            (folder / f"{prefix}{n}").unlink()
+    return missing
 
 
 def _tell_round(run_dir: str, job_id: str, requeue: int, round_: int, decision: str) -> None:
