@@ -54,6 +54,9 @@ def stand_in_module(state: PortableState) -> tuple[Any, list[dict[str, Any]]]:
         src = state.master[name]
         params[name] = torch.nn.Parameter(torch.zeros(src.shape, dtype=torch.float32))
         module.register_parameter(leaf, params[name])
+    for alias, name in state.shared.items():  # tied: one Parameter under two names
+        module, leaf = owner(alias)
+        module.register_parameter(leaf, params[name])
     for name, src in state.buffers.items():
         module, leaf = owner(name)
         module.register_buffer(leaf, materialize(src))
