@@ -52,28 +52,25 @@ class Zero12Slice:
     fragments: list[Fragment]  # the parameters that reach into it, in group order
 
 
-def zero12_slices(params: list[tuple[str, int]], world: int) -> list[Zero12Slice]:
-    """Every rank's slice of the flat vector of `params` (name, element count), in order."""
+def zero12_slice(params: list[tuple[str, int]], world: int, rank: int) -> Zero12Slice:
+    """Rank `rank`'s slice of the flat vector of `params` (name, element count, in order)."""
     total = sum(n for _, n in params)
     align = DP_ALIGNMENT * world
     size = math.ceil(total / align) * align // world
-    out = []
-    for rank in range(world):
-        lo, hi = rank * size, (rank + 1) * size
-        pieces: list[Piece] = []
-        fragments: list[Fragment] = []
-        offset = 0
-        for name, numel in params:
-            a, b = max(offset, lo), min(offset + numel, hi)
-            if a < b:
-                pieces.append(Piece(name, a - offset, b - a))
-                fragments.append(Fragment(name, a - lo, b - a))
-            offset += numel
-        padding = size - sum(p.numel for p in pieces)
-        if padding:
-            pieces.append(Piece(None, 0, padding))
-        out.append(Zero12Slice(pieces, size, padding, fragments))
-    return out
+    lo, hi = rank * size, (rank + 1) * size
+    pieces: list[Piece] = []
+    fragments: list[Fragment] = []
+    offset = 0
+    for name, numel in params:
+        a, b = max(offset, lo), min(offset + numel, hi)
+        if a < b:
+            pieces.append(Piece(name, a - offset, b - a))
+            fragments.append(Fragment(name, a - lo, b - a))
+        offset += numel
+    padding = size - sum(p.numel for p in pieces)
+    if padding:
+        pieces.append(Piece(None, 0, padding))
+    return Zero12Slice(pieces, size, padding, fragments)
 
 
 def zero3_per_rank(numel: int, world: int) -> int:

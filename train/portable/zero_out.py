@@ -47,7 +47,7 @@ from .zero_layout import (
     zero3_per_rank,
     zero3_pieces,
     zero3_sub_groups,
-    zero12_slices,
+    zero12_slice,
 )
 
 TAG = "deepspeed"  # the sub-folder the DeepSpeed backend reads (backends/deepspeed.py)
@@ -267,7 +267,7 @@ class _Writer:
         state: dict[int, Any] = {}
         groups, masters, paddings, mappings = [], [], [], []
         for g, names in enumerate(s.groups):
-            part = zero12_slices([(n, self.numel[n]) for n in names], t.world_size)[rank]
+            part = zero12_slice([(n, self.numel[n]) for n in names], t.world_size, rank)
             state[g] = self._adam(part.pieces, part.numel, s.steps[names[0]])
             groups.append({**self.hyper[g], "params": [g]})
             # The masters are saved without the padding, the moments with it.
