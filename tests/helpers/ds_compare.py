@@ -13,11 +13,11 @@ import torch
 BESIDE = ("latest", "zero_to_fp32.py", "zero_to_torch.py")
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path, mmap: bool = False) -> Any:
     from shardctl.train.backends.deepspeed import import_deepspeed
 
     import_deepspeed()  # the files pickle DeepSpeed's classes
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
 
 
 def differences(a: Any, b: Any, where: str = "") -> list[str]:
@@ -51,15 +51,18 @@ def differences(a: Any, b: Any, where: str = "") -> list[str]:
     return [] if a == b else [f"{where}: {a!r:.80} vs {b!r:.80}"]
 
 
-def folder_differences(a: Path, b: Path) -> list[str]:
-    """Every difference between the DeepSpeed files of checkpoints `a` and `b`."""
+def folder_differences(a: Path, b: Path, mmap: bool = False) -> list[str]:
+    """Every difference between the DeepSpeed files of checkpoints `a` and `b` (`mmap`:
+    tensors mapped from the files, for checkpoints larger than memory)."""
     names_a = sorted(p.name for p in (a / "deepspeed").iterdir())
     names_b = sorted(p.name for p in (b / "deepspeed").iterdir())
     if names_a != names_b:
         return [f"files {names_a} vs {names_b}"]
     out = []
     for name in names_a:
-        out += differences(_load(a / "deepspeed" / name), _load(b / "deepspeed" / name), name)
+        files = (_load(a / "deepspeed" / name, mmap), _load(b / "deepspeed" / name, mmap))
+        out += differences(*files, name)
+        del files
     for name in BESIDE:
         if (a / name).is_file() != (b / name).is_file() or (
             (a / name).is_file() and (a / name).read_bytes() != (b / name).read_bytes()
