@@ -1,12 +1,14 @@
-"""Write a `PortableState` as a DeepSpeed ZeRO checkpoint for N ranks.
+"""Write a `PortableState` as a DeepSpeed ZeRO checkpoint for N ranks, through DeepSpeed.
 
-The partition layout of ZeRO files (flat groups, alignment padding, sub-groups) is
-DeepSpeed's internal business, so DeepSpeed writes them: N CPU processes (gloo)
-each build a stand-in module — the checkpoint's parameters by name and shape, no
+The engine way: N CPU processes (gloo) each build a stand-in module — the checkpoint's
+parameters by name and shape (a tied weight one Parameter under both names), no
 forward — and the optimizer param groups of the source, start a ZeRO engine of the
 requested stage, load the state into it (`engine_in.load_into_engine`) and call
 `engine.save_checkpoint`. A run of the real model with the same stage and world size
-then loads the files with DeepSpeed's own `load_checkpoint`.
+then loads the files with DeepSpeed's own `load_checkpoint`. The ranks together hold
+the whole fp32 state, so `convert` writes the same files directly (`zero_out.py`) and
+comes here only for `--ds-writer engine` or a DeepSpeed version the direct writer
+was not checked against; the tests use this as the direct writer's reference.
 
     python -m shardctl.train.portable.ds_out SOURCE_STEP_DIR OUT_DIR STAGE PRECISION [SUB_GROUP]
         (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; `run_ranks` does that)
