@@ -30,6 +30,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import stat
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -146,7 +147,7 @@ def _copy_recovery_scripts(out: Path) -> None:
     for script in RECOVERY_SCRIPTS:
         if (utils / script).is_file():
             shutil.copyfile(utils / script, out / script)
-            os.chmod(out / script, (out / script).stat().st_mode | 0o111)
+            os.chmod(out / script, (out / script).stat().st_mode | stat.S_IEXEC)  # as DeepSpeed
 
 
 # --------------------------------------------------------------------------- objects
