@@ -196,10 +196,15 @@ def _write_deepspeed(
     notes: list[str],
 ) -> tuple[dict[str, str], str]:
     """The DeepSpeed files in `tmp`; their sha256 where known, and the writer used."""
-    from .ds_out import TAG, deepspeed_config, run_ranks
+    from .ds_out import PRECISIONS, TAG, deepspeed_config, run_ranks
     from .zero_layout import SUB_GROUP_SIZE
     from .zero_out import Target, deepspeed_version, unsupported, write_zero
 
+    if precision not in PRECISIONS:
+        raise CheckpointError(
+            f"a DeepSpeed checkpoint for precision {precision!r} cannot be written here; "
+            f"accepted: {', '.join(PRECISIONS)} (fp16's loss scaler has no FSDP twin)"
+        )
     config = deepspeed_config(stage, precision)
     if sub_group_size is not None:
         config["zero_optimization"]["sub_group_size"] = sub_group_size
