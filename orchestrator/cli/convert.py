@@ -74,6 +74,14 @@ STDIN = "-"
     help="Checkpoint: allow rounding fp32 masters and moments to bf16 (loses bits).",
 )
 @click.option(
+    "--ds-writer",
+    type=click.Choice(["direct", "engine"]),
+    default=None,
+    help="Checkpoint --to deepspeed: direct (the default) writes DeepSpeed's ZeRO files in "
+    "this process, memory flat in the model size; engine has --world-size CPU processes "
+    "start a ZeRO engine and save them (memory grows with the model).",
+)
+@click.option(
     "--verify/--no-verify",
     default=None,
     help="Checkpoint: check every source file's sha256 against its manifest while "
@@ -100,6 +108,7 @@ def convert_cmd(
     zero_stage: int | None,
     precision: str | None,
     allow_downcast: bool,
+    ds_writer: str | None,
     verify: bool | None,
     output: str,
 ) -> None:
@@ -129,6 +138,7 @@ def convert_cmd(
         "--zero-stage": zero_stage,
         "--precision": precision,
         "--allow-downcast": allow_downcast or None,
+        "--ds-writer": ds_writer,
         "--verify/--no-verify": verify,
     }
     if str(config) != STDIN and config.is_dir():
@@ -138,7 +148,7 @@ def convert_cmd(
                 "are for accelerate configs (a checkpoint conversion never replaces anything)"
             )
         _convert_checkpoint(config, to, out, world_size, zero_stage, precision, allow_downcast,
-                            verify is not False, output)  # fmt: skip
+                            verify is not False, output, ds_writer)  # fmt: skip
         return
     given = [name for name, value in checkpoint_options.items() if value is not None]
     if given:
@@ -247,6 +257,7 @@ def _convert_checkpoint(
     allow_downcast: bool,
     verify: bool,
     output: str,
+    ds_writer: str | None = None,
 ) -> None:
     from ...train.portable import convert_checkpoint, describe
 
@@ -263,6 +274,7 @@ def _convert_checkpoint(
         precision=precision,
         allow_downcast=allow_downcast,
         verify=verify,
+        **({"ds_writer": ds_writer} if ds_writer is not None else {}),
     )
     if output == "json":
         echo_json(report.to_json())

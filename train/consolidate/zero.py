@@ -295,6 +295,7 @@ class ZeroOptimizerState:
     exp_avg: dict[str, SourceTensor]
     exp_avg_sq: dict[str, SourceTensor]
     buffers: list[SourceTensor]
+    shared: dict[str, str]  # a tied parameter's second name → the name its data is saved as
 
 
 def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
@@ -339,6 +340,7 @@ def deepspeed_optimizer_state(ds_dir: Path) -> ZeroOptimizerState:
         exp_avg=per_kind["exp_avg"],
         exp_avg_sq=per_kind["exp_avg_sq"],
         buffers=buffers,
+        shared={str(k): str(v) for k, v in (model.get("shared_params") or {}).items()},
     )
 
 

@@ -10,14 +10,18 @@ file, and one atomic publish at the end (`train/storage.py`).
 
 - to FSDP (`dcp_out.py`): one process, no process group, one tensor in memory at a
   time. The DCP folder is world-size free.
-- to DeepSpeed (`ds_out.py`): DeepSpeed writes its own partitions, so N CPU ranks
-  start a ZeRO engine over a stand-in module, load the state and save it.
+- to DeepSpeed (`zero_out.py`): one process writes DeepSpeed's ZeRO files for N ranks
+  itself (model states, each rank's flat fp32 partition and Adam state; the layout
+  arithmetic is `zero_layout.py`), one tensor piece in memory at a time. The engine
+  way (`ds_out.py`: N CPU ranks start a ZeRO engine over a stand-in module, load the
+  state and save it; memory grows with the model) remains for `--ds-writer engine` and
+  for a DeepSpeed version whose layout the direct writer was not checked against.
 
 A DeepSpeed run also resumes a checkpoint of another world size by itself through
 `engine_in.load_into_engine` (see `backends/deepspeed.py`).
 
 Torch-light like consolidation: nothing heavier than torch is imported unless a
-DeepSpeed checkpoint is written.
+DeepSpeed checkpoint is written through its engine.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ..manifest import (
 from ..storage import PosixStorage
 
 BACKENDS = ("fsdp", "deepspeed")
+DS_WRITERS = ("direct", "engine")
 TRAIN_STATE = "train_state"
 MAX_WORLD_SIZE = 65536
 
@@ -61,6 +66,7 @@ class ConvertReport:
     nbytes: int
     seconds: float
     notes: list[str] = field(default_factory=list)
+    writer: str | None = None  # to DeepSpeed: "direct" (zero_out) or "engine" (ds_out)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -76,9 +82,16 @@ def convert_checkpoint(
     precision: str | None = None,
     allow_downcast: bool = False,
     verify: bool = True,
+    ds_writer: str = "direct",
+    sub_group_size: int | None = None,
 ) -> ConvertReport:
     """Convert the complete checkpoint `source` (a step folder, or a checkpoints/run
-    folder: its newest complete one) to backend `to`, published at `out`."""
+    folder: its newest complete one) to backend `to`, published at `out`.
+
+    To DeepSpeed, `ds_writer` "direct" writes the ZeRO files in this process (the
+    engine way when the direct writer cannot: a note says why), "engine" has N CPU
+    ranks' ZeRO engine write them; `sub_group_size` is ZeRO-3's when the run that
+    resumes does not use DeepSpeed's default."""
     from ..consolidate import check_files, read_manifest, resolve_checkpoint
     from .state import read_state
 
@@ -86,6 +99,13 @@ def convert_checkpoint(
     step_dir = resolve_checkpoint(Path(source))
     manifest = read_manifest(step_dir)
     _check_request(step_dir, manifest, to, world_size, zero_stage, precision)
+    if ds_writer not in DS_WRITERS:
+        raise UsageError(f"--ds-writer {ds_writer!r}; accepted: {', '.join(DS_WRITERS)}")
+    if to == "fsdp" and ds_writer != "direct":
+        raise UsageError(
+            f"--ds-writer {ds_writer} chooses how a DeepSpeed checkpoint is written; it is "
+            "accepted with --to deepspeed only"
+        )
     out = Path(out)
     _check_out(out, step_dir)
     check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the reads
@@ -111,17 +131,15 @@ def convert_checkpoint(
 
             dtype = "bfloat16" if target_precision == "bf16-pure" else "float32"
             hashes = {f"dcp/{k}": v for k, v in write_dcp(state, tmp / "dcp", dtype).items()}
-            ws, stage = int(manifest["world_size"]), None
+            ws, stage, writer = int(manifest["world_size"]), None, None
         else:
-            from .ds_out import TAG, run_ranks
-
             stage = zero_stage or state.zero_stage or int(manifest.get("zero_stage") or 3)
             assert world_size is not None
-            run_ranks(step_dir, tmp, stage, world_size, target_precision)
-            hashes = {}
-            if not (tmp / TAG).is_dir():
-                raise CheckpointError(f"DeepSpeed wrote no {TAG}/ folder into {tmp}")
             ws = world_size
+            hashes, writer = _write_deepspeed(
+                state, step_dir, tmp, stage, ws, target_precision, int(manifest["step"]),
+                ds_writer, sub_group_size, notes,
+            )  # fmt: skip
         _copy_train_state(step_dir, tmp)
         new_manifest = _manifest(manifest, step_dir, state, to, ws, stage, target_precision)
         files = [rel for rel in list_files(tmp) if rel != MANIFEST]
@@ -161,7 +179,53 @@ def convert_checkpoint(
         nbytes=state.nbytes,
         seconds=time.perf_counter() - t0,
         notes=notes,
+        writer=writer,
     )
+
+
+def _write_deepspeed(
+    state: Any,
+    step_dir: Path,
+    tmp: Path,
+    stage: int,
+    world_size: int,
+    precision: str,
+    step: int,
+    ds_writer: str,
+    sub_group_size: int | None,
+    notes: list[str],
+) -> tuple[dict[str, str], str]:
+    """The DeepSpeed files in `tmp`; their sha256 where known, and the writer used."""
+    from .ds_out import PRECISIONS, TAG, deepspeed_config, run_ranks
+    from .zero_layout import SUB_GROUP_SIZE
+    from .zero_out import Target, deepspeed_version, unsupported, write_zero
+
+    if precision not in PRECISIONS:
+        raise CheckpointError(
+            f"a DeepSpeed checkpoint for precision {precision!r} cannot be written here; "
+            f"accepted: {', '.join(PRECISIONS)} (fp16's loss scaler has no FSDP twin)"
+        )
+    config = deepspeed_config(stage, precision)
+    if sub_group_size is not None:
+        config["zero_optimization"]["sub_group_size"] = sub_group_size
+    version = deepspeed_version()
+    if ds_writer == "direct":
+        reason = unsupported(state, version)
+        if reason is None:
+            assert version is not None
+            target = Target(
+                stage, world_size, precision, step, config, version,
+                sub_group_size or SUB_GROUP_SIZE,
+            )  # fmt: skip
+            return write_zero(state, tmp, target), "direct"
+        notes.append(
+            f"written by a DeepSpeed engine on {world_size} CPU processes, whose memory grows "
+            f"with the model: {reason}"
+        )
+    run_ranks(step_dir, tmp, stage, world_size, precision, sub_group_size)
+    if not (tmp / TAG).is_dir():
+        raise CheckpointError(f"DeepSpeed wrote no {TAG}/ folder into {tmp}")
+    return {}, "engine"
 
 
 def _check_request(

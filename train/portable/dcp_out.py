@@ -21,9 +21,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from ..consolidate.io import Segment, SourceTensor, _torch_dtype, segments_of_ref
+from ..consolidate.io import SourceTensor, _torch_dtype
 from .pickle_out import Global, NewObj, Pairs, Reduce, dumps
-from .state import MOMENTS, PortableState, materialize
+from .state import MOMENTS, PortableState, materialize, row_major_segments
 from .torchsave_out import (
     HashedFile,
     TooLarge,
@@ -58,15 +58,6 @@ def _items(state: PortableState) -> list[tuple[str, tuple, Any]]:
             (f"optim.state.{name}.step", ("optim", "state", name, "step"), state.steps[name])
         )
     return items
-
-
-def _segments(src: SourceTensor) -> list[Segment]:
-    """The tensor's bytes in row-major order: its segments, or its dim-0 chunks in order
-    (each a run of whole rows)."""
-    if src.segments:
-        return list(src.segments)
-    chunks = sorted(src.chunks, key=lambda c: c.offsets)
-    return [segments_of_ref(c.ref, 0, c.ref.numel) for c in chunks]
 
 
 def _tensor_md(dtype: str, shape: tuple[int, ...]) -> NewObj:
@@ -123,7 +114,7 @@ def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str
         for key, _path, value in items:
             if isinstance(value, SourceTensor):
                 target = value.out_dtype(dtype) if dtype else value.dtype
-                segs = _segments(value)
+                segs = row_major_segments(value)
                 blocks = (
                     read_blocks(segs)
                     if target == value.dtype

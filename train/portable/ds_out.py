@@ -1,14 +1,16 @@
-"""Write a `PortableState` as a DeepSpeed ZeRO checkpoint for N ranks.
+"""Write a `PortableState` as a DeepSpeed ZeRO checkpoint for N ranks, through DeepSpeed.
 
-The partition layout of ZeRO files (flat groups, alignment padding, sub-groups) is
-DeepSpeed's internal business, so DeepSpeed writes them: N CPU processes (gloo)
-each build a stand-in module — the checkpoint's parameters by name and shape, no
+The engine way: N CPU processes (gloo) each build a stand-in module — the checkpoint's
+parameters by name and shape (a tied weight one Parameter under both names), no
 forward — and the optimizer param groups of the source, start a ZeRO engine of the
 requested stage, load the state into it (`engine_in.load_into_engine`) and call
 `engine.save_checkpoint`. A run of the real model with the same stage and world size
-then loads the files with DeepSpeed's own `load_checkpoint`.
+then loads the files with DeepSpeed's own `load_checkpoint`. The ranks together hold
+the whole fp32 state, so `convert` writes the same files directly (`zero_out.py`) and
+comes here only for `--ds-writer engine` or a DeepSpeed version the direct writer
+was not checked against; the tests use this as the direct writer's reference.
 
-    python -m shardctl.train.portable.ds_out SOURCE_STEP_DIR OUT_DIR STAGE PRECISION
+    python -m shardctl.train.portable.ds_out SOURCE_STEP_DIR OUT_DIR STAGE PRECISION [SUB_GROUP]
         (with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set; `run_ranks` does that)
 """
 
@@ -54,6 +56,9 @@ def stand_in_module(state: PortableState) -> tuple[Any, list[dict[str, Any]]]:
         src = state.master[name]
         params[name] = torch.nn.Parameter(torch.zeros(src.shape, dtype=torch.float32))
         module.register_parameter(leaf, params[name])
+    for alias, name in state.shared.items():  # tied: one Parameter under two names
+        module, leaf = owner(alias)
+        module.register_parameter(leaf, params[name])
     for name, src in state.buffers.items():
         module, leaf = owner(name)
         module.register_buffer(leaf, materialize(src))
@@ -86,34 +91,46 @@ def deepspeed_config(stage: int, precision: str) -> dict[str, Any]:
     return config
 
 
-def rank_main(source: Path, out_dir: Path, stage: int, precision: str) -> None:
+def rank_main(
+    source: Path, out_dir: Path, stage: int, precision: str, sub_group_size: int | None
+) -> None:
     """One rank of the writer (a collective over WORLD_SIZE processes)."""
-    import torch
     import torch.distributed as dist
 
     from ..backends.deepspeed import _prepare_deepspeed
+
+    dist.init_process_group("gloo")
+    _prepare_deepspeed("cpu")
+    write_with_engine(source, out_dir, stage, precision, sub_group_size=sub_group_size)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def write_with_engine(
+    source: Path, out_dir: Path, stage: int, precision: str, *, sub_group_size: int | None = None
+) -> None:
+    """Every rank: an engine over the stand-in module loads the state of `source` and
+    saves it to `out_dir` (the process group is up; `sub_group_size`: ZeRO-3's, when
+    not DeepSpeed's default)."""
+    import deepspeed
+    import torch
+
     from .engine_in import load_into_engine
 
     manifest = json.loads((source / "manifest.json").read_text())
     state = read_state(source, manifest)
-    dist.init_process_group("gloo")
-    _prepare_deepspeed("cpu")
-    import deepspeed
-
     module, groups = stand_in_module(state)
     optimizer = torch.optim.AdamW(groups)
+    config = deepspeed_config(stage, precision)
+    if sub_group_size is not None:
+        config["zero_optimization"]["sub_group_size"] = sub_group_size
     engine, _, _, _ = deepspeed.initialize(
-        model=module,
-        optimizer=optimizer,
-        config=deepspeed_config(stage, precision),
-        dist_init_required=False,
+        model=module, optimizer=optimizer, config=config, dist_init_required=False
     )
     load_into_engine(engine, state)
     # The engine's optimizer-step counter, as the source run's engine would have it.
     engine.global_steps = int(manifest["step"])
     engine.save_checkpoint(save_dir=str(out_dir), tag=TAG)
-    dist.barrier()
-    dist.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -122,7 +139,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(source: Path, out_dir: Path, stage: int, world_size: int, precision: str) -> None:
+def run_ranks(
+    source: Path,
+    out_dir: Path,
+    stage: int,
+    world_size: int,
+    precision: str,
+    sub_group_size: int | None = None,
+) -> None:
     """Start `world_size` writer processes on this machine and wait for all of them."""
     if precision not in PRECISIONS:
         raise CheckpointError(
@@ -142,6 +166,7 @@ def run_ranks(source: Path, out_dir: Path, stage: int, world_size: int, precisio
         }
     )
     argv = [sys.executable, "-m", __name__, str(source), str(out_dir), str(stage), precision]
+    argv += [str(sub_group_size)] if sub_group_size is not None else []
     procs = []
     for rank in range(world_size):
         rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
@@ -185,8 +210,9 @@ def _last_error(stderr: str) -> str:
 
 def main(argv: list[str]) -> int:
     source, out_dir, stage, precision = Path(argv[0]), Path(argv[1]), int(argv[2]), argv[3]
+    sub_group_size = int(argv[4]) if len(argv) > 4 else None
     try:
-        rank_main(source, out_dir, stage, precision)
+        rank_main(source, out_dir, stage, precision, sub_group_size)
     except CheckpointError as exc:
         print(f"CheckpointError: {exc}", file=sys.stderr)
         return 1

@@ -18,10 +18,12 @@ from typing import Any
 from ...orchestrator.errors import CheckpointError
 from ..consolidate.io import (
     ITEMSIZE,
+    Segment,
     SourceTensor,
     _read_exact,
     _torch_dtype,
     assemble_chunks,
+    segments_of_ref,
 )
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -40,6 +42,9 @@ class PortableState:
     master: dict[str, SourceTensor]  # master weights by parameter name
     moments: dict[str, dict[str, SourceTensor]]  # "exp_avg" / "exp_avg_sq" → by name
     buffers: dict[str, SourceTensor] = field(default_factory=dict)
+    # Tied parameters: a second name of a parameter → the name its state is kept under
+    # (lm_head.weight → model.embed_tokens.weight); the model's state dict holds both.
+    shared: dict[str, str] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -78,6 +83,15 @@ def materialize(src: SourceTensor, dtype: str | None = None) -> Any:
     return out if dtype is None or dtype == src.dtype else out.to(_torch_dtype(dtype))
 
 
+def row_major_segments(src: SourceTensor) -> list[Segment]:
+    """The tensor's bytes in row-major order: its segments, or its dim-0 chunks in order
+    (each a run of whole rows; the readers refuse other splits)."""
+    if src.segments:
+        return list(src.segments)
+    chunks = sorted(src.chunks, key=lambda c: c.offsets)
+    return [segments_of_ref(c.ref, 0, c.ref.numel) for c in chunks]
+
+
 # ------------------------------------------------------------------------- readers
 
 
@@ -107,6 +121,7 @@ def _from_deepspeed(ds_dir: Path, manifest: dict[str, Any]) -> PortableState:
         master=z.master,
         moments={"exp_avg": z.exp_avg, "exp_avg_sq": z.exp_avg_sq},
         buffers={t.name: t for t in z.buffers},
+        shared=z.shared,
     )
 
 
@@ -151,7 +166,9 @@ def _from_dcp(dcp_dir: Path, manifest: dict[str, Any]) -> PortableState:
             moments[kind][name] = found
         step = optim.get(f"state.{name}.step")
         steps[name] = float(materialize(step).item()) if step is not None else 0.0
-    buffers = {n: t for n, t in model.items() if n not in set(names)}
+    others = {n: t for n, t in model.items() if n not in set(names)}
+    shared = _tied(others, {n: model[n] for n in names})
+    buffers = {n: t for n, t in others.items() if n not in shared}
     return PortableState(
         backend="fsdp",
         world_size=int(manifest["world_size"]),
@@ -162,7 +179,42 @@ def _from_dcp(dcp_dir: Path, manifest: dict[str, Any]) -> PortableState:
         master={n: model[n] for n in names},
         moments=moments,
         buffers=buffers,
+        shared=shared,
     )
+
+
+def _tied(others: dict[str, SourceTensor], params: dict[str, SourceTensor]) -> dict[str, str]:
+    """The model entries that are a parameter under a second name: DCP saves a tied
+    weight under each of its names, the optimizer holds it once. An entry is tied to a
+    parameter when shape, dtype and every byte are the same (read in blocks, entries
+    whose shape matches no parameter are not read)."""
+    shared: dict[str, str] = {}
+    for name, entry in others.items():
+        for owner, param in params.items():
+            if (entry.shape, entry.dtype) == (param.shape, param.dtype) and _same_bytes(
+                entry, param
+            ):
+                shared[name] = owner
+                break
+    return shared
+
+
+def _same_bytes(a: SourceTensor, b: SourceTensor) -> bool:
+    from .torchsave_out import read_blocks
+
+    left, right = read_blocks(row_major_segments(a)), read_blocks(row_major_segments(b))
+    x, y = b"", b""
+    while True:
+        if not x:
+            x = next(left, b"")
+        if not y:
+            y = next(right, b"")
+        if not x or not y:
+            return not x and not y
+        n = min(len(x), len(y))
+        if x[:n] != y[:n]:
+            return False
+        x, y = x[n:], y[n:]
 
 
 def _is_dim0(t: SourceTensor) -> bool:
