@@ -1,0 +1,188 @@
+"""Scale: a 32-node job (32 emulated nodes × 1 CPU rank) runs a user's own training
+script end to end on the dev cluster: it starts (rendezvous of 32 launchers), survives
+a rank SIGKILLed and a rank SIGSTOPped inside its allocation (every node restarts in
+place, same job id), refuses a second submit of the same run while it lives, is
+preempted with USR2 (every rank saves the same step, node 0 requeues), resumes in
+the requeued allocation and completes.
+
+The script is examples/fsdp2_script.py: FSDP2 over all 32 ranks (gloo all-gathers and
+reduce-scatters every step) with the checkpoint library (`shardctl.train.api`).
+
+Marked `scale`: only `scripts/test-all --scale` (pytest --scale) runs it. The module
+fixture brings the dev cluster up with SCALE_NODES nodes and back to its default 2
+nodes afterwards, so the other Slurm tests find what they expect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
+    ROOT,
+    _finished,
+    _last_checkpoint,
+    _own_spec,
+    _submit,
+    _submitted,
+    _wait,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.scale, pytest.mark.timeout(3600)]
+
+SCALE_NODES = int(os.environ.get("SHARDCTL_SCALE_NODES", "32"))
+EVERY = 5
+STEPS = 60
+HANG_TIMEOUT_S = 60  # 32 ranks share 2 cores: a step takes seconds, not milliseconds
+DEV_CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
+
+
+def _dev_cluster(*args: str) -> None:
+    proc = subprocess.run(
+        ["bash", str(DEV_CLUSTER), "up", *args], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def scale_cluster() -> Iterator[int]:
+    """The dev cluster with SCALE_NODES nodes; its default 2 nodes again afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("bringing the dev cluster up needs root")
+    _dev_cluster("--nodes", str(SCALE_NODES))
+    try:
+        yield SCALE_NODES
+    finally:
+        _dev_cluster()
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(w.decode(errors="replace").partition("=")[::2] for w in raw.split(b"\0") if w)
+
+
+def _script_rank(run_dir: Path, node: int, restart: int) -> int | None:
+    """The pid of the user's script's rank on node `node` in round `restart` of the
+    first allocation (`python -m shardctl.train.entry script ...`; not its children)."""
+    found: list[tuple[int, int]] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            env = _environ(pid)
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if (
+            b"shardctl.train.entry" in argv
+            and "RANK" in env
+            and os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(run_dir)
+            and env.get("SLURM_NODEID") == str(node)
+            and env.get("SHARDCTL_ATTEMPT") == "0"
+            and env.get("SHARDCTL_RESTART") == str(restart)
+        ):
+            found.append((pid, ppid))
+    pids = {pid for pid, _ in found}
+    top = [pid for pid, ppid in found if ppid not in pids]
+    return top[0] if len(top) == 1 else None
+
+
+def _attempts(run_dir: Path) -> list[dict]:
+    try:
+        lines = (run_dir / "attempts.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _newer_checkpoint(run_dir: Path, than: int) -> bool:
+    return (_last_checkpoint(run_dir) or 0) > than
+
+
+def test_a_32_node_job_recovers_in_place_is_preempted_requeues_and_completes(
+    scale_cluster: int, tmp_path: Path
+) -> None:
+    nodes = scale_cluster
+    args = ["--steps", str(STEPS), "--log-every", "1"]
+    spec = _own_spec("scale-own", "examples/fsdp2_script.py", args)
+    spec["resources"] = {"nodes": nodes, "procs_per_node": 1, "device": "cpu"}
+    spec["checkpoint"] = {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False}
+    spec["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}
+    spec["restart"] = {"max_in_allocation": 3}
+    spec["slurm"] = {**spec["slurm"], "time": "01:00:00", "max_requeues": 3}
+    started = time.monotonic()
+    ref = _submitted(tmp_path, spec)
+    run_dir = Path(ref.run_dir)
+    cluster = SlurmCluster()
+    stopped: list[int] = []
+    marks: dict[str, float] = {}
+    try:
+        # Every rank takes part in a checkpoint: the rendezvous of all nodes worked.
+        _wait(ref, lambda: _newer_checkpoint(run_dir, 0), 1200, "the first checkpoint")
+        marks["submit -> first checkpoint"] = time.monotonic() - started
+
+        # A second writer of the same run is refused while this job lives.
+        again = _submit(tmp_path, spec)
+        assert again.returncode == 1, again.stdout
+        assert f"job id {ref.job_id}" in " ".join(again.stderr.split()), again.stderr
+
+        # A crash inside the allocation: a rank in the middle of the job is killed.
+        victim = _wait(ref, lambda: _script_rank(run_dir, nodes // 2, 0), 120, "a rank")
+        at = _last_checkpoint(run_dir) or 0
+        fault = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        _wait(ref, lambda: _script_rank(run_dir, nodes // 2, 1), 900, "the restarted rank")
+        _wait(ref, lambda: _newer_checkpoint(run_dir, at), 900, "a checkpoint after the crash")
+        marks["crash -> newer checkpoint"] = time.monotonic() - fault
+
+        # A hang inside the allocation: another node's restarted rank stops.
+        victim = _wait(ref, lambda: _script_rank(run_dir, nodes // 4, 1), 120, "a rank")
+        at = _last_checkpoint(run_dir) or 0
+        fault = time.monotonic()
+        os.kill(victim, signal.SIGSTOP)
+        stopped.append(victim)
+        _wait(ref, lambda: _script_rank(run_dir, nodes // 4, 2), HANG_TIMEOUT_S + 900,
+              "the rank restarted after the hang")  # fmt: skip
+        _wait(ref, lambda: _newer_checkpoint(run_dir, at), 900, "a checkpoint after the hang")
+        marks["hang -> newer checkpoint"] = time.monotonic() - fault
+
+        # A preemption: USR2 reaches every rank, they save one step, node 0 requeues.
+        fault = time.monotonic()
+        subprocess.run(["scancel", "--signal=USR2", ref.job_id], check=True, timeout=60)
+        # Written once every rank saved the same step.
+        _wait(ref, lambda: (run_dir / "PREEMPTED").exists(), 600, "the preemption save")
+        marks["USR2 -> every rank saved"] = time.monotonic() - fault
+        assert _finished(ref, timeout=2400) is JobState.SUCCEEDED, cluster.logs(ref, tail=80)
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if not cluster.status(ref).state.is_terminal:
+            subprocess.run(["scancel", ref.job_id], timeout=60, check=False)
+    print(f"{nodes} nodes: " + ", ".join(f"{k} {v:.0f} s" for k, v in marks.items()))
+
+    status = cluster.status(ref)
+    assert status.native_state == "COMPLETED" and "requeued 1 time" in status.detail, status
+    kinds = [(a["attempt"], a["kind"], a["decision"]) for a in _attempts(run_dir)]
+    assert kinds == [
+        (0, "failed", "restart"), (0, "hung", "restart"), (0, "preempted", "retry"),
+        (1, "done", "finish"),
+    ], kinds  # fmt: skip
+    # The preemption's save (PREEMPTED is gone once the run is DONE): the newest
+    # complete checkpoint when node 0 judged that attempt, where the requeue resumed.
+    saved = _attempts(run_dir)[2]["checkpoint_step"]
+    assert saved > 10, saved
+    logs = cluster.logs(ref)
+    assert f"resumed at step {saved} " in logs, logs[-3000:]
+    assert (_last_checkpoint(run_dir) or 0) == STEPS
