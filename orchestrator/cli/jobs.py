@@ -382,7 +382,8 @@ class _Lookup:
                     if self._open:
                         self.rows[i] = row
                         self._waiting.discard(i)
-                        self._lock.notify_all()
+                        if not self._waiting:  # woken once, not once per row
+                            self._lock.notify_all()
 
     def wait(self) -> None:
         """Until every row is answered or the deadline passes."""
