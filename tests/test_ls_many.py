@@ -325,3 +325,24 @@ def test_jobs_of_a_cluster_that_never_answers_are_stale_at_the_deadline(
     assert all(j["state"] == "?" for j in jobs)
     # Each worker asked once and waited; nothing more is asked once the deadline passed.
     assert count.started <= LS_WORKERS and len(asked) <= LS_WORKERS
+
+
+# ----------------------------------------------------- the job.yaml of each row
+
+
+def test_a_written_job_yaml_reads_the_same_with_the_fast_parser(tmp_path: Path) -> None:
+    """`ls` reads each job's job.yaml (its total steps) with libyaml's parser; every
+    rendered job.yaml of the golden files reads the same as with the strict one, and a
+    key given twice is still refused."""
+    from shardctl.orchestrator.errors import SpecError
+    from shardctl.orchestrator.yamlio import read_yaml_file
+
+    golden = sorted((Path(__file__).parent / "golden").glob("*/*/job.yaml"))
+    assert len(golden) >= 5
+    for path in golden:
+        assert read_yaml_file(path, written=True) == read_yaml_file(path), path
+    twice = tmp_path / "job.yaml"
+    twice.write_text("train:\n  steps: 5\n  steps: 6\n")
+    for written in (False, True):
+        with pytest.raises(SpecError, match="duplicate key 'steps'"):
+            read_yaml_file(twice, written=written)

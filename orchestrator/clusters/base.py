@@ -321,7 +321,7 @@ def run_resources(run_dir: str | Path) -> dict[str, int]:
     from ..yamlio import read_yaml_file
 
     try:
-        data = read_yaml_file(Path(run_dir) / SPEC_FILE)
+        data = read_yaml_file(Path(run_dir) / SPEC_FILE, written=True)
     except ShardctlError:
         return {}
     res = data.get("resources") if isinstance(data, dict) else None
