@@ -8,9 +8,10 @@ records, each pointing at a run dir that looks like a real one:
 
 - local: a third finished (exit 0, DONE, 20/20 steps logged), a third failed (exit 1,
   a FAILED marker from rank 1), a third running (`local.pid` names a live process of
-  this script, with its start time); each with job.yaml, logs/metrics.jsonl, the
-  launcher's logs, CURRENT_ATTEMPT and a line of attempts.jsonl, written with the
-  helpers the real run uses (`outcome.done_marker`, `RunDir.write_marker` ...);
+  this script, with its start time); each with job.yaml (the rendered tiny-llama
+  example's, from tests/golden), logs/metrics.jsonl, the launcher's logs,
+  CURRENT_ATTEMPT and a line of attempts.jsonl, the markers written with the helpers
+  the real run uses (`outcome.done_marker`, `RunDir.write_marker` ...);
 - slurm: records of real job ids the dev cluster's accounting knows
   (`sacct -X -n -o JobID`, reused round-robin when there are fewer than N), each
   with a run dir on this machine (a shared file system's, as Slurm's run dirs are).
@@ -48,6 +49,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+GOLDEN = Path(__file__).resolve().parent.parent / "tests" / "golden" / "tiny-llama" / "local"
 SAMPLE_S = 0.005
 SLURM_COMMANDS = ("scontrol", "sacct", "squeue")
 STEPS = 20
@@ -75,15 +77,19 @@ def _metrics(run_dir: Path, rows: int, started: float) -> None:
 
 
 def _job_yaml(run_dir: Path, name: str) -> None:
-    import yaml
-
+    """The job.yaml a run starts with: the rendered tiny-llama example's (127 lines, as
+    `shardctl render` writes every spec), renamed; `ls` reads `train.steps` from it."""
+    text = (GOLDEN / "job.yaml").read_text()
+    for old, new in (
+        ("name: tiny-llama\n", f"name: {name}\n"),
+        ("run_dir: runs/tiny-llama\n", f"run_dir: {run_dir}\n"),
+        ("\n  steps: 200\n", f"\n  steps: {STEPS}\n"),
+    ):
+        if old not in text:
+            raise SystemExit(f"{GOLDEN / 'job.yaml'} has no {old.strip()!r}: update _job_yaml")
+        text = text.replace(old, new, 1)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "job.yaml").write_text(
-        yaml.safe_dump(
-            {"name": name, "run_dir": str(run_dir),
-             "resources": {"nodes": 1, "procs_per_node": 2}, "train": {"steps": STEPS}}
-        )
-    )  # fmt: skip
+    (run_dir / "job.yaml").write_text(text)
 
 
 def _attempt_line(run_dir: Path, job: str, kind: str, decision: str, start: float) -> None:
