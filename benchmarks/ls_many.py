@@ -147,6 +147,8 @@ def make_local(runs: Path, n: int, live: subprocess.Popen[bytes]) -> list[str]:
 def slurm_job_ids(tries: int = 12) -> list[str]:
     """The job ids the dev cluster's accounting knows (its controller may be
     restarting: asked again every 5 s, a minute at most)."""
+    if shutil.which("sacct") is None:
+        raise SystemExit("no sacct on PATH: run with --clusters local, or where Slurm is")
     for attempt in range(tries):
         out = subprocess.run(
             ["sacct", "-X", "-n", "-o", "JobID"], capture_output=True, text=True, timeout=60
