@@ -86,7 +86,7 @@ def total_steps(run_dir: str | Path) -> int | None:
     if not path.is_file():
         return None
     try:
-        data = read_yaml_file(path)
+        data = read_yaml_file(path, written=True)  # `ls`: once per job
     except (OSError, ShardctlError, ValueError):
         return None
     train = data.get("train") if isinstance(data, dict) else None

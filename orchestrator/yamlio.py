@@ -24,8 +24,8 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 INT_TAG = "tag:yaml.org,2002:int"
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """`SafeLoader` that refuses a key given twice in the same mapping, at any depth."""
+class _UniqueKeys:
+    """A loader's mixin that refuses a key given twice in the same mapping, at any depth."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -49,12 +49,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                         key_node.start_mark,
                     )
                 first_line[key] = line
-        return super().construct_mapping(node, deep=deep)
+        return super().construct_mapping(node, deep=deep)  # type: ignore[misc]  # a mixin
 
 
-def read_yaml_file(path: str | Path) -> Any:
+class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
+    """`SafeLoader` (pure Python: its errors name line and column) without duplicate keys."""
+
+
+# libyaml's parser where PyYAML was built with it: ~10× faster than the pure-Python one.
+# For files shardctl wrote itself (a run dir's job.yaml, which `ls` reads once per job
+# for its total steps), not for what users write: libyaml locates errors less well.
+_WrittenLoader: type = (
+    type("_WrittenLoader", (_UniqueKeys, yaml.CSafeLoader), {})
+    if hasattr(yaml, "CSafeLoader")
+    else _UniqueKeyLoader
+)
+
+
+def read_yaml_file(path: str | Path, *, written: bool = False) -> Any:
     """Read a YAML file; unreadable files, YAML syntax errors and duplicate keys become
-    `SpecError`s that name the file and, for the latter two, the line and column."""
+    `SpecError`s that name the file and, for the latter two, the line and column.
+    `written`: a file shardctl wrote itself (a run dir's job.yaml), read with libyaml's
+    parser where it is installed."""
     path = Path(path)
     where = str(path)
     try:
@@ -78,13 +94,14 @@ def read_yaml_file(path: str | Path) -> Any:
             [f"cannot read {where!r}: not UTF-8 text (byte {exc.start}); is it a binary file?"],
             where,
         ) from None
-    return parse_yaml_text(text, where)
+    return parse_yaml_text(text, where, written=written)
 
 
-def parse_yaml_text(text: str, source: str | None = None) -> Any:
+def parse_yaml_text(text: str, source: str | None = None, *, written: bool = False) -> Any:
     """Parse YAML text like `read_yaml_file` (duplicate keys refused, errors located)."""
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
+        # Both are SafeLoader's constructor: plain data only.
+        return yaml.load(text, Loader=_WrittenLoader if written else _UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -182,7 +182,11 @@ def test_a_cluster_that_does_not_answer_does_not_hold_the_table(
         release.wait(60)
         return JobStatus(JobState.RUNNING, "RUNNING")
 
+    def hang_many(self: SlurmCluster, refs: list[JobRef]) -> list[JobStatus]:
+        return [hang(self, ref) for ref in refs]
+
     monkeypatch.setattr(SlurmCluster, "status", hang)
+    monkeypatch.setattr(SlurmCluster, "status_many", hang_many)  # what `ls` asks Slurm
     remember(JobRef("slurm", "7", "stuck", str(tmp_path / "stuck")))
     remember(JobRef("local", "8", "here", str(tmp_path / "here")))
     try:

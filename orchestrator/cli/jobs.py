@@ -2,8 +2,12 @@
 `submit --wait` display.
 
 Every command finds a job through its record (clusters/records.py). `ls` asks every
-job's cluster at once, one thread per job, and waits at most `--timeout` seconds in
-all: a slow or unreachable cluster marks its rows stale instead of holding the table.
+cluster at once, each through at most LS_WORKERS threads of its own (a cluster that
+asks for many jobs in one query, `Cluster.batch_status`, gets all its jobs in one
+`status_many` call: Slurm runs one `scontrol` and one `sacct`, not one per job), and
+waits at most `--timeout` seconds in all: a slow or unreachable cluster marks its rows
+stale instead of holding the table, and the threads that still wait on it (daemons)
+do not keep shardctl from exiting.
 Step, total and loss come from the run's logs/metrics.jsonl where this machine can
 read the run dir (local; Slurm's shared run dir), see orchestrator/progress.py; so does
 the line `status` prints under the state when one rank is consistently the slowest, and
@@ -15,7 +19,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -30,6 +36,10 @@ if TYPE_CHECKING:
 
 EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C
 LS_TIMEOUT_S = 10.0
+# Threads `ls` gives each cluster. One per job started 1,000 threads (and, on Slurm, up
+# to 1,000 commands at once) for 1,000 jobs; per cluster, so that one that never
+# answers cannot take the threads the others need.
+LS_WORKERS = 8
 
 
 def _interrupted(message: str) -> None:
@@ -291,19 +301,21 @@ class Row:
         }
 
 
-def _look(backend: Cluster, ref: JobRef, row: Row) -> None:
-    """Fill `row` from the cluster and the run dir (in a worker thread)."""
+def _look(backend: Cluster, ref: JobRef, row: Row, answer: JobStatus | Exception) -> Row:
+    """`row` filled from the cluster's `answer` (its status of the job, or the error
+    asking raised) and the run dir; a copy, so that no thread sees a half-filled row."""
     from ..clusters.base import JobState
     from ..errors import ShardctlError
 
+    row = replace(row)
     st: JobStatus | None = None
-    try:
-        st = backend.status(ref)
-    except ShardctlError as exc:
-        row.state, row.stale = "?", f"cluster {ref.cluster} did not answer: {exc}"
-    except Exception as exc:  # a client library's own error: shown, never a traceback
-        row.state, row.stale = "?", f"cluster {ref.cluster} failed: {type(exc).__name__}: {exc}"
+    if isinstance(answer, ShardctlError):
+        row.state, row.stale = "?", f"cluster {ref.cluster} did not answer: {answer}"
+    elif isinstance(answer, Exception):  # a client library's own error: shown, never a traceback
+        row.state = "?"
+        row.stale = f"cluster {ref.cluster} failed: {type(answer).__name__}: {answer}"
     else:
+        st = answer
         row.state, row.native_state, row.detail = st.state.value, st.native_state, st.detail
         if st.state is JobState.UNKNOWN:
             row.stale = f"{ref.cluster} no longer knows the job: {st.detail or st.native_state}"
@@ -312,6 +324,79 @@ def _look(backend: Cluster, ref: JobRef, row: Row) -> None:
     except OSError as exc:
         row.why = f"cannot read the run dir: {exc}"
     row.goodput = _goodput(backend, ref, st, row.submitted)
+    return row
+
+
+def _answers(backend: Cluster, refs: list[JobRef]) -> list[JobStatus | Exception]:
+    """`backend.status_many(refs)`, one answer per job: an error raised about all of
+    them is each one's answer."""
+    from ..errors import ClusterError
+
+    try:
+        answers = backend.status_many(refs)
+    except Exception as exc:  # no client, no answer: on each of their rows
+        return [exc] * len(refs)
+    if len(answers) != len(refs):  # a plugin's mistake: said on the rows, not a traceback
+        wrong = ClusterError(f"status_many gave {len(answers)} answer(s) for {len(refs)} job(s)")
+        return [wrong] * len(refs)
+    return answers
+
+
+class _Lookup:
+    """`ls`'s questions to one cluster, answered by at most LS_WORKERS daemon threads
+    into `rows` until `deadline` (time.monotonic()). A batch cluster's jobs are one
+    question (`status_many` of all of them); any other's, one question per job. An
+    answer counts only while the lookup is open: `close` (at the deadline) keeps the
+    rows answered by then and returns the indices of the others."""
+
+    def __init__(self, rows: list[Row], deadline: float) -> None:
+        self.rows, self.deadline = rows, deadline
+        self._lock = threading.Condition()
+        self._waiting: set[int] = set()  # indices of rows not answered yet
+        self._open = True
+
+    def start(self, backend: Cluster, jobs: Sequence[tuple[int, JobRef]]) -> None:
+        """Ask `backend` about `jobs` ((row index, record) pairs) in the background."""
+        with self._lock:
+            self._waiting.update(i for i, _ in jobs)
+        groups = [list(jobs)] if backend.batch_status else [[job] for job in jobs]
+        todo = deque(groups)
+        for _ in range(min(LS_WORKERS, len(groups))):
+            # Daemon threads: a cluster that never answers cannot keep shardctl from exiting.
+            threading.Thread(target=self._work, args=(backend, todo), daemon=True).start()
+
+    def _work(self, backend: Cluster, todo: deque[list[tuple[int, JobRef]]]) -> None:
+        while time.monotonic() < self.deadline:  # past it, no new question is asked
+            try:
+                group = todo.popleft()  # deque: safe across threads without a lock
+            except IndexError:
+                return
+            answers = _answers(backend, [ref for _, ref in group])
+            for (i, ref), answer in zip(group, answers, strict=True):
+                try:
+                    row = _look(backend, ref, self.rows[i], answer)
+                except Exception as exc:  # a run dir's surprise: on its row, not a traceback
+                    row = replace(self.rows[i], state="?")
+                    row.stale = f"cannot show {ref.name}: {type(exc).__name__}: {exc}"
+                with self._lock:
+                    if self._open:
+                        self.rows[i] = row
+                        self._waiting.discard(i)
+                        if not self._waiting:  # woken once, not once per row
+                            self._lock.notify_all()
+
+    def wait(self) -> None:
+        """Until every row is answered or the deadline passes."""
+        with self._lock:
+            self._lock.wait_for(
+                lambda: not self._waiting, max(0.0, self.deadline - time.monotonic())
+            )
+
+    def close(self) -> list[int]:
+        """Stop taking answers; the indices of the rows without one."""
+        with self._lock:
+            self._open = False
+            return sorted(self._waiting)
 
 
 def _age(seconds: float | None) -> str:
@@ -351,7 +436,8 @@ def _ls(cluster: str | None, timeout: float, output: str) -> None:
 
     now = time.time()
     rows: list[Row] = []
-    work: list[tuple[Cluster, JobRef, Row]] = []
+    # Per cluster: its backend and its jobs, (row index, record) pairs.
+    work: dict[str, tuple[Cluster, list[tuple[int, JobRef]]]] = {}
     backends: dict[str, Cluster | Exception] = {}
     for rec in scan_records():
         ref = rec.ref
@@ -376,19 +462,15 @@ def _ls(cluster: str | None, timeout: float, output: str) -> None:
         if isinstance(backend, Exception):
             row.stale = f"cannot use cluster {ref.cluster!r}: {backend}"
             continue
-        work.append((backend, ref, row))
-    threads = []
-    for backend, ref, row in work:
-        # Daemon threads: a cluster that never answers cannot keep shardctl from exiting.
-        t = threading.Thread(target=_look, args=(backend, ref, row), daemon=True)
-        t.start()
-        threads.append((t, row))
-    deadline = time.monotonic() + timeout
-    for t, row in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            row.state = "?"
-            row.stale = row.stale or f"cluster {row.cluster} gave no answer within {timeout:g} s"
+        work.setdefault(ref.cluster, (backend, []))[1].append((len(rows) - 1, ref))
+    # The clock starts before the first question: `--timeout` bounds the whole wait.
+    lookup = _Lookup(rows, time.monotonic() + timeout)
+    for backend, jobs in work.values():
+        lookup.start(backend, jobs)
+    lookup.wait()
+    for i in lookup.close():
+        rows[i].state = "?"
+        rows[i].stale = f"cluster {rows[i].cluster} gave no answer within {timeout:g} s"
     if output == "json":
         echo_json({"jobs": [r.to_json(now) for r in rows]})
     elif not rows:

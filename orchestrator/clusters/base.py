@@ -13,6 +13,7 @@ clusters:
   cluster. `shardctl render` writes the dry run's artifacts.
 - `schedule(dryrun)`: sends that and nothing else; `status`, `logs`, `cancel`;
   `follow_logs` (`logs -f`), `has_ended` and `exit_code_of` (`status --watch`);
+  `status_many` with `batch_status` (`ls`: many jobs' states in one query);
 - `spec_section`: its section of the job spec (a `ClusterSection` under the
   cluster's name), whose `run_problems` `check(spec)` raises before any render;
 - `preflight(spec)`, `preemption_budget(spec)`, `network_check(spec, var)`,
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -212,6 +213,24 @@ class Cluster(ABC):
     @abstractmethod
     def status(self, ref: JobRef) -> JobStatus: ...
 
+    # `status_many` asks the cluster once for many jobs, so `ls` hands it all of this
+    # cluster's jobs in one call; False: `ls` calls it with one job at a time, a few
+    # at once (jobs.LS_WORKERS), which suits a cluster whose question is per job.
+    batch_status: ClassVar[bool] = False
+
+    def status_many(self, refs: Sequence[JobRef]) -> list[JobStatus | Exception]:
+        """The status of each job of `refs`, in order; in a job's place, the error that
+        asking for it raised (`ls` shows it on that job's row and goes on). An error
+        that concerns every job (no client, no answer) is raised instead. A cluster
+        that can ask for many jobs at once overrides this and sets `batch_status`."""
+        answers: list[JobStatus | Exception] = []
+        for ref in refs:
+            try:
+                answers.append(self.status(ref))
+            except Exception as exc:  # one job's error, shown on its row by the caller
+                answers.append(exc)
+        return answers
+
     @abstractmethod
     def logs(self, ref: JobRef, tail: int | None = None) -> str: ...
 
@@ -302,7 +321,7 @@ def run_resources(run_dir: str | Path) -> dict[str, int]:
     from ..yamlio import read_yaml_file
 
     try:
-        data = read_yaml_file(Path(run_dir) / SPEC_FILE)
+        data = read_yaml_file(Path(run_dir) / SPEC_FILE, written=True)
     except ShardctlError:
         return {}
     res = data.get("resources") if isinstance(data, dict) else None

@@ -92,7 +92,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -149,6 +149,13 @@ from ..base import (
 from ..writer import LEDGER, write_rendered
 from .bad_nodes import leave_behind, left_behind_detail, pinned_node
 from .killed_ranks import own_log, record_killed
+from .queries import (
+    PLAIN_JOB_ID,
+    SACCT_FIELDS,
+    accounting_lines,
+    controller_jobs,
+    scontrol_fields,
+)
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 from .section import SlurmSection
 
@@ -327,37 +334,35 @@ class SlurmCluster(Cluster):
         _require_slurm()
         info = _scontrol_job(ref.job_id)
         if info is not None:
-            native = info.get("JobState", "")
-            detail = []
-            if info.get("Reason") not in (None, "None"):
-                detail.append(f"reason {info['Reason']}")
-            restarts = int(info.get("Restarts", "0") or 0)
-            if restarts:
-                detail.append(f"requeued {restarts} time(s)")
-            if info.get("NodeList") not in (None, "(null)", ""):
-                detail.append(f"nodes {info['NodeList']}")
-            state = map_state(native)
-            # The last attempt's HUNG: the one before this on a job that runs again, this
-            # one on a job that failed (out of requeues).
-            last = restarts if state is JobState.FAILED else restarts - 1
-            hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
-            left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
-            detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
-            return JobStatus(state, native, ", ".join(detail))
+            return _held_status(ref, info)
         # Gone from the controller's memory (MinJobAge): ask the accounting database.
-        out = _run(
-            ["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", "State,ExitCode,NodeList,Start"]
-        )
-        line = next((x for x in out.splitlines() if x.strip()), "")
-        if not line:
-            return JobStatus(JobState.UNKNOWN, "", f"Slurm knows no job {ref.job_id}")
-        native, exit_code, nodes, start = ([*line.split("|"), "", "", ""])[:4]
-        state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
-        began = _slurm_time(start)
-        hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
-        left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
-        detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
-        return JobStatus(state, native, ", ".join(detail))
+        out = _run(["sacct", "-j", ref.job_id, "-X", "-n", "-P", "-o", SACCT_FIELDS])
+        return _accounted_status(ref, next((x for x in out.splitlines() if x.strip()), ""))
+
+    # `ls`: one `scontrol` and one `sacct` for all the jobs (queries.py), not one of
+    # each per job.
+    batch_status = True
+
+    def status_many(self, refs: Sequence[JobRef]) -> list[JobStatus | Exception]:
+        """`status` of every job of `refs`, asking the controller once and the accounting
+        database once for those the controller no longer holds (`queries.py`); a job
+        id that is not a plain number is asked about on its own."""
+        _require_slurm()
+        plain = [r for r in refs if PLAIN_JOB_ID.fullmatch(r.job_id)]
+        held = controller_jobs() if plain else {}
+        accounted = accounting_lines(r.job_id for r in plain if r.job_id not in held)
+        answers: list[JobStatus | Exception] = []
+        for ref in refs:
+            try:
+                if not PLAIN_JOB_ID.fullmatch(ref.job_id):
+                    answers.append(self.status(ref))
+                elif ref.job_id in held:
+                    answers.append(_held_status(ref, held[ref.job_id]))
+                else:
+                    answers.append(_accounted_status(ref, accounted.get(ref.job_id, "")))
+            except Exception as exc:  # this job's own (its run dir's files): on its row
+                answers.append(exc)
+        return answers
 
     def logs(self, ref: JobRef, tail: int | None = None) -> str:
         folder = _log_folder(ref)
@@ -432,6 +437,42 @@ class SlurmCluster(Cluster):
             )
         # scancel signals every step on every node (SIGTERM, then SIGKILL after KillWait).
         _run(["scancel", ref.job_id], what=f"cancel job {ref.job_id}")
+
+
+def _held_status(ref: JobRef, info: dict[str, str]) -> JobStatus:
+    """A job's status from the controller's fields (`scontrol show job -o`) and its run
+    dir (a shared file system)."""
+    native = info.get("JobState", "")
+    detail = []
+    if info.get("Reason") not in (None, "None"):
+        detail.append(f"reason {info['Reason']}")
+    restarts = int(info.get("Restarts", "0") or 0)
+    if restarts:
+        detail.append(f"requeued {restarts} time(s)")
+    if info.get("NodeList") not in (None, "(null)", ""):
+        detail.append(f"nodes {info['NodeList']}")
+    state = map_state(native)
+    # The last attempt's HUNG: the one before this on a job that runs again, this one
+    # on a job that failed (out of requeues).
+    last = restarts if state is JobState.FAILED else restarts - 1
+    hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
+    left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
+    detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
+    return JobStatus(state, native, ", ".join(detail))
+
+
+def _accounted_status(ref: JobRef, line: str) -> JobStatus:
+    """A job's status from its line of `sacct -o <SACCT_FIELDS>` ("": the accounting
+    database does not know it) and its run dir."""
+    if not line:
+        return JobStatus(JobState.UNKNOWN, "", f"Slurm knows no job {ref.job_id}")
+    native, exit_code, nodes, start = ([*line.split("|"), "", "", ""])[:4]
+    state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
+    began = _slurm_time(start)
+    hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
+    left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
+    detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
+    return JobStatus(state, native, ", ".join(detail))
 
 
 def _hang_of(ref: JobRef, state: JobState, of_interest: Callable[[dict[str, Any]], bool]) -> str:
@@ -674,12 +715,7 @@ def _scontrol_job(job_id: str) -> dict[str, str] | None:
         raise ClusterError(f"status of job {job_id}: {exc}") from None
     if proc.returncode != 0 or not proc.stdout.strip():
         return None
-    fields: dict[str, str] = {}
-    for word in proc.stdout.split():
-        key, sep, value = word.partition("=")
-        if sep and key not in fields:
-            fields[key] = value
-    return fields
+    return scontrol_fields(proc.stdout)
 
 
 # ------------------------------------------------------------ the task on each node
