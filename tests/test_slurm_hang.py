@@ -48,12 +48,17 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _rank_of_node(
-    run_dir: Path, node: int, attempt: int, restart: int | None = None
+    run_dir: Path,
+    node: int,
+    attempt: int,
+    restart: int | None = None,
+    module: str = "shardctl.train",
 ) -> tuple[int, str] | None:
     """(pid, RANK) of the training rank that node `node` runs for `attempt` of the run
     (and, given `restart`, that round of restarts in place): the dev cluster's nodes are
     processes of this machine. A rank's own children (forked, same environment) are
-    left out: the one whose parent is not one of them."""
+    left out: the one whose parent is not one of them. `module`: what the rank runs
+    (`-m shardctl.train`, the built-in loop; `shardctl.train.entry`, a user's script)."""
     found: dict[int, tuple[int, str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -72,7 +77,7 @@ def _rank_of_node(
             and env.get("SLURM_NODEID") == str(node)
             and env.get("SHARDCTL_ATTEMPT") == str(attempt)
             and (restart is None or env.get("SHARDCTL_RESTART") == str(restart))
-            and "shardctl.train" in words
+            and module in words
         ):
             parent = int(stat[stat.rfind(")") + 2 :].split()[1])
             found[pid] = (parent, env["RANK"])

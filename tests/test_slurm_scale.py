@@ -36,6 +36,7 @@ from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
     _submitted,
     _wait,
 )
+from test_slurm_hang import _rank_of_node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.scale, pytest.mark.timeout(3600)]
 
@@ -65,37 +66,11 @@ def scale_cluster() -> Iterator[int]:
         _dev_cluster()
 
 
-def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    return dict(w.decode(errors="replace").partition("=")[::2] for w in raw.split(b"\0") if w)
-
-
 def _script_rank(run_dir: Path, node: int, restart: int) -> int | None:
     """The pid of the user's script's rank on node `node` in round `restart` of the
-    first allocation (`python -m shardctl.train.entry script ...`; not its children)."""
-    found: list[tuple[int, int]] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        try:
-            env = _environ(pid)
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        if (
-            b"shardctl.train.entry" in argv
-            and "RANK" in env
-            and os.path.realpath(env.get("SHARDCTL_RUN_DIR", "")) == os.path.realpath(run_dir)
-            and env.get("SLURM_NODEID") == str(node)
-            and env.get("SHARDCTL_ATTEMPT") == "0"
-            and env.get("SHARDCTL_RESTART") == str(restart)
-        ):
-            found.append((pid, ppid))
-    pids = {pid for pid, _ in found}
-    top = [pid for pid, ppid in found if ppid not in pids]
-    return top[0] if len(top) == 1 else None
+    first allocation (`python -m shardctl.train.entry script ...`)."""
+    found = _rank_of_node(run_dir, node, 0, restart=restart, module="shardctl.train.entry")
+    return found[0] if found else None
 
 
 def _attempts(run_dir: Path) -> list[dict]:
