@@ -1,5 +1,7 @@
 """Scale: a 32-node job (32 emulated nodes × 1 CPU rank) runs a user's own training
-script end to end on the dev cluster: it starts (rendezvous of 32 launchers), survives
+script end to end on the dev cluster, and a 16-node job the built-in loop (the tiny
+Llama; each of its ranks also imports transformers, so 16 is what fits 24 GiB beside
+the rest): it starts (rendezvous of 32 launchers), survives
 a rank SIGKILLed and a rank SIGSTOPped inside its allocation (every node restarts in
 place, same job id), refuses a second submit of the same run while it lives, is
 preempted with USR2 (every rank saves the same step, node 0 requeues), resumes in
@@ -32,6 +34,7 @@ from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
     _finished,
     _last_checkpoint,
     _own_spec,
+    _spec,
     _submit,
     _submitted,
     _wait,
@@ -41,6 +44,8 @@ from test_slurm_hang import _rank_of_node
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.scale, pytest.mark.timeout(3600)]
 
 SCALE_NODES = int(os.environ.get("SHARDCTL_SCALE_NODES", "32"))
+# The built-in loop's job: half the nodes (its ranks are heavier than a script's).
+LOOP_NODES = max(2, SCALE_NODES // 2)
 EVERY = 5
 STEPS = 60
 HANG_TIMEOUT_S = 60  # 32 ranks share 2 cores: a step takes seconds, not milliseconds
@@ -66,10 +71,29 @@ def scale_cluster() -> Iterator[int]:
         _dev_cluster()
 
 
-def _script_rank(run_dir: Path, node: int, restart: int) -> int | None:
-    """The pid of the user's script's rank on node `node` in round `restart` of the
-    first allocation (`python -m shardctl.train.entry script ...`)."""
-    found = _rank_of_node(run_dir, node, 0, restart=restart, module="shardctl.train.entry")
+# What the ranks run: `-m shardctl.train.entry script ...` (a user's script) or
+# `-m shardctl.train` (the built-in loop).
+MODULES = {"script": "shardctl.train.entry", "loop": "shardctl.train"}
+
+
+def _job_spec(kind: str) -> tuple[dict, int]:
+    """The spec of the `kind` job and its node count."""
+    if kind == "script":
+        args = ["--steps", str(STEPS), "--log-every", "1"]
+        spec, nodes = _own_spec("scale-own", "examples/fsdp2_script.py", args), SCALE_NODES
+    else:
+        spec, nodes = _spec("scale-loop", train={"steps": STEPS}), LOOP_NODES
+    spec["resources"] = {"nodes": nodes, "procs_per_node": 1, "device": "cpu"}
+    spec["checkpoint"] = {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False}
+    spec["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}
+    spec["restart"] = {"max_in_allocation": 3}
+    spec["slurm"] = {**spec["slurm"], "time": "01:00:00", "max_requeues": 3}
+    return spec, nodes
+
+
+def _rank(run_dir: Path, node: int, restart: int, kind: str) -> int | None:
+    """The pid of the rank on node `node` in round `restart` of the first allocation."""
+    found = _rank_of_node(run_dir, node, 0, restart=restart, module=MODULES[kind])
     return found[0] if found else None
 
 
@@ -85,17 +109,11 @@ def _newer_checkpoint(run_dir: Path, than: int) -> bool:
     return (_last_checkpoint(run_dir) or 0) > than
 
 
-def test_a_32_node_job_recovers_in_place_is_preempted_requeues_and_completes(
-    scale_cluster: int, tmp_path: Path
+@pytest.mark.parametrize("kind", ["script", "loop"])
+def test_a_wide_job_recovers_in_place_is_preempted_requeues_and_completes(
+    scale_cluster: int, tmp_path: Path, kind: str
 ) -> None:
-    nodes = scale_cluster
-    args = ["--steps", str(STEPS), "--log-every", "1"]
-    spec = _own_spec("scale-own", "examples/fsdp2_script.py", args)
-    spec["resources"] = {"nodes": nodes, "procs_per_node": 1, "device": "cpu"}
-    spec["checkpoint"] = {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False}
-    spec["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}
-    spec["restart"] = {"max_in_allocation": 3}
-    spec["slurm"] = {**spec["slurm"], "time": "01:00:00", "max_requeues": 3}
+    spec, nodes = _job_spec(kind)
     started = time.monotonic()
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
@@ -113,21 +131,21 @@ def test_a_32_node_job_recovers_in_place_is_preempted_requeues_and_completes(
         assert f"job id {ref.job_id}" in " ".join(again.stderr.split()), again.stderr
 
         # A crash inside the allocation: a rank in the middle of the job is killed.
-        victim = _wait(ref, lambda: _script_rank(run_dir, nodes // 2, 0), 120, "a rank")
+        victim = _wait(ref, lambda: _rank(run_dir, nodes // 2, 0, kind), 120, "a rank")
         at = _last_checkpoint(run_dir) or 0
         fault = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        _wait(ref, lambda: _script_rank(run_dir, nodes // 2, 1), 900, "the restarted rank")
+        _wait(ref, lambda: _rank(run_dir, nodes // 2, 1, kind), 900, "the restarted rank")
         _wait(ref, lambda: _newer_checkpoint(run_dir, at), 900, "a checkpoint after the crash")
         marks["crash -> newer checkpoint"] = time.monotonic() - fault
 
         # A hang inside the allocation: another node's restarted rank stops.
-        victim = _wait(ref, lambda: _script_rank(run_dir, nodes // 4, 1), 120, "a rank")
+        victim = _wait(ref, lambda: _rank(run_dir, nodes // 4, 1, kind), 120, "a rank")
         at = _last_checkpoint(run_dir) or 0
         fault = time.monotonic()
         os.kill(victim, signal.SIGSTOP)
         stopped.append(victim)
-        _wait(ref, lambda: _script_rank(run_dir, nodes // 4, 2), HANG_TIMEOUT_S + 900,
+        _wait(ref, lambda: _rank(run_dir, nodes // 4, 2, kind), HANG_TIMEOUT_S + 900,
               "the rank restarted after the hang")  # fmt: skip
         _wait(ref, lambda: _newer_checkpoint(run_dir, at), 900, "a checkpoint after the hang")
         marks["hang -> newer checkpoint"] = time.monotonic() - fault
@@ -145,7 +163,7 @@ def test_a_32_node_job_recovers_in_place_is_preempted_requeues_and_completes(
                 os.kill(pid, signal.SIGCONT)
         if not cluster.status(ref).state.is_terminal:
             subprocess.run(["scancel", ref.job_id], timeout=60, check=False)
-    print(f"{nodes} nodes: " + ", ".join(f"{k} {v:.0f} s" for k, v in marks.items()))
+    print(f"{kind}, {nodes} nodes: " + ", ".join(f"{k} {v:.0f} s" for k, v in marks.items()))
 
     status = cluster.status(ref)
     assert status.native_state == "COMPLETED" and "requeued 1 time" in status.detail, status
