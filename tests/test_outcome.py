@@ -84,6 +84,9 @@ KILLED = oc.killed_marker(rank=1, node=1, host="n2", signum=9)
         (1, {"KILLED": {**KILLED, "signal": "SIGABRT"}, "FAILED": FAILED}, (),
          (Kind.FAILED, None, None, 2, 5)),
         (1, {"KILLED": {**KILLED, "signal": "SIGTERM"}}, (), (Kind.FAILED, None, None, None, 1)),
+        # ... nor a KILLED that names no node (a marker edited by hand)
+        (1, {"KILLED": {**KILLED, "node": -1}}, (), (Kind.FAILED, None, None, None, 1)),
+        (1, {"KILLED": {**KILLED, "node": "n2"}}, (), (Kind.FAILED, None, None, None, 1)),
         # failed: the rank's own code, else the launcher's; 42 without a marker too
         (1, {"FAILED": FAILED}, (), (Kind.FAILED, None, None, 2, 5)),
         (7, {}, (), (Kind.FAILED, None, None, None, 7)),
