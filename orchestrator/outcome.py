@@ -188,7 +188,12 @@ class Outcome:
     @property
     def pinned(self) -> bool:
         """A crash pinned on one node: a rank killed there by one of `NODE_SIGNALS`."""
-        return self.kind is Kind.FAILED and self.node is not None and self.signal in NODE_SIGNALS
+        return (
+            self.kind is Kind.FAILED
+            and self.node is not None
+            and self.node >= 0  # a marker edited by hand names no node
+            and self.signal in NODE_SIGNALS
+        )
 
     def summary(self) -> str:
         """One line for a log or `status`."""
