@@ -54,6 +54,7 @@ non-zero rank exit into their own 1, which is why the markers exist.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,23 @@ class RunDir:
         """Write a marker (DONE, PREEMPTED) atomically: readers never see half of one."""
         self.root.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.root / name, json.dumps(data) + "\n", durable=False)
+
+    def write_first_marker(self, name: str, data: dict[str, Any], since: float) -> bool:
+        """Write marker `name` unless a writer of this attempt (started at `since`) was
+        first: the first to fail names the cause, the others keep it (O_EXCL). An
+        earlier attempt's marker is replaced. True when this call wrote it; False also
+        when the run dir is unwritable."""
+        path = self.root / name
+        try:
+            if path.exists() and path.stat().st_mtime < since - 1.0:
+                path.unlink()  # an earlier attempt's
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data) + "\n")
+        return True
 
     def read_marker(self, name: str) -> dict[str, Any] | None:
         """A marker's JSON object, or None when it is absent or unreadable."""

@@ -29,7 +29,6 @@ Torch-free and import-light: it must not cost the user's script start-up time.
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
@@ -113,18 +112,7 @@ def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
 def write_failed(folder: RunDir, started: float, marker: dict[str, object]) -> bool:
     """Write FAILED unless a rank of this attempt (started at `started`) was first;
     True when this one wrote it."""
-    path = folder.root / FAILED_FILE
-    try:
-        if path.exists() and path.stat().st_mtime < started - 1.0:
-            path.unlink()  # an earlier attempt's
-        folder.root.mkdir(parents=True, exist_ok=True)
-        # O_EXCL: the first rank to fail names the code; the others keep it.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError:  # another rank was first, or the run dir is unwritable
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(marker) + "\n")
-    return True
+    return folder.write_first_marker(FAILED_FILE, dict(marker), started)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,6 @@ grace) is never a report's root cause.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -76,14 +75,8 @@ def record_killed(run_dir: str, node: int, log: tuple[str, int] | None, started:
     rank, signum = found
     # Slurm's name for this node (several emulated nodes can share one host).
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    path = RunDir.of(run_dir).root / KILLED_FILE
-    try:
-        if path.exists() and path.stat().st_mtime < started - 1.0:
-            path.unlink()  # an earlier attempt's
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError:  # another node was first, or the run dir is unwritable
-        return ""
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(killed_marker(rank, node, host, signum)) + "\n")
+    marker = killed_marker(rank, node, host, signum)
+    if not RunDir.of(run_dir).write_first_marker(KILLED_FILE, marker, started):
+        return ""  # another node was first, or the run dir is unwritable
     who = f"rank {rank}" if rank is not None else "a rank"
     return f"{who} was killed by {signal.Signals(signum).name} on this node ({host})"
