@@ -106,7 +106,7 @@ def _spec(name: str, **overrides: Any) -> dict[str, Any]:
         "checkpoint": {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": True},
         # A port per job: a job's rendezvous must never meet a dying earlier one.
         "slurm": {"time": "00:10:00", "master_port": 29600 + sum(map(ord, name)) % 300},
-        # One start per allocation, as these tests judge it (test_slurm_restart.py
+        # One start per allocation, as these tests judge it (test_slurm_scale.py
         # tests restarts inside the allocation).
         "restart": {"max_in_allocation": 0},
     }
@@ -579,24 +579,6 @@ def _own_spec(name: str, script: str, args: list[str]) -> dict[str, Any]:
     del spec["train"]
     spec["entrypoint"] = {"script": str(ROOT / script), "args": args}
     return spec
-
-
-def test_your_script_is_usr2_preempted_requeued_and_resumes(slurm_cluster: None, tmp_path: Path):
-    """examples/fsdp2_script.py on 2 nodes: scancel --signal=USR2 → every rank saves →
-    node 0 requeues → the next run resumes from that step → COMPLETED."""
-    args = ["--steps", "60", "--log-every", "1"]
-    ref = _submitted(tmp_path, _own_spec("own-usr2", "examples/fsdp2_script.py", args))
-    run_dir = Path(ref.run_dir)
-    cluster = SlurmCluster()
-    _wait(ref, lambda: cluster.logs(ref).count("loss") >= 3, 240, "three logged steps")
-    subprocess.run(["scancel", "--signal=USR2", ref.job_id], check=True, timeout=30)
-    saved_at = _wait(ref, lambda: _marker_step(run_dir), 120, "the preemption save")
-    assert saved_at < 60
-    assert _finished(ref, timeout=300) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
-    logs = cluster.logs(ref)
-    assert f"requeueing job {ref.job_id}" in logs and f"resumed at step {saved_at}" in logs
-    assert "requeued 1 time(s)" in cluster.status(ref).detail
-    assert (run_dir / "DONE").is_file()
 
 
 def test_your_script_exiting_3_fails_and_is_never_requeued(slurm_cluster: None, tmp_path: Path):

@@ -10,9 +10,13 @@ the requeued allocation and completes.
 The script is examples/fsdp2_script.py: FSDP2 over all 32 ranks (gloo all-gathers and
 reduce-scatters every step) with the checkpoint library (`shardctl.train.api`).
 
-Marked `scale`: only `scripts/test-all --scale` (pytest --scale) runs it. The module
-fixture brings the dev cluster up with SCALE_NODES nodes and back to its default 2
-nodes afterwards, so the other Slurm tests find what they expect.
+The same job on 4 nodes runs in every suite run (a few minutes: more nodes than the
+other Slurm tests' 2, so a restart's round ends on nodes that are neither node 0 nor
+the one that failed); its script is paced (tests/helpers/paced_script.py) so that on
+any host the job is still stepping when the last fault lands. The wide cases are
+marked `scale`: only `scripts/test-all --scale` (pytest --scale) runs them. The module
+fixture brings the dev cluster up with each case's node count and back to its default
+2 nodes afterwards, so the other Slurm tests find what they expect.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -41,15 +46,29 @@ from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
 )
 from test_slurm_hang import _rank_of_node
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.scale, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 SCALE_NODES = int(os.environ.get("SHARDCTL_SCALE_NODES", "32"))
 # The built-in loop's job: half the nodes (its ranks are heavier than a script's).
 LOOP_NODES = max(2, SCALE_NODES // 2)
+# Every suite run's case: more nodes than 2, in a few minutes.
+SMALL_NODES = 4
 EVERY = 5
-STEPS = 60
-HANG_TIMEOUT_S = 60  # 32 ranks share 2 cores: a step takes seconds, not milliseconds
+# The wide jobs: 32 ranks share 2 cores, a step takes seconds, and 60 steps outlast the
+# faults. The 4-node job's steps are paced (at least 0.1 s, tests/helpers/paced_script.py):
+# here it saved step 17 at the preemption; the test's own calls between faults leave
+# the ranks a few seconds of stepping, well under 200 steps at 10 a second on any host.
+STEPS = {"wide": 60, "small": 200}
+# A stopped rank is found hung after this long without a step.
+HANG_TIMEOUT_S = {"wide": 60, "small": 20}
 DEV_CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
+
+# (what the ranks run, the job's node count); the wide ones are marked `scale`.
+CASES = [
+    pytest.param("script", SMALL_NODES, id=f"script-{SMALL_NODES}-nodes"),
+    pytest.param("script", SCALE_NODES, marks=pytest.mark.scale, id=f"script-{SCALE_NODES}-nodes"),
+    pytest.param("loop", LOOP_NODES, marks=pytest.mark.scale, id=f"loop-{LOOP_NODES}-nodes"),
+]
 
 
 def _dev_cluster(*args: str) -> None:
@@ -60,13 +79,13 @@ def _dev_cluster(*args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def scale_cluster() -> Iterator[int]:
-    """The dev cluster with SCALE_NODES nodes; its default 2 nodes again afterwards."""
+def resize_cluster() -> Iterator[Callable[[int], None]]:
+    """Brings the dev cluster to a node count (`up` does nothing when it has it); its
+    default 2 nodes again after the module's tests."""
     if os.geteuid() != 0:
         pytest.skip("bringing the dev cluster up needs root")
-    _dev_cluster("--nodes", str(SCALE_NODES))
     try:
-        yield SCALE_NODES
+        yield lambda nodes: _dev_cluster("--nodes", str(nodes))
     finally:
         _dev_cluster()
 
@@ -74,21 +93,28 @@ def scale_cluster() -> Iterator[int]:
 # What the ranks run: `-m shardctl.train.entry script ...` (a user's script) or
 # `-m shardctl.train` (the built-in loop).
 MODULES = {"script": "shardctl.train.entry", "loop": "shardctl.train"}
+PACED_SCRIPT = "tests/helpers/paced_script.py"
 
 
-def _job_spec(kind: str) -> tuple[dict, int]:
-    """The spec of the `kind` job and its node count."""
+def _size(nodes: int) -> str:
+    return "small" if nodes == SMALL_NODES else "wide"
+
+
+def _job_spec(kind: str, nodes: int) -> dict:
+    """The spec of the `kind` job on `nodes` nodes."""
+    steps = STEPS[_size(nodes)]
     if kind == "script":
-        args = ["--steps", str(STEPS), "--log-every", "1"]
-        spec, nodes = _own_spec("scale-own", "examples/fsdp2_script.py", args), SCALE_NODES
+        args = ["--steps", str(steps), "--log-every", "1"]
+        script = "examples/fsdp2_script.py" if _size(nodes) == "wide" else PACED_SCRIPT
+        spec = _own_spec("scale-own", script, args)
     else:
-        spec, nodes = _spec("scale-loop", train={"steps": STEPS}), LOOP_NODES
+        spec = _spec("scale-loop", train={"steps": steps})
     spec["resources"] = {"nodes": nodes, "procs_per_node": 1, "device": "cpu"}
     spec["checkpoint"] = {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False}
-    spec["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}
+    spec["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S[_size(nodes)]}
     spec["restart"] = {"max_in_allocation": 3}
     spec["slurm"] = {**spec["slurm"], "time": "01:00:00", "max_requeues": 3}
-    return spec, nodes
+    return spec
 
 
 def _rank(run_dir: Path, node: int, restart: int, kind: str) -> int | None:
@@ -109,11 +135,13 @@ def _newer_checkpoint(run_dir: Path, than: int) -> bool:
     return (_last_checkpoint(run_dir) or 0) > than
 
 
-@pytest.mark.parametrize("kind", ["script", "loop"])
+@pytest.mark.parametrize(("kind", "nodes"), CASES)
 def test_a_wide_job_recovers_in_place_is_preempted_requeues_and_completes(
-    scale_cluster: int, tmp_path: Path, kind: str
+    resize_cluster: Callable[[int], None], tmp_path: Path, kind: str, nodes: int
 ) -> None:
-    spec, nodes = _job_spec(kind)
+    resize_cluster(nodes)
+    spec = _job_spec(kind, nodes)
+    steps, hang_timeout_s = STEPS[_size(nodes)], HANG_TIMEOUT_S[_size(nodes)]
     started = time.monotonic()
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
@@ -145,7 +173,7 @@ def test_a_wide_job_recovers_in_place_is_preempted_requeues_and_completes(
         fault = time.monotonic()
         os.kill(victim, signal.SIGSTOP)
         stopped.append(victim)
-        _wait(ref, lambda: _rank(run_dir, nodes // 4, 2, kind), HANG_TIMEOUT_S + 900,
+        _wait(ref, lambda: _rank(run_dir, nodes // 4, 2, kind), hang_timeout_s + 900,
               "the rank restarted after the hang")  # fmt: skip
         _wait(ref, lambda: _newer_checkpoint(run_dir, at), 900, "a checkpoint after the hang")
         marks["hang -> newer checkpoint"] = time.monotonic() - fault
@@ -165,17 +193,33 @@ def test_a_wide_job_recovers_in_place_is_preempted_requeues_and_completes(
             subprocess.run(["scancel", ref.job_id], timeout=60, check=False)
     print(f"{kind}, {nodes} nodes: " + ", ".join(f"{k} {v:.0f} s" for k, v in marks.items()))
 
+    # The crash and the hang were restarts in place (one allocation, rounds r0 to r2);
+    # the preemption alone requeued (the same job id, its second allocation).
     status = cluster.status(ref)
     assert status.native_state == "COMPLETED" and "requeued 1 time" in status.detail, status
-    kinds = [(a["attempt"], a["kind"], a["decision"]) for a in _attempts(run_dir)]
-    assert kinds == [
-        (0, "failed", "restart"), (0, "hung", "restart"), (0, "preempted", "retry"),
-        (1, "done", "finish"),
-    ], kinds  # fmt: skip
-    # The preemption's save (PREEMPTED is gone once the run is DONE): the newest
-    # complete checkpoint when node 0 judged that attempt, where the requeue resumed.
-    saved = _attempts(run_dir)[2]["checkpoint_step"]
-    assert saved > 10, saved
+    attempts = _attempts(run_dir)
+    rounds = [(a["job"], a["attempt"], a["restart"], a["kind"], a["decision"]) for a in attempts]
+    assert rounds == [
+        (ref.job_id, 0, 0, "failed", "restart"), (ref.job_id, 0, 1, "hung", "restart"),
+        (ref.job_id, 0, 2, "preempted", "retry"), (ref.job_id, 1, 0, "done", "finish"),
+    ], rounds  # fmt: skip
     logs = cluster.logs(ref)
-    assert f"resumed at step {saved} " in logs, logs[-3000:]
-    assert (_last_checkpoint(run_dir) or 0) == STEPS
+    for n in (1, 2):
+        assert f"restarting every rank in this allocation ({n} of at most 3)" in logs, logs
+    assert "node 0 restarts every node in place" in logs and f"requeueing job {ref.job_id}" in logs
+    # The hung rank's stacks, named by the round and the node it hung on.
+    assert (run_dir / "logs" / f"hang-attempt0-restart1-node{nodes // 4}.txt").is_file()
+    # Each start after the first resumed from a checkpoint: after the crash and the hang
+    # a periodic one; after the requeue the preemption's save (PREEMPTED is gone once
+    # the run is DONE), the newest complete checkpoint when node 0 judged that round.
+    saved = attempts[2]["checkpoint_step"]
+    assert saved > EVERY, saved
+    # (Rank 0 may be on another node each round, and the logs come node by node: the
+    # steps, not the order of the lines, say which resume came first.)
+    resumed = sorted(int(step) for step in re.findall(r"resumed at step (\d+)", logs))
+    assert len(resumed) == 3 and resumed[-1] == saved, resumed
+    assert all(step > 0 and step % EVERY == 0 for step in resumed[:2]), resumed
+    # The last start's claim: the requeued allocation's first round (no "-r<N>").
+    claimed = json.loads((run_dir / "CURRENT_ATTEMPT").read_text())
+    assert claimed["token"] == f"slurm-{ref.job_id}-1", claimed
+    assert (run_dir / "DONE").is_file() and (_last_checkpoint(run_dir) or 0) == steps
