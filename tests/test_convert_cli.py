@@ -119,6 +119,23 @@ def test_cli_refuses_to_overwrite_its_input(tmp_path: Path):
     assert "refusing to overwrite" in res.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--world-size", "2"], "--world-size is for"),
+        (["--world-size", "2", "--ds-writer", "direct"], "--world-size, --ds-writer are for"),
+    ],
+)
+def test_checkpoint_options_on_a_config_file_are_refused(
+    tmp_path: Path, options: list[str], named: str
+):
+    src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v2-reshard-false"])
+    res = CliRunner().invoke(cli, ["convert", str(src), "--to", "deepspeed", *options])
+    assert res.exit_code == 2
+    message = " ".join(res.stderr.split())
+    assert f"{named} converting a checkpoint folder; {src} is not a folder" in message, message
+
+
 @pytest.mark.parametrize("option", ["--out", "--ds-json"])
 def test_cli_refuses_to_replace_an_existing_file_without_force(tmp_path: Path, option: str):
     src = write_yaml(tmp_path / "f.yaml", FSDP_CONFIGS["v1-full-shard-offload"])

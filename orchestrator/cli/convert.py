@@ -153,7 +153,9 @@ def convert_cmd(
     given = [name for name, value in checkpoint_options.items() if value is not None]
     if given:
         raise UsageError(
-            f"{', '.join(given)} convert a checkpoint folder; {config} is not a folder"
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for converting a "
+            f"checkpoint folder; {config} is not a folder (an accelerate config or a job "
+            "spec takes none of them)"
         )
     from ..convert import convert_file, convert_text
     from ..convert.output import json_document, render_ds_json, render_yaml, report_lines
