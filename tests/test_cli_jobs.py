@@ -171,6 +171,22 @@ def test_ls_with_no_records() -> None:
     assert res.exit_code == 0 and "no submitted jobs" in res.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["ls", "--timeout", "nan"], "'nan' is not a number; accepted: 0.1 to 3600 seconds"),
+        (["ls", "--timeout", "inf"], "inf is not in the range 0.1<=x<=3600"),
+        (["ls", "--timeout", "1e30"], "1e+30 is not in the range 0.1<=x<=3600"),
+        (["status", "j", "-w", "--interval", "nan"], "'nan' is not a number"),
+        (["status", "j", "-w", "--interval", "1e30"], "is not in the range 0.1<=x<=3600"),
+    ],
+)
+def test_a_wait_the_clock_cannot_count_is_refused(args: list[str], refused: str) -> None:
+    # 1e30 s once reached a lock's wait as an OverflowError (a traceback).
+    res = invoke(*args)
+    assert res.exit_code == 2 and refused in " ".join(res.output.split()), res.output
+
+
 def test_a_cluster_that_does_not_answer_does_not_hold_the_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -152,3 +152,21 @@ class ClusterChoice(click.Choice):  # type: ignore[type-arg]
             # Refused with every name accepted here, the plugins' too.
             return click.Choice((*self.choices, *plugins)).convert(value, param, ctx)
         return super().convert(value, param, ctx)
+
+
+class Seconds(click.FloatRange):
+    """A wait in seconds from `low` to `high`. Past `high` a deadline outruns what the
+    clock can count (an OverflowError deep in a lock's wait); NaN passes a plain
+    range check (every comparison with it is false), so it is refused here."""
+
+    name = "seconds"
+
+    def __init__(self, low: float, high: float) -> None:
+        super().__init__(min=low, max=high)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if seconds != seconds:  # NaN
+            self.fail(f"{value!r} is not a number; accepted: {self.min:g} to {self.max:g} seconds",
+                      param, ctx)  # fmt: skip
+        return seconds

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from .common import ClusterChoice, echo_json, handle_errors, output_option
+from .common import ClusterChoice, Seconds, echo_json, handle_errors, output_option
 
 if TYPE_CHECKING:
     from ..clusters.base import Cluster, JobRef, JobStatus
@@ -124,7 +124,7 @@ def _status_json(
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=Seconds(0.1, 3600),
     default=None,
     help="--watch: seconds between looks (default: 0.5 local, 2 Slurm and k8s).",
 )
@@ -490,7 +490,7 @@ def _ls_command(name: str, help_text: str) -> click.Command:
     )
     @click.option(
         "--timeout",
-        type=click.FloatRange(min=0.1),
+        type=Seconds(0.1, 3600),
         default=LS_TIMEOUT_S,
         show_default=True,
         help="Seconds to wait for the clusters in all; jobs of a cluster that has not "
