@@ -20,6 +20,10 @@ BAD_RECORDS = {
     "wrong-types": '{"cluster": "local", "job_id": 1, "name": "x", "run_dir": "/r"}',
     "unknown-key": '{"cluster": "local", "job_id": "1", "name": "x", "run_dir": "/r", "z": 1}',
     "binary": "\udcff\udcfe",
+    "tab-in-id": '{"cluster": "slurm", "job_id": "\\t99", "name": "x", "run_dir": "/r"}',
+    "newline-in-name": '{"cluster": "local", "job_id": "", "name": "a\\nb", "run_dir": "/r"}',
+    "empty-cluster": '{"cluster": "", "job_id": "1", "name": "x", "run_dir": "/r"}',
+    "control-in-run-dir": '{"cluster": "local", "job_id": "", "name": "x", "run_dir": "/r\\u001b"}',
 }
 
 

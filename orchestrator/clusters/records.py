@@ -58,6 +58,17 @@ def parse_record(text: str) -> JobRef:
     for key in _REQUIRED:
         if not isinstance(data[key], str):
             raise ValueError(f"{key} is not a string")
+    # shardctl writes names, cluster names and job ids without blanks or control
+    # characters (a local job's id is empty); one with them was edited by hand or torn,
+    # and would break `ls`'s columns or reach a cluster's command line.
+    for key in ("name", "cluster", "job_id"):
+        if any(c.isspace() or not c.isprintable() for c in data[key]):
+            raise ValueError(f"{key} {data[key]!r} has a blank or a control character")
+    for key in ("name", "cluster"):
+        if not data[key]:
+            raise ValueError(f"{key} is empty")
+    if not data["run_dir"].isprintable():
+        raise ValueError(f"run_dir {data['run_dir']!r} has a control character")
     if not isinstance(data.get("extra", {}), dict):
         raise ValueError("extra is not an object")
     return JobRef(**data)
