@@ -389,16 +389,18 @@ def test_higher_priority_job_preempts_then_the_run_resumes(slurm_cluster: None, 
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None, tmp_path):
-    # A 10-minute limit whose warning signal is due 20 s after the start. Slurm's
-    # timer checks limits every 30 s, so USR2 comes between ~20 and ~50 s: during
-    # start-up or early training, never after it (500 steps last longer). A signal
-    # that comes before the ranks' handlers exist is passed on once they do.
-    steps = 500
+    # A 10-minute limit whose warning signal is due 5 s after the start. Slurm's
+    # timer checks limits every 30 s, so USR2 comes between ~5 and ~35 s: during
+    # start-up or early training, never after it. A signal that comes before the
+    # ranks' handlers exist is passed on once they do. 1,000 steps of the tiny model
+    # last about 60 s on a quiet 2-core host (500 once ended before a late signal
+    # could come); twice as fast a host still steps past 35 s.
+    steps = 1000
     spec = _spec(
         "preempt-time",
         train={"steps": steps},
         checkpoint={"every_steps": 100, "consolidate_on_finish": False},
-        slurm={"time": "10", "signal_delay_s": 580},
+        slurm={"time": "10", "signal_delay_s": 595},
     )
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
@@ -596,12 +598,15 @@ def test_your_hf_trainer_script_gets_the_time_limit_signal_and_resumes(
 ) -> None:
     """examples/hf_trainer_script.py (a Trainer, two added lines) on 2 nodes: the
     time-limit warning signal → every rank saves checkpoint-N → requeued → resumes
-    from checkpoint-N → COMPLETED. The limit/warning timing is the built-in loop's
-    time-limit test's (USR2 between ~20 and ~50 s after the start)."""
-    steps = 400
-    args = ["--max-steps", str(steps), "--save-steps", "1000"]
-    spec = _own_spec("own-hf-time", "examples/hf_trainer_script.py", args)
-    spec["slurm"].update({"time": "10", "signal_delay_s": 580})
+    from checkpoint-N → COMPLETED. The warning is due 10 s after the start and comes
+    by ~40 s (Slurm's timer checks limits every 30 s). The script's steps are paced
+    (tests/helpers/paced_script.py: at least 0.15 s each, 45 s for 300 steps after
+    the start-up), so on any host it is still stepping then: unpaced, a quiet host
+    once finished 400 steps in 29 s, before the signal came."""
+    steps = 300
+    args = ["0.15", "hf_trainer_script.py", "--max-steps", str(steps), "--save-steps", "1000"]
+    spec = _own_spec("own-hf-time", "tests/helpers/paced_script.py", args)
+    spec["slurm"].update({"time": "10", "signal_delay_s": 590})
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
     saved_at = _wait(ref, lambda: _marker_step(run_dir), 180, "the time-limit save")

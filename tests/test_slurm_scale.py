@@ -105,8 +105,10 @@ def _job_spec(kind: str, nodes: int) -> dict:
     steps = STEPS[_size(nodes)]
     if kind == "script":
         args = ["--steps", str(steps), "--log-every", "1"]
-        script = "examples/fsdp2_script.py" if _size(nodes) == "wide" else PACED_SCRIPT
-        spec = _own_spec("scale-own", script, args)
+        if _size(nodes) == "wide":
+            spec = _own_spec("scale-own", "examples/fsdp2_script.py", args)
+        else:  # each step at least 0.1 s
+            spec = _own_spec("scale-own", PACED_SCRIPT, ["0.1", "fsdp2_script.py", *args])
     else:
         spec = _spec("scale-loop", train={"steps": steps})
     spec["resources"] = {"nodes": nodes, "procs_per_node": 1, "device": "cpu"}
