@@ -389,18 +389,18 @@ def test_higher_priority_job_preempts_then_the_run_resumes(slurm_cluster: None, 
 
 
 def test_time_limit_signal_checkpoints_requeues_and_resumes(slurm_cluster: None, tmp_path):
-    # A 10-minute limit whose warning signal is due 5 s after the start. Slurm's
-    # timer checks limits every 30 s, so USR2 comes between ~5 and ~35 s: during
-    # start-up or early training, never after it. A signal that comes before the
-    # ranks' handlers exist is passed on once they do. 1,000 steps of the tiny model
-    # last about 60 s on a quiet 2-core host (500 once ended before a late signal
-    # could come); twice as fast a host still steps past 35 s.
+    # A 10-minute limit whose warning signal is due 10 s after the start (the node
+    # tasks' own handlers are in place by then). Slurm's timer checks limits every
+    # 30 s, so USR2 comes between ~10 and ~40 s: during start-up or early training,
+    # never after it. A signal that comes before the ranks' handlers exist is passed
+    # on once they do. 1,000 steps of the tiny model last about 60 s after a 10 s
+    # start on a quiet 2-core host (500 steps could end before a late signal came).
     steps = 1000
     spec = _spec(
         "preempt-time",
         train={"steps": steps},
         checkpoint={"every_steps": 100, "consolidate_on_finish": False},
-        slurm={"time": "10", "signal_delay_s": 595},
+        slurm={"time": "10", "signal_delay_s": 590},
     )
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
