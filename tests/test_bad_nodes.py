@@ -5,10 +5,14 @@ The Slurm side (a real requeue that excludes the host) is test_slurm_hang.py's."
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from shardctl.orchestrator.clusters.slurm.bad_nodes import (
+    _run,
     choose,
     left_behind_detail,
     pinned_node,
@@ -71,3 +75,21 @@ def test_the_record_reads_back_per_job_and_skips_what_does_not_read(tmp_path: Pa
     )
     assert left_behind_detail(tmp_path, "9") == ""
     assert read_left_behind(tmp_path / "missing") == []
+
+
+def test_the_slurm_commands_of_node_0_outlive_the_requeues_sigterm(tmp_path: Path) -> None:
+    """The requeue's SIGTERM reaches every process of the job, the `scontrol` node 0
+    runs then too; one killed by it once left a hung node kept, "cannot tell the host
+    of node 1". A command that gets SIGTERM while it runs still finishes."""
+    code = "import os, signal, time; os.kill(os.getpid(), signal.SIGTERM); print('answered')"
+    proc = _run([sys.executable, "-c", code])
+    assert (proc.returncode, proc.stdout.strip()) == (0, "answered"), proc
+    assert proc.args == [sys.executable, "-c", code]  # what it ran, without the wrapper
+    # Node 0 itself is not made deaf: the command alone is.
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN
+    # Without the wrapper the same command dies of the signal (the test can tell).
+    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, check=False)
+    assert bare.returncode == -signal.SIGTERM
+    # A command that cannot run is a failed one, not an exception.
+    missing = _run([str(tmp_path / "no-such-command")])
+    assert missing.returncode != 0

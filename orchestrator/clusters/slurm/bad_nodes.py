@@ -17,7 +17,9 @@ Every decision is one line of the run dir's `nodes-left-behind.jsonl`
 
 Slurm takes `ExcNodeList` only for a pending job, so the update follows the requeue:
 node 0's task ignores the SIGTERM the requeue sends and has the cluster's KillWait
-to make it.
+to make it. So do the Slurm commands it runs then: the requeue's SIGTERM reaches
+every process of the job, and a `scontrol` killed by it once made node 0 keep a hung
+node it could not name ("cannot tell the host of node 1").
 """
 
 from __future__ import annotations
@@ -41,13 +43,21 @@ UPDATE_WAIT_S = 15.0
 Runner = Callable[[list[str]], subprocess.CompletedProcess]
 
 
+# Runs a command with SIGTERM ignored (an ignored signal stays ignored across exec).
+IGNORING_TERM = ["sh", "-c", 'trap "" TERM; exec "$0" "$@"']
+
+
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
-    """A Slurm command; one that cannot run or hangs is a failed one (node 0 has
-    requeued by now and must end cleanly whatever Slurm says)."""
+    """A Slurm command, deaf to the requeue's SIGTERM (see the module's doc); one that
+    cannot run or hangs is a failed one (node 0 has requeued by now and must end
+    cleanly whatever Slurm says)."""
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        proc = subprocess.run(
+            [*IGNORING_TERM, *argv], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(argv, 1, "", str(exc))
+    return subprocess.CompletedProcess(argv, proc.returncode, proc.stdout, proc.stderr)
 
 
 def pinned_node(outcome: Outcome) -> int | None:
