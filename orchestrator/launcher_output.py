@@ -24,7 +24,9 @@ hidden. A ChildFailedError report that carries a rank's traceback (the rank used
 torch's `@record`, so an error file exists) is let through whole, and so is anything
 the filter does not recognise in full (a block cut short, a traceback interleaved
 with a line of unknown origin; a rank's own `[rank N]` line is shown where it comes,
-and the block read on).
+and the block read on). Python writes a traceback's last line in pieces (module, ".",
+name, message), so another process's whole line can land inside it; within a block
+such a line of shardctl's own is taken out and the launcher's line mended.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ _CALL_STACK_TAIL = ("Call stack:", "Message: ", " ", "\t")
 # A line of a rank or of shardctl's own (another process writing to the same file):
 # shown where it comes, never part of a launcher's block.
 _OWN_LINE = re.compile(r"^\[(rank \d+|shardctl)[\] ]")
+# The same, landed inside a line of a launcher's block: as shardctl writes it, a rank's
+# log line (`[rank N] LEVEL logger: ...`) or its own `[shardctl] ...`.
+_SPLICED = re.compile(r"\[rank \d+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: |\[shardctl\] ")
+# What of an exception's line Python may have written when another line landed in it
+# (it writes the module, ".", the name, ": ", the message): never a frame's indented
+# lines, nor a message, which may quote anything.
+_EXCEPTION_START = re.compile(r"[A-Za-z_][\w.]*(: )?")
 # The exception torchrun's agent raises on its own SIGTERM/SIGINT/SIGHUP.
 _SIGNAL_EXC = re.compile(r"^torch\.distributed\.elastic\.\S*SignalException: .*signal: (\d+)")
 # Exit codes torchrun gives ranks it stops itself once another rank has ended.
@@ -81,6 +90,7 @@ class LauncherReport:
     def __init__(self, where: str | None = None) -> None:
         self.where = f"its full report is in {where}" if where else "its full report is in its log"
         self._partial = ""
+        self._fragment = ""  # a launcher's line another process's line landed in
         self._block: list[str] | None = None  # a ChildFailedError report
         self._root_seen = False
         self._chain: list[str] | None = None  # a traceback (and those chained to it)
@@ -99,12 +109,13 @@ class LauncherReport:
     def feed(self, text: str) -> str:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()  # an unfinished line waits for the rest
-        return "".join(self._line(line + "\n") for line in lines)
+        return "".join(self._mended(line + "\n") for line in lines)
 
     def close(self) -> str:
         """Everything still held (an unfinished line, block or traceback)."""
-        out = self._line(self._partial) if self._partial else ""
-        self._partial = ""
+        rest, self._partial = self._fragment + self._partial, ""
+        self._fragment = ""
+        out = self._line(rest) if rest else ""
         if self._block is not None:
             out += "".join(self._block)
             self._block = None
@@ -114,6 +125,18 @@ class LauncherReport:
             out += self._logging_error
             self._logging_error = None
         return out
+
+    def _mended(self, line: str) -> str:
+        """One line of the file to the state machine; inside a traceback or a report,
+        a line of shardctl's own that landed inside an exception's line is read as its
+        own line, and the exception's line waits for its rest (the next line)."""
+        line, self._fragment = self._fragment + line, ""
+        if self._block is not None or self._chain is not None:
+            spliced = _SPLICED.search(line, 1)
+            if spliced and _EXCEPTION_START.fullmatch(line[: spliced.start()]):
+                self._fragment = line[: spliced.start()]
+                return self._line(line[spliced.start() :])
+        return self._line(line)
 
     # -- the state machine ------------------------------------------------------------
 

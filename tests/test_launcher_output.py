@@ -22,6 +22,9 @@ MID_LOG = (DATA / "torchrun-cancelled-mid-log.txt").read_text()
 # ... and the signal again while logging printed that report: no call stack, four
 # chained tracebacks, torchrun's warnings and a rank's lines in between.
 INTERRUPTED = (DATA / "torchrun-cancelled-log-interrupted.txt").read_text()
+# ... and a rank's log line landed inside the last exception's line, which Python
+# writes in pieces: "torch...api" + "[rank 0] INFO ...complete\n" + ".SignalException: ...".
+SPLICED = (DATA / "torchrun-cancelled-spliced.txt").read_text()
 WHERE = "/runs/job/logs/launcher.err"
 BEFORE = "[rank 0] INFO shardctl.train.checkpoint: checkpoint step-00000005 complete\n"
 AFTER = "a line printed afterwards\n"
@@ -49,7 +52,7 @@ def test_chunks_of_any_size_give_the_same_text(size: int) -> None:
     text = BEFORE + EXIT42 + AFTER
     texts = {
         BEFORE + EXIT42 + AFTER: 1, CANCELLED + AFTER: 1, BEFORE + CRASHED: 1, MID_LOG: 2,
-        INTERRUPTED: 1,
+        INTERRUPTED: 1, SPLICED: 1,
     }  # fmt: skip
     for text, blocks in texts.items():
         report = LauncherReport()
@@ -88,6 +91,36 @@ def test_every_shape_of_a_cancel_is_the_one_line_and_the_ranks_lines(text: str) 
     assert out.count(line) == 1
     ranks = [x for x in text.splitlines() if x.startswith("[rank ")]
     assert [x for x in out.splitlines() if not x.startswith(line)] == ranks
+
+
+def test_a_ranks_line_inside_the_launchers_last_line_is_taken_out_and_the_line_mended() -> None:
+    """From a real cancel (CI): without the mend the chain's last traceback ended at the
+    broken line and the whole report was shown, three tracebacks."""
+    spliced = "torch.distributed.elastic.multiprocessing.api[rank 0] INFO shardctl.train"
+    assert spliced in SPLICED and SPLICED.count("Traceback") == 3
+    assert readable(SPLICED, where=WHERE).splitlines() == [
+        SPLICED.splitlines()[0],  # the watchdog's line
+        "[rank 0] INFO shardctl.train.checkpoint: no complete checkpoint in "
+        "/tmp/run/d1/checkpoints: starting from step 0",
+        # Shown where it came, before the traceback it landed in had ended.
+        "[rank 0] INFO shardctl.train.checkpoint: checkpoint "
+        "/tmp/run/d1/checkpoints/step-00000004 complete",
+        "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; its "
+        f"full report is in {WHERE})",
+    ]
+
+
+def test_only_a_line_inside_an_exceptions_name_is_taken_out() -> None:
+    """A frame's source line or a message that quotes shardctl's own words is a user's
+    text: kept as it is."""
+    quoted = (
+        "Traceback (most recent call last):\n"
+        '  File "train.py", line 3, in <module>\n'
+        '    print(f"[shardctl] node 0: {x}")\n'
+        "ValueError: see [rank 3] INFO shardctl.train: saved\n"
+        "a line printed afterwards\n"
+    )
+    assert readable(quoted) == quoted
 
 
 def test_a_logging_error_of_the_users_own_is_kept() -> None:
