@@ -10,7 +10,9 @@ its ranks but exit 0 as a crash of its own, in two shapes:
   `submit --wait`, `scancel`): "Received 15 death signal", "Sending process N closing
   signal", then three chained tracebacks ending in SignalException, about 60 lines
   (and Python's "--- Logging error ---" report when the signal interrupts one of its
-  log calls).
+  log calls; a signal that comes again while torchrun handles the first adds a
+  traceback to the chain, and one landing inside logging's own code chains in the
+  exception logging was handling, such as its level cache's KeyError).
 
 Neither tells the user anything the run has not said already: a rank prints its own
 error line or traceback before it exits, and the markers it writes tell `status` and
@@ -66,6 +68,13 @@ _SPLICED = re.compile(r"\[rank \d+\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: |\
 _EXCEPTION_START = re.compile(r"[A-Za-z_][\w.]*(: )?")
 # The exception torchrun's agent raises on its own SIGTERM/SIGINT/SIGHUP.
 _SIGNAL_EXC = re.compile(r"^torch\.distributed\.elastic\.\S*SignalException: .*signal: (\d+)")
+# A frame's first line, naming its file.
+_FRAME_FILE = re.compile(r'^  File "([^"]+)", line \d+')
+# Python's logging raises and catches an exception of its own in its normal course (a
+# level cache miss is a KeyError): a signal landing in its handler chains it into
+# torchrun's report. Such an exception, raised in logging's own code and followed by
+# the signal's, is part of the signal's chain, not an error of torchrun's.
+_LOGGING_MODULE = "/logging/__init__.py"
 # Exit codes torchrun gives ranks it stops itself once another rank has ended.
 _TEARDOWN = frozenset({-15, -9})
 # A block that never closes (torchrun killed mid-report) is let through after this.
@@ -99,6 +108,8 @@ class LauncherReport:
         self._drop_call_stack = False  # after a dropped logging error: its call stack
         self._signal_said = False  # the one line for torchrun's signal was shown
         self._exceptions: list[str] = []  # the chain's exception lines so far
+        self._raised_in: list[str] = []  # ... and the file of each one's innermost frame
+        self._last_file = ""  # the file of the traceback's last frame read so far
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
         self.replaced = 0  # launcher blocks replaced by one line
@@ -162,8 +173,7 @@ class LauncherReport:
                 return out + ("" if _CHATTER.search(line) else line)
             held, self._logging_error = self._logging_error, None
             if line.rstrip("\n") == _TRACEBACK:
-                self._chain, self._exceptions, self._in_frames = [line], [], True
-                self._chain_prefix = held
+                self._start_chain(line, prefix=held)
                 return out
             out += held
         if _START.search(line):
@@ -175,10 +185,15 @@ class LauncherReport:
             self._logging_error = line
             return out
         if line.rstrip("\n") == _TRACEBACK:
-            self._chain, self._exceptions, self._in_frames = [line], [], True
-            self._chain_prefix = ""
+            self._start_chain(line, prefix="")
             return out
         return out + line
+
+    def _start_chain(self, line: str, prefix: str) -> None:
+        """Begin reading a traceback at its first line; `prefix`: text held before it."""
+        self._chain, self._exceptions, self._in_frames = [line], [], True
+        self._raised_in, self._last_file = [], ""
+        self._chain_prefix = prefix
 
     def _chain_line(self, line: str) -> bool:
         """Hold `line` as part of the traceback being read; False when it is not."""
@@ -189,8 +204,12 @@ class LauncherReport:
             return False
         if self._in_frames:
             chain.append(line)
-            if text and not text[0].isspace():  # the exception line ends a traceback
+            if m := _FRAME_FILE.match(text):
+                self._last_file = m.group(1)
+            elif text and not text[0].isspace():  # the exception line ends a traceback
                 self._exceptions.append(text)
+                self._raised_in.append(self._last_file)
+                self._last_file = ""
                 self._in_frames = False
             return True
         # After an exception: only "", a "During handling ..." line, "" and the next
@@ -214,9 +233,13 @@ class LauncherReport:
         if self._in_frames or not self._exceptions:  # cut short: let it through
             return prefix + "".join(chain + tail)
         signals = [_SIGNAL_EXC.match(exc) for exc in self._exceptions]
-        if all(signals):
+        last_signal = signals[-1]
+        if last_signal and all(
+            found or where.endswith(_LOGGING_MODULE)
+            for found, where in zip(signals, self._raised_in, strict=True)
+        ):
             self._drop_call_stack = bool(prefix)
-            return self._signal_line(signals[-1]) + "".join(tail)  # type: ignore[arg-type]
+            return self._signal_line(last_signal) + "".join(tail)
         key = tuple(chain[:-1])
         if key in self._seen:
             last = chain[-1].rstrip("\n")

@@ -25,6 +25,9 @@ INTERRUPTED = (DATA / "torchrun-cancelled-log-interrupted.txt").read_text()
 # ... and a rank's log line landed inside the last exception's line, which Python
 # writes in pieces: "torch...api" + "[rank 0] INFO ...complete\n" + ".SignalException: ...".
 SPLICED = (DATA / "torchrun-cancelled-spliced.txt").read_text()
+# ... and the signal again inside logging's own handling of a level-cache miss (CI): a
+# KeyError of logging's chained between torchrun's SignalExceptions.
+KEYERROR = (DATA / "torchrun-cancelled-logging-keyerror.txt").read_text()
 WHERE = "/runs/job/logs/launcher.err"
 BEFORE = "[rank 0] INFO shardctl.train.checkpoint: checkpoint step-00000005 complete\n"
 AFTER = "a line printed afterwards\n"
@@ -52,7 +55,7 @@ def test_chunks_of_any_size_give_the_same_text(size: int) -> None:
     text = BEFORE + EXIT42 + AFTER
     texts = {
         BEFORE + EXIT42 + AFTER: 1, CANCELLED + AFTER: 1, BEFORE + CRASHED: 1, MID_LOG: 2,
-        INTERRUPTED: 1, SPLICED: 1,
+        INTERRUPTED: 1, SPLICED: 1, KEYERROR: 1,
     }  # fmt: skip
     for text, blocks in texts.items():
         report = LauncherReport()
@@ -83,7 +86,11 @@ def test_a_signal_amid_torchruns_logging_is_the_same_one_line_said_once() -> Non
     ]
 
 
-@pytest.mark.parametrize("text", [CANCELLED, MID_LOG, INTERRUPTED], ids=["plain", "mid", "twice"])
+@pytest.mark.parametrize(
+    "text",
+    [CANCELLED, MID_LOG, INTERRUPTED, KEYERROR],
+    ids=["plain", "mid", "twice", "logging-keyerror"],
+)
 def test_every_shape_of_a_cancel_is_the_one_line_and_the_ranks_lines(text: str) -> None:
     out = readable(text, where=WHERE)
     assert "Traceback" not in out and "Logging error" not in out and "W1125" not in out
@@ -108,6 +115,34 @@ def test_a_ranks_line_inside_the_launchers_last_line_is_taken_out_and_the_line_m
         "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; its "
         f"full report is in {WHERE})",
     ]
+
+
+def test_an_exception_of_loggings_own_amid_the_signals_chain_is_part_of_it() -> None:
+    """From a real cancel (CI): logging's KeyError, raised and caught in its normal
+    course, is chained in when the signal lands in its handler."""
+    assert KEYERROR.count("Traceback") == 4 and "\nKeyError: 30\n" in KEYERROR
+    assert readable(KEYERROR, where=WHERE).splitlines() == [
+        KEYERROR.splitlines()[0],
+        "[shardctl] the launcher received SIGTERM and stopped its ranks (not a crash; its "
+        f"full report is in {WHERE})",
+    ]
+
+
+def test_an_exception_of_torchruns_own_amid_the_signals_chain_is_shown() -> None:
+    """The same exception raised anywhere but in logging's code, or ending the chain, is
+    an error of torchrun's: the whole report is shown."""
+    logging_frame = '  File "/usr/lib/python3.11/logging/__init__.py", line 1742, in isEnabledFor'
+    elsewhere = logging_frame.replace("logging/__init__.py", "site-packages/torch/x.py")
+    assert logging_frame in KEYERROR
+    moved = KEYERROR.replace(logging_frame, elsewhere)
+    assert readable(moved) == moved
+    last = KEYERROR.rindex("Traceback (most recent call last):")
+    ending = KEYERROR[:last] + KEYERROR[last:].replace(
+        "torch.distributed.elastic.multiprocessing.api.SignalException: Process 3272 got "
+        "signal: 15",
+        "RuntimeError: rendezvous closed",
+    )
+    assert ending != KEYERROR and readable(ending) == ending
 
 
 def test_only_a_line_inside_an_exceptions_name_is_taken_out() -> None:

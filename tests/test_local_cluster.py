@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,6 +108,9 @@ def test_submit_status_logs_cancel_then_resume_to_completion(
     shown = local.logs(ref)
     assert "Traceback" not in shown and "SignalException" in err.read_text(), shown[-3000:]
     assert f"stopped its ranks (not a crash; its full report is in {err})" in shown
+    # torchrun got TERM from the group's signal and at most once more from the node
+    # watchdog passing it on, never a third time from cancel's signal to each process.
+    assert 1 <= len(re.findall(r"SignalException: Process \d+ got signal", err.read_text())) <= 2
     # The supervisor asked the classifier too, and recorded its verdict: a cancel, stop.
     verdict = json.loads((run_dir / "local.outcome").read_text())
     assert (verdict["decision"], verdict["outcome"]["kind"]) == ("stop", "cancelled")

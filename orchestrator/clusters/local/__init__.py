@@ -32,8 +32,9 @@ TERM alone), or FAILED. Submitting a spec again resumes from its newest complete
 checkpoint, or does nothing when the run is already complete (`DONE`).
 
 `cancel` sends SIGTERM to the supervisor's process group and to every process
-descended from it (torchrun starts ranks in sessions of their own): ranks take it as
-a preemption signal and checkpoint; after a grace period what is left gets SIGKILL.
+descended from it outside that group (torchrun starts ranks in sessions of their own),
+once each: ranks take it as a preemption signal and checkpoint; after a grace period
+what is left gets SIGKILL.
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ def _read(path: Path) -> str | None:
     try:
         return path.read_text()
     except OSError:
+        return None
+
+
+def _group_of(pid: int) -> int | None:
+    """The process group of `pid`; None once it is gone."""
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
         return None
 
 
@@ -442,9 +451,13 @@ class LocalCluster(Cluster):
         # Collected before signalling: once a parent exits, its children are re-parented
         # and no longer look like ours.
         procs = [Proc(pid, ticks), *descendants(pid)]
+        # Each process gets one TERM: the group's members from the group's signal, the
+        # rest directly. A second one would land inside torchrun's handling of the
+        # first and cut its orderly stop of the ranks short.
+        outside = [p for p in procs if _group_of(p.pid) != pid]
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        signal_all(procs, signal.SIGTERM)
+        signal_all(outside, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             procs = [p for p in procs if alive(*p)]
