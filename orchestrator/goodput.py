@@ -24,7 +24,8 @@ Definitions (what `status` and `ls` show):
   own seconds per step for them (at most the time since the attempt started: the
   rest is start-up). A record partly past the surviving limit counts in proportion.
 - `effective` = training time ÷ the wall time of all the job's attempts (start to
-  end, each).
+  end, each; an attempt starts no earlier than the end of the one before it, whose
+  judgement started it: starts are recorded in whole seconds).
 - `restarts`: attempts judged `restart` (in place) or `retry` (requeued).
 - `lost_steps`: steps computed and then not kept: past the checkpoint the next
   attempt resumed from, or past the last checkpoint of a job that stopped on a fault
@@ -204,6 +205,12 @@ def goodput(
         )  # fmt: skip
     if untimed:
         notes.append(f"{untimed} attempt{'s' if untimed != 1 else ''} recorded without times")
+    # An attempt begins once the one before it was judged. Its start is recorded in
+    # whole seconds (rounded down), so it may read up to a second before that end, and
+    # the ranks' last step records before the fault would be taken for its own (its
+    # recovery read as 0 s).
+    for before, after in pairwise(attempts):
+        after.start = min(max(after.start, before.end), after.end)
     if running:
         known = [t for t in (_started(root), submitted) if t is not None]
         if attempts:  # a restart starts once the attempt before it was judged

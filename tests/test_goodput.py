@@ -84,6 +84,21 @@ def test_a_crash_loses_the_steps_past_the_checkpoint(tmp_path: Path) -> None:
     assert g["recoveries"] == [{"kind": "failed", "seconds": 15.0 - 8.0}]
 
 
+def test_a_restart_recorded_in_whole_seconds_owns_none_of_the_last_steps(tmp_path: Path) -> None:
+    # As test_a_crash_..., but steps 1..7 logged at 1.7..7.7 s and the restart's start
+    # recorded as 7 s (whole seconds, rounded down; it began at the judgement, 8 s).
+    # Step 7 at 7.7 s is the crashed attempt's: recovery 15 - 8 = 7 s (not 0), wall
+    # 8 + 12 = 20 s, kept 1..4 (4 s) + 5..10 (6 s) = 10 s. (From a CI run: 0.0 s.)
+    root = run_dir(
+        tmp_path / "r",
+        [attempt("7", 0, 8, "failed", "restart", 4), attempt("7", 7, 20, "done", "finish", 10)],
+        steps(1, 7, 1.7) + steps(5, 10, 15),
+    )
+    g = measure(root)
+    assert g["recoveries"] == [{"kind": "failed", "seconds": 7.0}]
+    assert (g["effective"], g["wall_s"], g["lost_steps"]) == (0.5, 20.0, 3)
+
+
 def test_a_hang_counts_its_silent_time_as_lost(tmp_path: Path) -> None:
     # Steps 1..6 at 1..6 s, checkpoint at 4, then silent until the watchdog at 20 s.
     # The restart resumes from 4: steps 5..8 at 23..26 s, done at 26 s.

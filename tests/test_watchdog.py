@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from shardctl.orchestrator.proctree import alive
-from shardctl.orchestrator.rundir import EXIT_HUNG, HUNG_FILE
+from shardctl.orchestrator.rundir import EXIT_HUNG, HUNG_FILE, RunDir
 from shardctl.train import heartbeat
 from shardctl.train.heartbeat import Beat, read_beats
 from shardctl.train.watchdog import (
@@ -543,3 +543,38 @@ def test_the_marker_keeps_the_node_that_names_the_culprit(tmp_path: Path) -> Non
     # A marker of an earlier attempt is replaced.
     write_hung_marker(str(tmp_path), verdict([100.0, 100.0]), rule, 0, 0, "r0", since + 60)
     assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r0"
+
+
+def test_the_node_that_names_the_culprit_writes_again_after_a_same_instant_declaration(
+    tmp_path: Path,
+) -> None:
+    """Two nodes' watchdogs that declare in the same instant both find no marker and
+    both write; when the one that names nobody lands last, the other writes again
+    (from a CI run: node 0's marker kept, the stopped rank's node not left behind)."""
+    from shardctl.train.watchdog import RankView, Verdict, keep_hung_marker, write_hung_marker
+
+    def verdict(times: list[float]) -> Verdict:
+        views = [RankView(_beat(r, 5, t, pid=2**22 + r), 0.0) for r, t in enumerate(times)]
+        return Verdict(20.0, 15.0, views)
+
+    rule, since = HangRule(explicit=15.0), time.time()
+    mine = write_hung_marker(str(tmp_path), verdict([100.0, 90.0]), rule, 1, 0, "r1", since)
+    assert mine is not None and mine["first"] == [1]
+    # Node 0 looked before node 1 wrote (here: in a run dir of its own), and writes
+    # after it: its marker names nobody.
+    (tmp_path / "looked").mkdir()
+    theirs = write_hung_marker(str(tmp_path / "looked"), verdict([100.0, 100.0]), rule, 0, 0,
+                               "r0", since)  # fmt: skip
+    assert theirs is not None and theirs["first"] == []
+    RunDir.of(tmp_path).write_marker(HUNG_FILE, theirs)
+    keep_hung_marker(str(tmp_path), mine, since)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r1"
+    # A node that names nobody never writes again; one that names the culprit does not
+    # replace a marker that names one too.
+    RunDir.of(tmp_path).write_marker(HUNG_FILE, theirs)
+    keep_hung_marker(str(tmp_path), theirs, since)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r0"
+    named = {**mine, "report": "r2", "first": [2]}
+    RunDir.of(tmp_path).write_marker(HUNG_FILE, named)
+    keep_hung_marker(str(tmp_path), mine, since)
+    assert json.loads((tmp_path / HUNG_FILE).read_text())["report"] == "r2"

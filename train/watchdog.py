@@ -10,7 +10,10 @@ every few seconds. It exits with the launcher's code, except:
   `<run dir>/HUNG`, asks every rank for its Python stack (SIGQUIT; a stopped rank
   also gets SIGCONT so it can answer), prints the report and the stacks to its
   stderr (the node's log) and to `<run dir>/logs/hang-attempt<A>-node<N>.txt`,
-  SIGKILLs the launcher and everything below it, and exits `EXIT_HUNG` (124);
+  SIGKILLs the launcher and everything below it, and exits `EXIT_HUNG` (124). Every
+  node of a hung job declares it; the marker kept is that of the node whose rank
+  stopped first (it writes again before it exits if a node that names no rank wrote
+  over it in the same instant);
 - **another node hung**: the launcher failed after another node's watchdog wrote a
   fresh HUNG (its ranks lost their peers): this node exits 124 too, so the whole
   job is retried as a hang and not failed.
@@ -49,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from shardctl.orchestrator.outcome import Kind
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
@@ -404,17 +408,17 @@ def write_hung_marker(
     report: str,
     since: float,
     states: Mapping[int, str] | None = None,
-) -> None:
+) -> dict[str, Any] | None:
     """HUNG for this node, unless another node of this attempt already wrote one that
     names the ranks that stopped first (every node of a hung job declares it; the one
-    with the stuck rank knows the most)."""
+    with the stuck rank knows the most). Returns what it wrote (None: nothing)."""
     if not run_dir:
-        return
+        return None
     states = read_states(verdict.ranks) if states is None else states
     first = first_stopped(verdict.ranks, states)
     other = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since)
     if not first and other is not None and other.get("first"):
-        return
+        return None
     data = {
         # The typed outcome (shardctl.orchestrator.outcome): hung, at which step, the
         # rank that stopped first (None: none of this node stands out), which node.
@@ -441,6 +445,20 @@ def write_hung_marker(
     }
     with contextlib.suppress(OSError):
         RunDir.of(run_dir).write_marker(HUNG_FILE, data)
+    return data
+
+
+def keep_hung_marker(run_dir: str | None, mine: dict[str, Any] | None, since: float) -> None:
+    """Write this node's HUNG again if it names the ranks that stopped first and the
+    marker there now names none. Nodes' watchdogs start together and poll at the same
+    pace, so two may declare in the same instant: each looks, finds no marker, writes,
+    and the one that knows nothing can land last."""
+    if not run_dir or not mine or not mine.get("first"):
+        return
+    there = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since)
+    if there is None or not there.get("first"):
+        with contextlib.suppress(OSError):
+            RunDir.of(run_dir).write_marker(HUNG_FILE, mine)
 
 
 # ------------------------------------------------------------------ main
@@ -602,7 +620,7 @@ class Watchdog:
         report_path = Path(self.run_dir or ".") / "logs" / report_name
         # The marker first: another node whose ranks fail once these are killed must
         # find it and count the end as a hang too.
-        write_hung_marker(
+        marker = write_hung_marker(
             self.run_dir, verdict, self.rule, self.node, self.attempt,
             str(report_path) if self.run_dir else "", self.started, states,
         )  # fmt: skip
@@ -625,10 +643,14 @@ class Watchdog:
             with contextlib.suppress(OSError):
                 report_path.parent.mkdir(parents=True, exist_ok=True)
                 report_path.write_text("\n".join(lines) + "\n" + text)
+        # Seconds after the marker (the stacks took them): a node that declared in the
+        # same instant has written by now.
+        keep_hung_marker(self.run_dir, marker, self.started)
         procs = descendants(os.getpid())
         signal_all(procs, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=30)
+        keep_hung_marker(self.run_dir, marker, self.started)  # and once more, the last
         where = f"; report in {report_path}" if self.run_dir else ""
         _say(f"node {self.node}: ended the launcher and {len(procs) - 1} process(es) below "
              f"it; exiting with {EXIT_HUNG} (hung: nothing saved, resume from the newest "
