@@ -93,3 +93,25 @@ def test_the_slurm_commands_of_node_0_outlive_the_requeues_sigterm(tmp_path: Pat
     # A command that cannot run is a failed one, not an exception.
     missing = _run([str(tmp_path / "no-such-command")])
     assert missing.returncode != 0
+
+
+def _blocked(status: str) -> int:
+    """The blocked-signal mask of a /proc/PID/status text."""
+    return int(next(x for x in status.splitlines() if x.startswith("SigBlk:")).split()[1], 16)
+
+
+def test_the_slurm_commands_of_node_0_are_deaf_to_sigterm_from_their_first_instant() -> None:
+    """From a CI run: the requeue's SIGTERM landed while the command's shell started,
+    before its trap, and killed it ("cannot tell the host of node 0"). The command starts
+    with SIGTERM blocked (what its shell and it inherit from the fork on); node 0's own
+    mask is as it was."""
+    term = 1 << (signal.SIGTERM - 1)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    proc = _run(["cat", "/proc/self/status"])
+    assert proc.returncode == 0, proc
+    assert _blocked(proc.stdout) & term, proc.stdout
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+    assert signal.SIGTERM not in before  # the check above means something
+    # The command alone: a plain child of node 0 is not started deaf.
+    plain = subprocess.run(["cat", "/proc/self/status"], capture_output=True, text=True)
+    assert not _blocked(plain.stdout) & term

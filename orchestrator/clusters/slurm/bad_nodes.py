@@ -17,14 +17,16 @@ Every decision is one line of the run dir's `nodes-left-behind.jsonl`
 
 Slurm takes `ExcNodeList` only for a pending job, so the update follows the requeue:
 node 0's task ignores the SIGTERM the requeue sends and has the cluster's KillWait
-to make it. So do the Slurm commands it runs then: the requeue's SIGTERM reaches
-every process of the job, and a `scontrol` killed by it once made node 0 keep a hung
-node it could not name ("cannot tell the host of node 1").
+to make it. So do the Slurm commands it runs then, from the instant they start: the
+requeue's SIGTERM reaches every process of the job, and a `scontrol` killed by it
+(once while it ran, once while its shell started) made node 0 keep a node it could
+not name ("cannot tell the host of node 1").
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,12 +53,19 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
     """A Slurm command, deaf to the requeue's SIGTERM (see the module's doc); one that
     cannot run or hangs is a failed one (node 0 has requeued by now and must end
     cleanly whatever Slurm says)."""
+    # The signal comes a moment after the requeue, as the command starts: blocked from
+    # before the fork (a child inherits the mask through exec), one that lands before
+    # the shell's trap waits and the trap discards it. The trap keeps the command deaf
+    # should it unblock signals.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         proc = subprocess.run(
             [*IGNORING_TERM, *argv], capture_output=True, text=True, timeout=60, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(argv, 1, "", str(exc))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     return subprocess.CompletedProcess(argv, proc.returncode, proc.stdout, proc.stderr)
 
 
