@@ -107,8 +107,8 @@ class LauncherReport:
         self._chain_prefix = ""  # that line, when the traceback being read follows it
         self._drop_call_stack = False  # after a dropped logging error: its call stack
         self._signal_said = False  # the one line for torchrun's signal was shown
-        self._exceptions: list[str] = []  # the chain's exception lines so far
-        self._raised_in: list[str] = []  # ... and the file of each one's innermost frame
+        # The chain's exception lines so far, each with the file of its innermost frame.
+        self._exceptions: list[tuple[str, str]] = []
         self._last_file = ""  # the file of the traceback's last frame read so far
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
@@ -192,7 +192,7 @@ class LauncherReport:
     def _start_chain(self, line: str, prefix: str) -> None:
         """Begin reading a traceback at its first line; `prefix`: text held before it."""
         self._chain, self._exceptions, self._in_frames = [line], [], True
-        self._raised_in, self._last_file = [], ""
+        self._last_file = ""
         self._chain_prefix = prefix
 
     def _chain_line(self, line: str) -> bool:
@@ -207,8 +207,7 @@ class LauncherReport:
             if m := _FRAME_FILE.match(text):
                 self._last_file = m.group(1)
             elif text and not text[0].isspace():  # the exception line ends a traceback
-                self._exceptions.append(text)
-                self._raised_in.append(self._last_file)
+                self._exceptions.append((text, self._last_file))
                 self._last_file = ""
                 self._in_frames = False
             return True
@@ -232,11 +231,10 @@ class LauncherReport:
             tail.insert(0, chain.pop())
         if self._in_frames or not self._exceptions:  # cut short: let it through
             return prefix + "".join(chain + tail)
-        signals = [_SIGNAL_EXC.match(exc) for exc in self._exceptions]
-        last_signal = signals[-1]
+        signals = [(_SIGNAL_EXC.match(exc), where) for exc, where in self._exceptions]
+        last_signal = signals[-1][0]
         if last_signal and all(
-            found or where.endswith(_LOGGING_MODULE)
-            for found, where in zip(signals, self._raised_in, strict=True)
+            found or where.endswith(_LOGGING_MODULE) for found, where in signals
         ):
             self._drop_call_stack = bool(prefix)
             return self._signal_line(last_signal) + "".join(tail)
