@@ -524,17 +524,49 @@ def test_extra_sbatch_options_take_effect(slurm_cluster: None, tmp_path: Path) -
 # ------------------------------------------------------------------ bad input
 
 
+# What the dev cluster's default partition offers, as a refusal names it.
+DEBUG_OFFERS = "partition 'debug' has 2 node(s) (n1, n2), 2 CPUs and 8192M memory each"
+
+
 @pytest.mark.parametrize(
-    ("slurm", "message"),
+    ("overrides", "message"),
     [
-        ({"partition": "nope"}, "slurm.partition 'nope' was refused by Slurm"),
-        ({"time": "10:00:00"}, "slurm.time '10:00:00' was refused by Slurm"),
+        ({"slurm": {"partition": "nope"}}, "slurm.partition 'nope' was refused by Slurm"),
+        ({"slurm": {"time": "10:00:00"}}, "slurm.time '10:00:00' was refused by Slurm"),
+        # Slurm's own reasons name no field: the refusal names the spec's, and what
+        # the partition offers.
+        (
+            {"resources": {"nodes": 3}},
+            "resources.nodes 3 was refused by Slurm (allocation failure: Node count "
+            f"specification invalid); {DEBUG_OFFERS}",
+        ),
+        (
+            {"resources": {"memory": "1000G"}},
+            "resources.memory '1000G' was refused by Slurm (allocation failure: Requested "
+            f"node configuration is not available): more than any node has; {DEBUG_OFFERS}",
+        ),
+        (
+            {"slurm": {"sbatch_options": {"exclude": "nosuchnode"}}},
+            "slurm.sbatch_options.exclude 'nosuchnode' was refused by Slurm (allocation "
+            f"failure: Invalid node name specified); {DEBUG_OFFERS}",
+        ),
+        (
+            {"slurm": {"sbatch_options": {"exclude": "n1"}}},
+            "slurm.sbatch_options.exclude 'n1' was refused by Slurm (allocation failure: "
+            "Requested node configuration is not available): it leaves 1 node(s) (n2) and "
+            f"resources.nodes asks for 2; {DEBUG_OFFERS}",
+        ),
+        (
+            {"slurm": {"constraint": "fast"}},
+            "slurm.constraint 'fast' was refused by Slurm (allocation failure: Invalid "
+            f"feature specification); {DEBUG_OFFERS}, features: none",
+        ),
     ],
 )
-def test_bad_partition_or_time_is_refused_before_anything_is_written(
-    slurm_cluster: None, tmp_path: Path, slurm: dict[str, str], message: str
+def test_bad_slurm_request_is_refused_naming_its_field_before_anything_is_written(
+    slurm_cluster: None, tmp_path: Path, overrides: dict[str, Any], message: str
 ) -> None:
-    spec = _spec("bad-input", slurm=slurm)
+    spec = _spec("bad-input", **overrides)
     before = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout
     proc = _submit(tmp_path, spec)
     assert proc.returncode == 1

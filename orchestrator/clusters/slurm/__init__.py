@@ -156,6 +156,7 @@ from .queries import (
     controller_jobs,
     scontrol_fields,
 )
+from .refusals import refused, run_quietly
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 from .section import SlurmSection
 
@@ -580,22 +581,7 @@ def _test_only(spec: JobSpec, sbatch: str) -> None:
         raise ClusterError(f"sbatch --test-only: {exc}") from None
     if proc.returncode == 0:
         return
-    reason = _slurm_message(proc.stderr)
-    s = spec.slurm
-    low = reason.lower()
-    if "partition" in low:
-        known = _run(["sinfo", "-h", "-o", "%R"]).split()
-        raise ClusterError(
-            f"slurm.partition {s.partition!r} was refused by Slurm ({reason}); "
-            f"partitions here: {', '.join(sorted(set(known))) or 'none'}"
-        )
-    if "time limit" in low:
-        limits = _run(["sinfo", "-h", "-o", "%R=%l"]).split()
-        raise ClusterError(
-            f"slurm.time {s.time!r} was refused by Slurm ({reason}); partition time limits: "
-            f"{', '.join(sorted(set(limits))) or 'unknown'}"
-        )
-    raise ClusterError(f"Slurm refused job {spec.name!r}: {reason}")
+    raise ClusterError(refused(spec, _slurm_message(proc.stderr), run_quietly))
 
 
 def _write_files(run_dir: Path, files: dict[str, str]) -> list[Path]:
