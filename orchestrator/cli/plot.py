@@ -8,6 +8,7 @@ backend (no display needed).
 from __future__ import annotations
 
 import io
+import struct
 from pathlib import Path
 
 import click
@@ -15,6 +16,12 @@ import click
 from ..durable import storage_error, write_bytes_atomic
 from ..errors import ShardctlError, UsageError
 from .common import handle_errors
+
+# The PNG text chunk that marks a plot as shardctl's own: re-plotting replaces it
+# without --force, while any other file at the output is the user's.
+SOFTWARE = "shardctl plot"
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_HEAD_BYTES = 64 * 1024  # the text chunk comes right after IHDR; never read a whole file
 
 
 def resolve_run_dir(run: str) -> Path:
@@ -31,6 +38,54 @@ def resolve_run_dir(run: str) -> Path:
     return Path(recall(run).run_dir)
 
 
+def written_by_plot(path: Path) -> bool:
+    """Whether `path` is a PNG that `shardctl plot` wrote (its Software text chunk)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(_HEAD_BYTES)
+    except OSError:
+        return False
+    if not head.startswith(_PNG_SIGNATURE):
+        return False
+    at = len(_PNG_SIGNATURE)
+    while at + 8 <= len(head):
+        (length,) = struct.unpack(">I", head[at : at + 4])
+        kind, data = head[at + 4 : at + 8], head[at + 8 : at + 8 + length]
+        if kind == b"IDAT":  # text chunks that matter come before the image data
+            return False
+        if kind == b"tEXt" and data == b"Software\0" + SOFTWARE.encode():
+            return True
+        at += 12 + length
+    return False
+
+
+def check_out(out: Path, force: bool, option: str = "--out") -> None:
+    """Refuse, before anything is drawn, to replace what is not a plot of ours."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a folder; accepted: the path of a PNG file")
+    if not out.is_file():
+        raise UsageError(
+            f"{option} {out} exists and is not a regular file (a device, FIFO or socket); "
+            "accepted: the path of a PNG file"
+        )
+    if not force and not written_by_plot(out):
+        raise UsageError(
+            f"{option} {out} already exists and is not a plot shardctl wrote; refusing to "
+            "overwrite it (use --force to replace it, or give another --out)"
+        )
+
+
+def _not_text(path: Path, exc: UnicodeDecodeError) -> str:
+    """One line naming the first line of `path` that is not UTF-8 text."""
+    line = bytes(exc.object[: exc.start]).count(b"\n") + 1
+    return (
+        f"{path} line {line} is not UTF-8 text (byte {exc.start}); metrics.jsonl holds "
+        "one JSON object per line, as the run writes it: was the file replaced or damaged?"
+    )
+
+
 def plot_loss(run_dir: Path, out: Path) -> int:
     """Write the loss curve PNG; returns the number of steps plotted."""
     from shardctl.train.metrics import metrics_path, read_metrics
@@ -40,7 +95,13 @@ def plot_loss(run_dir: Path, out: Path) -> int:
             f"no metrics in {run_dir}: {metrics_path(run_dir)} does not exist (has the run "
             "logged a step yet?)"
         )
-    rows = [r for r in read_metrics(run_dir) if isinstance(r.get("loss"), int | float)]
+    try:
+        logged = read_metrics(run_dir)
+    except UnicodeDecodeError as exc:
+        raise UsageError(_not_text(metrics_path(run_dir), exc)) from None
+    except OSError as exc:
+        raise ShardctlError(f"cannot read {metrics_path(run_dir)}: {exc.strerror or exc}") from None
+    rows = [r for r in logged if isinstance(r.get("loss"), int | float)]
     if not rows:
         raise UsageError(f"{metrics_path(run_dir)} holds no logged steps yet")
     try:
@@ -66,7 +127,7 @@ def plot_loss(run_dir: Path, out: Path) -> int:
         ax2.set_ylabel("learning rate")
     fig.tight_layout()
     png = io.BytesIO()
-    fig.savefig(png, format="png")
+    fig.savefig(png, format="png", metadata={"Software": SOFTWARE})
     plt.close(fig)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -89,10 +150,16 @@ def plot_loss(run_dir: Path, out: Path) -> int:
     default=None,
     help="PNG to write (default: RUN_DIR/loss.png).",
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace --out even if it is not a plot shardctl wrote (one it wrote is always replaced).",
+)
 @handle_errors
-def plot_cmd(run: str, out: Path | None) -> None:
+def plot_cmd(run: str, out: Path | None, force: bool) -> None:
     """Plot the loss curve of RUN (run dir, spec file or job name) to a PNG."""
     run_dir = resolve_run_dir(run)
     target = out or run_dir / "loss.png"
+    check_out(target, force, "--out" if out else "the default output")
     n = plot_loss(run_dir, target)
     click.echo(f"wrote {target} ({n} steps)")

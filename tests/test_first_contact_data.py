@@ -1,0 +1,80 @@
+"""Issue 35, first contact round 4: nothing of the user's is lost, and no traceback.
+
+`plot` replaces only its own PNG without `--force` and names a damaged metrics file's
+line; `init --force` replaces regular files only and names a bad `--name`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from click.testing import CliRunner
+from shardctl.orchestrator.cli import cli
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _run_with_metrics(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    rows = [{"step": s, "loss": 4.0 - 0.2 * s, "lr": 1e-3} for s in range(1, 4)]
+    (run_dir / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_plot_refuses_to_overwrite_a_users_file_without_force(tmp_path: Path) -> None:
+    run_dir = _run_with_metrics(tmp_path)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    res = CliRunner().invoke(cli, ["plot", str(run_dir), "--out", str(notes)])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"error: --out {notes} already exists and is not a plot shardctl wrote; refusing "
+        "to overwrite it (use --force to replace it, or give another --out)"
+    )
+    assert notes.read_text() == "my notes\n"
+    # A user's own loss.png in the run dir is theirs too.
+    (run_dir / "loss.png").write_bytes(PNG_SIGNATURE + b"someone else's picture")
+    res = CliRunner().invoke(cli, ["plot", str(run_dir)])
+    assert res.exit_code == 2 and "the default output" in res.output, res.output
+    assert (run_dir / "loss.png").read_bytes().endswith(b"someone else's picture")
+    # --force replaces it.
+    res = CliRunner().invoke(cli, ["plot", str(run_dir), "--out", str(notes), "--force"])
+    assert res.exit_code == 0, res.output
+    assert notes.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_plot_replaces_its_own_plot_without_force(tmp_path: Path) -> None:
+    run_dir = _run_with_metrics(tmp_path)
+    for _ in range(2):  # re-plotting while a run goes on refreshes the curve
+        res = CliRunner().invoke(cli, ["plot", str(run_dir)])
+        assert res.exit_code == 0, res.output
+        assert f"wrote {run_dir / 'loss.png'} (3 steps)" in res.output
+
+
+def test_plot_refuses_a_fifo_or_a_folder_as_out(tmp_path: Path) -> None:
+    run_dir = _run_with_metrics(tmp_path)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    res = CliRunner().invoke(cli, ["plot", str(run_dir), "--out", str(fifo), "--force"])
+    assert res.exit_code == 2, res.output
+    assert "is not a regular file" in res.output
+    assert fifo.is_fifo()
+
+
+def test_plot_of_a_binary_metrics_file_names_the_file_and_line(tmp_path: Path) -> None:
+    run_dir = _run_with_metrics(tmp_path)
+    metrics = run_dir / "logs" / "metrics.jsonl"
+    text_bytes = metrics.stat().st_size  # three good lines, then \x00 (valid), then \xff
+    with metrics.open("ab") as f:
+        f.write(b"\x00\xff\xfe\x80 binary\n")
+    res = CliRunner().invoke(cli, ["plot", str(run_dir)])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"error: {metrics} line 4 is not UTF-8 text (byte {text_bytes + 1}); "
+        "metrics.jsonl holds one JSON object per line, as the run writes it: was the file "
+        "replaced or damaged?"
+    )
+    assert "Traceback" not in res.output and not (run_dir / "loss.png").exists()
