@@ -79,6 +79,16 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory):
     return train_tiny_run(tmp_path_factory.mktemp("tiny-run"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The whole session's job records live in pytest's tmp area, never in the user's
+    `~/.local/state/shardctl`: set in os.environ before any module or session fixture
+    submits a job, so every subprocess a test starts inherits it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SHARDCTL_STATE_DIR", str(tmp_path_factory.mktemp("session-state")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Job records of one test never leak into another test or the user's home."""
