@@ -78,3 +78,85 @@ def test_plot_of_a_binary_metrics_file_names_the_file_and_line(tmp_path: Path) -
         "replaced or damaged?"
     )
     assert "Traceback" not in res.output and not (run_dir / "loss.png").exists()
+
+
+# ------------------------------------------- consolidate_on_finish and a user's model/
+
+
+def _finished_spec(run_dir: Path):  # type: ignore[no-untyped-def]
+    from shardctl.orchestrator.spec import parse_spec
+
+    return parse_spec(
+        {
+            "name": "fin",
+            "train": {
+                "model": {"llama": {"vocab_size": 256}},
+                "data": {"builtin": "python-stdlib"},
+                "steps": 1,
+            },
+            "checkpoint": {"every_steps": 1, "consolidate_on_finish": True},
+            "run_dir": str(run_dir),
+        }
+    )
+
+
+def test_the_run_leaves_a_model_folder_holding_a_users_files(tmp_path: Path) -> None:
+    from shardctl.train.loop import _consolidate
+
+    run_dir = tmp_path / "run"
+    model = run_dir / "model"
+    model.mkdir(parents=True)
+    (model / "tokenizer.json").write_text("{}")  # the user's, beside a model of ours
+    (model / "model.safetensors").write_bytes(b"weights of an earlier consolidation")
+    (model / "notes").mkdir()
+    # No checkpoint exists: a consolidation that started would fail on it.
+    line = _consolidate(_finished_spec(run_dir), 1)
+    ckpt = run_dir / "checkpoints" / "step-00000001"
+    assert line == (
+        f"fin: not consolidating: {model} holds files shardctl did not write (notes, "
+        "tokenizer.json), left as they are; write the model elsewhere with: shardctl "
+        f"consolidate {ckpt} --out NEW_FOLDER"
+    )
+    assert sorted(p.name for p in model.iterdir()) == [
+        "model.safetensors",
+        "notes",
+        "tokenizer.json",
+    ]
+    assert (model / "tokenizer.json").read_text() == "{}"
+
+
+def test_the_run_replaces_a_model_folder_a_consolidation_wrote(tmp_path: Path) -> None:
+    from helpers.consolidate_util import make_dcp_step, tiny_llama
+    from safetensors.numpy import load_file
+    from shardctl.train.loop import _consolidate
+
+    run_dir = tmp_path / "run"
+    llama = tiny_llama()
+    make_dcp_step(run_dir / "checkpoints", 1, llama.state_dict(), llama.config.to_dict())
+    model = run_dir / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors", "model.safetensors.index.json"):
+        (model / name).write_text("an earlier consolidation of this run")
+    line = _consolidate(_finished_spec(run_dir), 1)
+    assert line == f"fin: consolidated model written to {model}"
+    weights = load_file(model / "model.safetensors")
+    assert weights["model.embed_tokens.weight"].shape == (131, 32)
+
+
+def test_consolidate_after_consolidate_on_finish_says_what_to_do(tmp_path: Path) -> None:
+    from helpers.consolidate_util import make_dcp_step, tiny_llama
+    from shardctl.train.consolidate import consolidate
+
+    run_dir = tmp_path / "run"
+    llama = tiny_llama()
+    step = make_dcp_step(run_dir / "checkpoints", 1, llama.state_dict(), llama.config.to_dict())
+    consolidate(step, run_dir / "model")  # as consolidate_on_finish does at the end
+    res = CliRunner().invoke(cli, ["consolidate", str(run_dir), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"error: output {run_dir / 'model'} already holds a consolidated model (a run with "
+        "checkpoint.consolidate_on_finish writes one at its end); pass --force to write it "
+        "again from this checkpoint, or --out to write it elsewhere"
+    )
+    res = CliRunner().invoke(cli, ["consolidate", str(run_dir), "--no-progress", "--force"])
+    assert res.exit_code == 0 and f"model: {run_dir / 'model'}" in res.output, res.output

@@ -305,15 +305,26 @@ class Trainer:
             metrics.close(outcome)
 
 
-def _consolidate(spec: JobSpec, step: int) -> Path:
+def _consolidate(spec: JobSpec, step: int) -> str:
+    """Consolidate the final checkpoint into `<run_dir>/model`; the line to print."""
     from .consolidate import consolidate
+    from .consolidate.outdir import foreign_entries, shown
     from .manifest import step_dirname
 
     ckpt = Path(spec.checkpoint_dir) / step_dirname(step)
     out = RunDir.of(spec.run_dir).model
-    # force: a run continued with more steps replaces its own earlier model.
+    foreign = foreign_entries(out)
+    if foreign:
+        # A run never deletes a user's files; the checkpoint is complete all the same.
+        return (
+            f"{spec.name}: not consolidating: {out} holds files shardctl did not write "
+            f"({shown(foreign)}), left as they are; write the model elsewhere with: "
+            f"shardctl consolidate {ckpt} --out NEW_FOLDER"
+        )
+    # force: a run continued with more steps replaces its own earlier model (a folder
+    # holding only what a consolidation writes).
     consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype, force=True)
-    return out
+    return f"{spec.name}: consolidated model written to {out}"
 
 
 def run(spec: JobSpec) -> int:
@@ -339,8 +350,7 @@ def run(spec: JobSpec) -> int:
     # Rank 0 alone, after the final save and outside the process group (no timeout
     # can fire on the other ranks while a large model is consolidated).
     if spec.checkpoint.consolidate_on_finish:
-        out = _consolidate(spec, step)
-        print(f"{spec.name}: consolidated model written to {out}", flush=True)
+        print(_consolidate(spec, step), flush=True)
     RunDir.of(spec.run_dir).write_marker(DONE_FILE, done_marker(step))
     print(f"{spec.name}: finished {step} steps; checkpoints in {spec.checkpoint_dir}", flush=True)
     return EXIT_OK

@@ -258,7 +258,8 @@ class Checkpoint(Section):
     resume: str = "auto"
     """`auto` (newest complete checkpoint), `never`, or the path of one checkpoint."""
     consolidate_on_finish: bool = False
-    """Write one full state dict to `<run_dir>/model` at the end."""
+    """Write one full state dict to `<run_dir>/model` at the end (replacing the one it
+    wrote before; a `model/` holding other files is left alone, and the run says so)."""
     consolidate_dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype of floating-point tensors in that consolidated model."""
 

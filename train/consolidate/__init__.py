@@ -254,7 +254,15 @@ def _known_keys(known: Any) -> tuple[list[str], list[str]] | None:
 
 
 def _check_out(out_dir: Path, force: bool) -> None:
+    from .outdir import foreign_entries
+
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        if not foreign_entries(out_dir):  # e.g. what consolidate_on_finish wrote
+            raise UsageError(
+                f"output {out_dir} already holds a consolidated model (a run with "
+                "checkpoint.consolidate_on_finish writes one at its end); pass --force to "
+                "write it again from this checkpoint, or --out to write it elsewhere"
+            )
         raise UsageError(
             f"output {out_dir} exists and is not empty; pass --force to replace it "
             "(it is replaced only once the new model is complete)"
