@@ -4,10 +4,17 @@
 Stricter than `yaml.safe_load` in one way: a key given twice in one mapping is an
 error (PyYAML keeps the last one silently, so `nodes: 2` ... `nodes: 1` ran on one
 node). Merge keys (`<<: *defaults`) still override what they merge in, as YAML says.
+
+Two guards against files that are not job specs: only regular files are read (a FIFO
+would block the read until some writer came, a device has no end), and aliases may
+repeat at most `MAX_ALIAS_NODES` nodes in all (a 1 KB file of aliases of aliases,
+"billion laughs", is a few thousand nodes as parsed and billions once walked).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,10 +29,20 @@ from .errors import SpecError
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MERGE_TAG = "tag:yaml.org,2002:merge"
 INT_TAG = "tag:yaml.org,2002:int"
+# The nodes that aliases may add in all, counted as if every alias were written out.
+# A spec's `<<: *defaults` adds tens; this leaves room for large launcher configs.
+MAX_ALIAS_NODES = 100_000
 
 
 class _UniqueKeys:
-    """A loader's mixin that refuses a key given twice in the same mapping, at any depth."""
+    """A loader's mixin that refuses a key given twice in the same mapping, at any depth,
+    and a document whose aliases expand past `MAX_ALIAS_NODES` nodes."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()  # type: ignore[misc]  # a mixin
+        if node is not None:
+            _refuse_alias_bomb(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -66,6 +83,58 @@ _WrittenLoader: type = (
 )
 
 
+class AliasBombError(yaml.YAMLError):
+    """A document whose aliases expand past `MAX_ALIAS_NODES` nodes."""
+
+
+def _refuse_alias_bomb(root: yaml.Node) -> None:
+    """Raise `AliasBombError` when the aliases of the document under `root` (a node
+    reached twice in the composed graph is an alias) would add more than
+    `MAX_ALIAS_NODES` nodes once written out, or when a value contains itself. Counted
+    bottom-up, each node once, so the count costs no more than the parsed document."""
+    expanded: dict[int, int] = {}  # id(node) -> nodes under it, aliases written out
+    open_nodes: set[int] = set()  # started, children not all counted yet
+    added = 0
+    pending: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while pending:
+        node, children_done = pending.pop()
+        key = id(node)
+        if children_done:
+            open_nodes.discard(key)
+            expanded[key] = 1 + sum(expanded[id(child)] for child in _children(node))
+        elif key in expanded:  # reached again: an alias repeats its whole subtree
+            added += expanded[key]
+            if added > MAX_ALIAS_NODES:
+                raise AliasBombError(_alias_bomb_line(node))
+        elif key in open_nodes:
+            line = node.start_mark.line + 1
+            raise AliasBombError(
+                f"the value at line {line} contains itself through an alias; accepted: "
+                "aliases of values that do not hold the alias"
+            )
+        else:
+            open_nodes.add(key)
+            pending.append((node, True))
+            pending.extend((child, False) for child in _children(node))
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _alias_bomb_line(node: yaml.Node) -> str:
+    line = node.start_mark.line + 1
+    return (
+        f"aliases (*name) repeat more than {MAX_ALIAS_NODES:,} values once written out "
+        f"(reached at the anchor of line {line}); accepted: aliases that repeat fewer "
+        "values (a job spec or config is never that large)"
+    )
+
+
 def read_yaml_file(path: str | Path, *, written: bool = False) -> Any:
     """Read a YAML file; unreadable files, YAML syntax errors and duplicate keys become
     `SpecError`s that name the file and, for the latter two, the line and column.
@@ -74,12 +143,15 @@ def read_yaml_file(path: str | Path, *, written: bool = False) -> Any:
     path = Path(path)
     where = str(path)
     try:
-        with path.open("rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        raw = _read_regular_file(path, MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise SpecError([f"file {where!r} does not exist"], where) from None
     except IsADirectoryError:
         raise SpecError([f"{where!r} is a folder; accepted: a YAML file"], where) from None
+    except _NotRegularFile as exc:
+        raise SpecError(
+            [f"{where!r} is {exc.kind}, not a file; accepted: a YAML file"], where
+        ) from None
     except OSError as exc:
         raise SpecError([f"cannot read {where!r}: {exc.strerror or exc}"], where) from None
     if len(raw) > MAX_FILE_BYTES:
@@ -97,11 +169,50 @@ def read_yaml_file(path: str | Path, *, written: bool = False) -> Any:
     return parse_yaml_text(text, where, written=written)
 
 
+class _NotRegularFile(OSError):
+    def __init__(self, kind: str) -> None:
+        super().__init__(kind)
+        self.kind = kind
+
+
+# What a path that is not a regular file is, for the one line that refuses it.
+_FILE_KINDS = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _read_regular_file(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of `path`, refused (`_NotRegularFile`,
+    `IsADirectoryError`) unless it is a regular file (a link to one counts). Opened
+    without blocking and checked on the open descriptor: opening a FIFO for reading
+    waits for a writer, and a device never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(str(path))
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a file")
+            raise _NotRegularFile(kind)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # the file object closes it
+            return f.read(limit)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def parse_yaml_text(text: str, source: str | None = None, *, written: bool = False) -> Any:
     """Parse YAML text like `read_yaml_file` (duplicate keys refused, errors located)."""
     try:
         # Both are SafeLoader's constructor: plain data only.
         return yaml.load(text, Loader=_WrittenLoader if written else _UniqueKeyLoader)
+    except AliasBombError as exc:
+        raise SpecError([str(exc)], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -1,0 +1,111 @@
+"""First contact with the spec layer (issue 35): files that are not specs, YAML 1.1's
+surprises, pydantic's internals kept from the user, and the checks `validate` shares
+with `submit`. Every case is one clean line, exit 2, no traceback."""
+
+from __future__ import annotations
+
+import copy
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.yamlio import MAX_ALIAS_NODES, parse_yaml_text, read_yaml_file
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "tiny-llama.yaml"
+BASE: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+SHARDCTL = [sys.executable, "-m", "shardctl.orchestrator.cli"]
+
+
+def changed(dotted: str, value: Any, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = copy.deepcopy(base if base is not None else BASE)
+    *parents, last = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+    return data
+
+
+def validate(tmp_path: Path, text: str, *args: str) -> tuple[int, str]:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    res = CliRunner().invoke(cli, ["validate", str(path), *args])
+    assert "Traceback" not in res.output + res.stderr
+    return res.exit_code, res.stderr
+
+
+# ------------------------------------------------- item 1: alias bombs, FIFOs, devices
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """A YAML of about 1 KB whose aliases nest nine deep: 9**9 strings once written out."""
+    lines = ["name: bomb", "train: {steps: 1}", 'a0: &a0 ["lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_quickly_and_in_little_memory(tmp_path: Path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(billion_laughs())
+    assert path.stat().st_size < 1024
+
+    def bounded() -> None:  # in the child, before exec: 1 GiB of address space
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    res = subprocess.run(
+        [*SHARDCTL, "validate", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=bounded,
+    )
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "MemoryError" not in res.stderr
+    assert f"aliases (*name) repeat more than {MAX_ALIAS_NODES:,} values" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_value_that_contains_itself_is_refused() -> None:
+    with pytest.raises(SpecError, match="contains itself through an alias"):
+        parse_yaml_text("a: &a [1, *a]\n", "job.yaml")
+
+
+def test_a_few_aliases_still_work() -> None:
+    data = parse_yaml_text(
+        "base: &base {steps: 3, lr: 0.1}\ntrain:\n  <<: *base\n  steps: 5\nalso: *base\n"
+    )
+    assert data["train"] == {"steps": 5, "lr": 0.1}
+    assert data["also"] == {"steps": 3, "lr": 0.1}
+
+
+def test_a_fifo_as_the_spec_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "job.yaml"
+    os.mkfifo(fifo)
+    res = subprocess.run(
+        [*SHARDCTL, "validate", str(fifo)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2, res.stderr
+    assert f"{str(fifo)!r} is a named pipe (FIFO), not a file; accepted: a YAML file" in (
+        res.stderr
+    )
+    assert "Traceback" not in res.stderr
+
+
+def test_a_device_and_a_folder_are_named_for_what_they_are(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="'/dev/null' is a character device, not a file"):
+        read_yaml_file("/dev/null")
+    with pytest.raises(SpecError, match="is a folder; accepted: a YAML file"):
+        read_yaml_file(tmp_path)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(EXAMPLE)
+    assert read_yaml_file(link)["name"] == BASE["name"]
