@@ -27,6 +27,7 @@ from .common import (
 )
 
 if TYPE_CHECKING:
+    from ..clusters.base import Cluster, JobRef
     from ..spec import JobSpec
 
 
@@ -174,7 +175,7 @@ def submit(
     shardctl submit job.yaml -- train.py --lr 1e-3    your script instead (or -m MODULE)
     """
     from ..clusters import cluster_class
-    from ..clusters.records import remember
+    from ..clusters.records import check_writable
     from ..errors import UsageError
     from ..spec import load_spec, with_command
 
@@ -192,12 +193,15 @@ def submit(
         else:
             click.echo(plan.text, nl=not plan.text.endswith("\n"))
         return
+    # Where the job is recorded must take the record before the job starts: a job that
+    # starts and then cannot be recorded runs on unseen by `ls`, `status` and `cancel`.
+    check_writable()
     with one_writer(plan.spec.run_dir, here=kind.run_dir_here, replace=replace):
         ref = backend.schedule(plan)
         if ref.extra.get("complete"):
             click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
             return
-        remember(ref)
+        _remember_or_cancel(backend, ref)
     if output == "json":
         echo_json(ref.to_json())
     else:
@@ -209,6 +213,24 @@ def submit(
 
         # A progress bar on a terminal, plain lines otherwise; the last word on stderr.
         sys.exit(follow_submitted(backend, ref, job))
+
+
+def _remember_or_cancel(backend: Cluster, ref: JobRef) -> None:
+    """Record the job; when that fails after all (the state dir filled up since the
+    check), cancel it rather than leave it running where no command can see it."""
+    from ..clusters.records import remember, unwritable
+    from ..errors import ShardctlError, StorageError
+
+    try:
+        remember(ref)
+    except OSError as exc:
+        job = f"{ref.name} ({ref.cluster} job {ref.job_id or '?'})"
+        try:
+            backend.cancel(ref)
+            what = f"{job} started and was cancelled, since no command could see it"
+        except (ShardctlError, OSError) as cancel_exc:
+            what = f"{job} started and cancelling it failed ({cancel_exc}): stop it by hand"
+        raise StorageError(unwritable(exc, aftermath=what)) from None
 
 
 from .convert import convert_cmd  # noqa: E402

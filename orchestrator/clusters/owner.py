@@ -26,6 +26,7 @@ the claim still keeps their checks from interleaving, and the attempt fence
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -34,12 +35,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ClusterError, ShardctlError
+from ..durable import free_bytes
+from ..errors import ClusterError, ShardctlError, StorageError
 from ..proctree import alive
 from ..rundir import SUBMIT_CLAIM_FILE
 from .base import Cluster, JobRef, JobState
 from .records import jobs_dir, load_records
 
+# Below this many free bytes the run dir is called full: the rendered files, the logs
+# and the first checkpoint would not fit.
+RUN_DIR_MIN_FREE = 1 << 20
 # How long `--replace` waits for a cancelled job to end (ranks save on the way out).
 REPLACE_WAIT_S = 600.0
 
@@ -131,8 +136,31 @@ def submit_claim(run_dir: str | Path) -> Iterator[None]:
     """Hold the run dir's submit claim (see the module docstring) while the body runs."""
     root = Path(run_dir)
     made = _missing_dirs(root)
-    root.mkdir(parents=True, exist_ok=True)
     path = root / SUBMIT_CLAIM_FILE
+    taken = False
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _take_claim(root, path)
+        taken = True
+        free = free_bytes(root)
+        if free is not None and free < RUN_DIR_MIN_FREE:
+            raise OSError(errno.ENOSPC, f"No space left on device: {free} bytes free")
+    except OSError as exc:
+        if taken:
+            path.unlink(missing_ok=True)
+        _remove_made(made)
+        raise StorageError(_run_dir_unwritable(root, exc)) from None
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        # A refused submit leaves no trace: the directories the claim itself made
+        # go again while nothing else was written into them.
+        _remove_made(made)
+
+
+def _take_claim(root: Path, path: Path) -> None:
+    """Create the claim file (O_EXCL), taking over one left by a dead submit here."""
     me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
     for _ in range(2):
         try:
@@ -146,18 +174,36 @@ def submit_claim(run_dir: str | Path) -> Iterator[None]:
                 f"another `shardctl submit` of run dir {root} is under way ({_who(holder)}); "
                 f"try again when it finished. If none is, delete {path}"
             ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(me) + "\n")
-        break
-    try:
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        # A refused submit leaves no trace: the directories the claim itself made
-        # go again while nothing else was written into them.
-        for made_dir in made:
-            with contextlib.suppress(OSError):
-                made_dir.rmdir()
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(me) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # a full disk says so here, not at the job's first write
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
+        return
+
+
+def _remove_made(made: list[Path]) -> None:
+    for made_dir in made:
+        with contextlib.suppress(OSError):
+            made_dir.rmdir()
+
+
+def _run_dir_unwritable(root: Path, exc: OSError) -> str:
+    """Why the run dir cannot take the job's files (one line), before anything starts."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    why = f"{exc.strerror or type(exc).__name__}" + (f" ({code})" if code else "")
+    for here in (root, *root.parents):
+        if here.exists() and not here.is_dir():
+            why = f"{here} is a file, not a directory"
+            break
+    return (
+        f"cannot write the run dir {root}: {why}; nothing was submitted. Free space there, "
+        "make it writable, or set run_dir in the spec (or --set run_dir=PATH) to a writable "
+        "directory"
+    )
 
 
 def _missing_dirs(root: Path) -> list[Path]:

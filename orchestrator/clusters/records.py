@@ -10,6 +10,8 @@ it never breaks the commands for the other jobs.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import sys
@@ -18,14 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from ..durable import write_text_atomic
-from ..errors import JobNotFoundError, SpecError
+from ..errors import JobNotFoundError, SpecError, StorageError
 from .base import JobRef
 
 _REQUIRED = {f.name for f in fields(JobRef) if f.name != "extra"}
+STATE_DIR_VAR = "SHARDCTL_STATE_DIR"
+# `submit`'s probe of the state dir: larger than any record, so that a disk too full
+# for the record refuses the probe, before the job starts, and not the record after.
+PROBE_BYTES = 16 * 1024
 
 
 def state_dir() -> Path:
-    base = os.environ.get("SHARDCTL_STATE_DIR")
+    base = os.environ.get(STATE_DIR_VAR)
     if base:
         return Path(base)
     return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "shardctl"
@@ -33,6 +39,50 @@ def state_dir() -> Path:
 
 def jobs_dir() -> Path:
     return state_dir() / "jobs"
+
+
+def check_writable() -> None:
+    """Refuse (StorageError, one line) a state dir where a record cannot be written: a
+    file in its place, a read-only or full file system. `submit` asks before the job
+    starts; a record that fails after it would leave the job running unseen by `ls`,
+    `status` and `cancel`."""
+    folder = jobs_dir()
+    probe = folder / f".probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with probe.open("wb") as f:
+            f.write(b"\0" * PROBE_BYTES)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise StorageError(unwritable(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):  # never made: its folder is not there
+            probe.unlink(missing_ok=True)
+
+
+def unwritable(exc: OSError, aftermath: str = "nothing was submitted") -> str:
+    """Why job records cannot be written to the state dir, what became of the job
+    (`aftermath`), and how to move the state dir."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    why = f"{exc.strerror or type(exc).__name__}" + (f" ({code})" if code else "")
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = _file_in_the_way(jobs_dir())
+        if blocker is not None:
+            why = f"{blocker} is a file, not a directory"
+    return (
+        f"cannot record jobs in the state dir {state_dir()}: {why}; {aftermath}. "
+        f"Free space or make it writable, or set {STATE_DIR_VAR} to a writable directory "
+        "(`ls`, `status` and `cancel` then see only the jobs recorded there)"
+    )
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of `path` (or itself) that is not a directory."""
+    for here in (path, *path.parents):
+        if here.exists() or here.is_symlink():
+            return None if here.is_dir() else here
+    return None
 
 
 def remember(ref: JobRef) -> None:
