@@ -68,6 +68,14 @@ class SpecError(ShardctlError):
         return f"{text[:limit]}… ({len(text)} characters)"
 
 
+class PermanentError(ShardctlError):
+    """An input every retry would repeat (a corpus shorter than one sequence, a wrap
+    class the model does not have, no GPU for `device: cuda`): the built-in loop ends
+    with exit 78 (`rundir.EXIT_DO_NOT_RETRY`), which no supervisor retries."""
+
+    exit_code = 78  # rundir.EXIT_DO_NOT_RETRY (errors.py imports nothing; a test checks)
+
+
 class UsageError(ShardctlError):
     """A command was called with arguments that cannot work together."""
 

@@ -7,7 +7,8 @@ Launch commands (one line per node; `shardctl render` writes them for you):
     deepspeed --num_gpus 2 --module shardctl.train job.yaml
 
 Exit codes: 0 finished (or already complete), 42 preempted after saving a checkpoint
-(`shardctl.train.preemption.EXIT_PREEMPTED`), 2 invalid spec, 1 any other failure.
+(`shardctl.train.preemption.EXIT_PREEMPTED`), 2 invalid spec, 78 a configuration error
+every retry would repeat (`PermanentError`: not retried), 1 any other failure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 import time
 
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import PermanentError, ShardctlError
 
 
 def _spec_arg(argv: list[str]) -> str:
@@ -80,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return run(read_job_yaml(path))
     except ShardctlError as exc:
-        print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        # A permanent error (exit 78) says so: the user knows no restart is coming.
+        after = f" (not retried: exit {exc.exit_code})" if isinstance(exc, PermanentError) else ""
+        print(f"[rank {rank}] error: {exc}{after}", file=sys.stderr, flush=True)
         _record_failure(exc, rank, started)
         return exc.exit_code
 

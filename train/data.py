@@ -22,13 +22,14 @@ continues exactly where the order left off.
 from __future__ import annotations
 
 import math
+import os
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import PermanentError
 from shardctl.orchestrator.spec import JobSpec
 
 from .model import load_factory
@@ -52,8 +53,10 @@ def _text_files(path: Path) -> list[Path]:
     if path.is_dir():
         files = [p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")]
         return sorted(files, key=lambda p: p.relative_to(path).as_posix())
-    raise ShardctlError(
-        f"train.data.text {str(path)!r} does not exist; accepted: a text file or a folder of them"
+    # A FIFO or a device (/dev/null) exists but is no corpus: say what it is.
+    state = "is not a regular file or folder" if os.path.lexists(path) else "does not exist"
+    raise PermanentError(
+        f"train.data.text {str(path)!r} {state}; accepted: a text file or a folder of them"
     )
 
 
@@ -65,7 +68,7 @@ def _read_bytes(files: list[Path], field: str) -> np.ndarray:
         parts.append(b"\n")
     data = b"".join(parts)
     if not data:
-        raise ShardctlError(f"{field}: the corpus is empty")
+        raise PermanentError(f"{field}: the corpus is empty; accepted: a corpus of text")
     return np.frombuffer(data, dtype=np.uint8)
 
 
@@ -77,18 +80,58 @@ def load_tokens(spec: JobSpec) -> np.ndarray:
     if d.builtin == "python-stdlib":
         return _read_bytes(stdlib_files(), "train.data.builtin")
     assert d.tokens is not None  # factory sources never come here
-    path = Path(d.tokens)
+    return open_tokens(d.tokens, d.token_dtype)
+
+
+TOKEN_DTYPES = (np.uint16, np.uint32, np.int32, np.int64)
+
+
+def open_tokens(tokens: str, token_dtype: str) -> np.ndarray:
+    """`train.data.tokens` memory-mapped: a 1-D integer `.npy`, or a raw file of
+    `token_dtype` whose size is a whole number of tokens. `shardctl validate` opens it
+    the same way before any rank starts (`orchestrator/inputs.py`)."""
+    field, path = f"train.data.tokens {tokens!r}", Path(tokens)
     if not path.is_file():
-        raise ShardctlError(f"train.data.tokens {d.tokens!r} is not a file")
-    if path.suffix == ".npy":
-        arr = np.load(path, mmap_mode="r")
-        if arr.ndim != 1 or arr.dtype not in (np.uint16, np.uint32, np.int32, np.int64):
-            raise ShardctlError(
-                f"train.data.tokens {d.tokens!r}: a 1-D integer array is needed, got "
-                f"shape {arr.shape} dtype {arr.dtype}"
-            )
-        return arr
-    return np.memmap(path, dtype=np.dtype(d.token_dtype), mode="r")
+        raise PermanentError(f"{field} is not a file; accepted: a token file (.npy, or raw .bin)")
+    try:
+        if path.suffix == ".npy":
+            arr = np.load(path, mmap_mode="r")
+        else:
+            dtype = np.dtype(token_dtype)
+            size = path.stat().st_size
+            if size % dtype.itemsize:
+                raise PermanentError(
+                    f"{field}: its {size} bytes are not a whole number of {token_dtype} "
+                    f"tokens ({dtype.itemsize} bytes each); accepted: a raw file of "
+                    "train.data.token_dtype values (is token_dtype right, or was the file cut?)"
+                )
+            if size == 0:
+                raise PermanentError(f"{field}: the file is empty; accepted: a token file")
+            arr = np.memmap(path, dtype=dtype, mode="r")
+    except (ValueError, OSError, EOFError) as exc:  # a damaged or cut .npy header or body
+        raise PermanentError(
+            f"{field} cannot be read as tokens ({exc}); accepted: a 1-D integer .npy "
+            "(numpy.save) or a raw file of train.data.token_dtype values"
+        ) from None
+    if arr.ndim != 1 or arr.dtype not in TOKEN_DTYPES:
+        raise PermanentError(
+            f"{field}: a 1-D integer array is needed, got shape {arr.shape} dtype {arr.dtype}; "
+            "accepted dtypes: uint16, uint32, int32, int64"
+        )
+    return arr
+
+
+def check_token_ids(rows: np.ndarray, vocab_size: int, where: str) -> None:
+    """Every id in `rows` is an index into the model's embedding (0..vocab_size-1): an
+    id past it fails inside the model with an index error (or a device assert on GPU)."""
+    high, low = int(rows.max()), int(rows.min())
+    if high >= vocab_size or low < 0:
+        bad = high if high >= vocab_size else low
+        raise PermanentError(
+            f"{where} holds token id {bad} but the model's vocab_size is {vocab_size}; "
+            f"accepted: ids 0..{vocab_size - 1} (a larger vocab_size, or the tokenizer "
+            "that matches the model)"
+        )
 
 
 class _Order:
@@ -117,18 +160,28 @@ class _Order:
 class TokenBatches:
     """This rank's micro-batches; `Stateful` (state: global samples consumed)."""
 
-    def __init__(self, tokens: np.ndarray, spec: JobSpec, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        spec: JobSpec,
+        rank: int,
+        world_size: int,
+        vocab_size: int | None = None,
+    ) -> None:
         t = spec.train
         self.tokens = tokens
+        self.vocab_size = vocab_size
+        self.source = _source_field(spec)
         self.seq_len = t.seq_len
         self.mbs = t.micro_batch_size
         self.rank = rank
         self.world_size = world_size
         self.windows = (len(tokens) - 1) // self.seq_len
         if self.windows < 1:
-            raise ShardctlError(
-                f"train.data: the corpus has {len(tokens)} tokens, fewer than one sequence "
-                f"of train.seq_len + 1 = {self.seq_len + 1}"
+            raise PermanentError(
+                f"{self.source}: the corpus has {len(tokens)} tokens, fewer than one "
+                f"sequence of train.seq_len + 1 = {self.seq_len + 1}; accepted: a corpus of "
+                "at least that many tokens, or a smaller train.seq_len"
             )
         self.order = _Order(self.windows, t.seed)
         self.sample_index = 0  # global samples consumed by all ranks together
@@ -142,6 +195,8 @@ class TokenBatches:
         for j in range(self.mbs):
             start = self.order.window(first + j) * self.seq_len
             rows[j] = self.tokens[start : start + self.seq_len + 1]
+        if self.vocab_size is not None:
+            check_token_ids(rows, self.vocab_size, f"{self.source} (sample {first})")
         self.sample_index += self.world_size * self.mbs
         return torch.from_numpy(rows)
 
@@ -173,7 +228,7 @@ class FactoryBatches:
         try:
             batch = next(self.iterator)
         except StopIteration:
-            raise ShardctlError(
+            raise PermanentError(
                 f"train.data.factory {self.ref!r} ran out of batches after {self.drawn}; "
                 "it must yield at least train.steps × train.grad_accum batches per rank"
             ) from None
@@ -194,7 +249,17 @@ class FactoryBatches:
         self.drawn = int(state["drawn"])
 
 
-def build_data(spec: JobSpec, rank: int, world_size: int) -> TokenBatches | FactoryBatches:
+def _source_field(spec: JobSpec) -> str:
+    d = spec.train.data
+    if d.tokens is not None:
+        return f"train.data.tokens {d.tokens!r}"
+    return f"train.data.text {d.text!r}" if d.text is not None else "train.data.builtin"
+
+
+def build_data(
+    spec: JobSpec, rank: int, world_size: int, vocab_size: int | None = None
+) -> TokenBatches | FactoryBatches:
+    """This rank's batches; with `vocab_size`, every token id read is checked against it."""
     if spec.train.data.factory is not None:
         return FactoryBatches(spec, rank, world_size)
-    return TokenBatches(load_tokens(spec), spec, rank, world_size)
+    return TokenBatches(load_tokens(spec), spec, rank, world_size, vocab_size)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import PermanentError, ShardctlError
 from shardctl.orchestrator.rundir import ENV_COLLECTIVE_TIMEOUT
 
 # Without shardctl's launch script (plain torchrun): torch's own default.
@@ -71,13 +71,13 @@ def init(device_kind: str, expected_world_size: int | None = None) -> DistEnv:
 
     rank, world, local_rank, local_world = read_env()
     if expected_world_size is not None and world != expected_world_size:
-        raise ShardctlError(
+        raise PermanentError(
             f"the launcher started WORLD_SIZE={world} ranks but the spec asks for "
             f"resources.nodes × resources.procs_per_node = {expected_world_size}"
         )
     if device_kind == "cuda":
         if not torch.cuda.is_available():
-            raise ShardctlError(
+            raise PermanentError(
                 "resources.device is 'cuda' but torch sees no CUDA device on this node; "
                 "accepted here: device: cpu"
             )

@@ -42,11 +42,12 @@ import gc
 import logging
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import CheckpointError, PermanentError
 from shardctl.orchestrator.outcome import done_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
@@ -68,6 +69,10 @@ log = logging.getLogger("shardctl.train")
 # then the per-rank step and data times.
 _STOP_AT = 1
 _AGREE_FIXED = _STOP_AT + stop_rule.SLOTS
+
+
+# How `CheckpointManager` passes rank 0's error to every rank.
+_RANK0_WRAPPER = re.compile(r"^checkpoint step failed on rank 0: \w+: ")
 
 
 def is_complete(spec: JobSpec) -> bool:
@@ -111,11 +116,21 @@ def _seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _check_vocab(spec: JobSpec, meta: dict[str, Any]) -> None:
-    d = spec.train.data
+def _vocab_size(model: Any, meta: dict[str, Any]) -> int | None:
+    """How many token ids the model embeds (its config's, else its input embedding's)."""
     vocab = (meta.get("hf_config") or {}).get("vocab_size")
+    if isinstance(vocab, int):
+        return vocab
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    rows = getattr(table, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
+
+
+def _check_vocab(spec: JobSpec, vocab: int | None) -> None:
+    d = spec.train.data
     if (d.text is not None or d.builtin is not None) and vocab is not None and vocab < 256:
-        raise ShardctlError(
+        raise PermanentError(
             f"train.data is byte-level text (token ids 0..255) but the model's vocab_size is "
             f"{vocab}; accepted: vocab_size >= 256"
         )
@@ -134,11 +149,14 @@ class Trainer:
         # Same seed on every rank: identical initial weights before sharding.
         _seed_all(t.seed)
         model, self.model_meta = build_model(spec)
-        _check_vocab(spec, self.model_meta)
+        vocab = _vocab_size(model, self.model_meta)
+        _check_vocab(spec, vocab)
         self.backend: TrainingBackend = build_backend(model, spec, env)
         # From here on each rank has its own RNG stream (dropout etc.).
         reseed_rng(t.seed, 0, env.rank)
-        self.data = build_data(spec, env.rank, env.world_size)
+        # Every batch's ids are checked against the vocabulary: an id past it is a
+        # configuration error, not an index error deep inside the model.
+        self.data = build_data(spec, env.rank, env.world_size, vocab)
         self.state = TrainerState(t.seed, env.rank, self.data)
         self.ckpt = CheckpointManager(
             spec.checkpoint,
@@ -156,6 +174,22 @@ class Trainer:
             _AGREE_FIXED + 2 * env.world_size, dtype=torch.float64, device=env.device
         )
         self.stop_signal: int | None = None
+
+    def _restore(self) -> int | None:
+        """The checkpoint to resume from; a `checkpoint.resume` folder that cannot be
+        resumed is a configuration error (every retry would find the same folder)."""
+        mode = self.spec.checkpoint.resume
+        try:
+            return self.ckpt.restore(self.state)
+        except CheckpointError as exc:
+            if mode in ("auto", "never"):
+                raise
+            # Rank 0's own error, without the wrapper every rank shares it in.
+            why = str(exc.__cause__ if isinstance(exc.__cause__, CheckpointError) else exc)
+            why = _RANK0_WRAPPER.sub("", why)
+            if not why.startswith("checkpoint.resume"):
+                why = f"checkpoint.resume {mode!r}: {why}"
+            raise PermanentError(why) from None
 
     def _agree_on(
         self,
@@ -217,7 +251,7 @@ class Trainer:
         outcome = "failed"  # what the trackers record if the loop raises
         try:
             t_restore = time.perf_counter()
-            restored = self.ckpt.restore(self.state)
+            restored = self._restore()
             t_restore = time.perf_counter() - t_restore
             step = restored or 0
             self.state.step = step

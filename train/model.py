@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import PermanentError
 from shardctl.orchestrator.spec import JobSpec
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -28,14 +29,52 @@ def load_factory(ref: str, field: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ShardctlError(
+        raise PermanentError(
             f"{field} {ref!r}: cannot import module {module_name!r} ({exc}); it must be "
             "importable on every node (installed, or on PYTHONPATH)"
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ShardctlError(f"{field} {ref!r}: module {module_name!r} has no function {attr!r}")
+        raise PermanentError(f"{field} {ref!r}: module {module_name!r} has no function {attr!r}")
     return fn
+
+
+def pretrained_config_problem(folder: str) -> str | None:
+    """Why `folder`'s config.json cannot be read (missing, not JSON, not an object), as
+    the end of a sentence that starts with the field; None when it reads. `shardctl
+    validate` asks the same before any rank starts (`orchestrator/inputs.py`)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        return "is not a local model folder (no config.json in it)"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"has a config.json that cannot be read ({exc})"
+    except json.JSONDecodeError as exc:
+        return f"has a config.json that is not JSON (line {exc.lineno}: {exc.msg})"
+    if not isinstance(config, dict):
+        return f"has a config.json that holds a {type(config).__name__}, not an object"
+    return None
+
+
+def _from_pretrained(folder: str, dtype: Any) -> Any:
+    accepted = (
+        "accepted: a directory written by save_pretrained or `shardctl consolidate` — "
+        "nothing is downloaded"
+    )
+    problem = pretrained_config_problem(folder)
+    if problem is not None:
+        raise PermanentError(f"train.model.pretrained {folder!r} {problem}; {accepted}")
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # transformers' own words (an unknown model_type, missing weights), first line only.
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise PermanentError(
+            f"train.model.pretrained {folder!r}: transformers cannot load it ({why}); {accepted}"
+        ) from None
 
 
 def build_model(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
@@ -55,27 +94,18 @@ def build_model(spec: JobSpec) -> tuple[Any, dict[str, Any]]:
         try:
             config = LlamaConfig(**src.llama)
         except (TypeError, ValueError) as exc:
-            raise ShardctlError(f"train.model.llama: not a valid LlamaConfig: {exc}") from None
+            raise PermanentError(f"train.model.llama: not a valid LlamaConfig: {exc}") from None
         model = LlamaForCausalLM(config)
         source = "llama"
     elif src.pretrained is not None:
-        path = Path(src.pretrained)
-        if not (path / "config.json").is_file():
-            raise ShardctlError(
-                f"train.model.pretrained {src.pretrained!r} is not a local model folder "
-                "(no config.json in it); accepted: a directory written by save_pretrained "
-                "or `shardctl consolidate` — nothing is downloaded"
-            )
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        model = _from_pretrained(src.pretrained, dtype)
         source = "pretrained"
     else:
         assert src.factory is not None  # the spec guarantees exactly one source
         fn = load_factory(src.factory, "train.model.factory")
         model = fn(spec) if inspect.signature(fn).parameters else fn()
         if not isinstance(model, torch.nn.Module):
-            raise ShardctlError(
+            raise PermanentError(
                 f"train.model.factory {src.factory!r} returned {type(model).__name__}, "
                 "not a torch.nn.Module"
             )

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from shardctl.orchestrator.errors import ShardctlError
+from shardctl.orchestrator.errors import PermanentError
 from shardctl.orchestrator.spec import JobSpec
 
 from ..distributed import DistEnv
@@ -70,7 +70,7 @@ def wrap_class_names(model: Any, wrap: str | list[str]) -> list[str]:
     if wrap != "auto":
         missing = [n for n in wrap if n not in present]
         if missing:
-            raise ShardctlError(
+            raise PermanentError(
                 f"strategy.wrap names {missing} but the model has no module of that class; "
                 f"classes in this model: {', '.join(sorted(present))}"
             )
@@ -81,7 +81,7 @@ def wrap_class_names(model: Any, wrap: str | list[str]) -> list[str]:
     for m in model.modules():
         if isinstance(m, torch.nn.ModuleList) and len(m) > 0:
             return sorted({type(c).__name__ for c in m})
-    raise ShardctlError(
+    raise PermanentError(
         "strategy.wrap 'auto' found no transformer blocks (no _no_split_modules and no "
         "ModuleList); give the block class names in strategy.wrap"
     )
