@@ -160,3 +160,39 @@ def test_consolidate_after_consolidate_on_finish_says_what_to_do(tmp_path: Path)
     )
     res = CliRunner().invoke(cli, ["consolidate", str(run_dir), "--no-progress", "--force"])
     assert res.exit_code == 0 and f"model: {run_dir / 'model'}" in res.output, res.output
+
+
+# ------------------------------------------------------------------------------ init
+
+
+def test_init_force_replaces_a_regular_file_only(tmp_path: Path) -> None:
+    fifo = tmp_path / "job.yaml"
+    os.mkfifo(fifo)
+    res = CliRunner().invoke(cli, ["init", str(fifo), "--force"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (
+        f"error: {fifo} exists and is a FIFO; init writes a new job spec there only in "
+        "place of a regular file (with --force): give another PATH"
+    )
+    assert fifo.is_fifo()
+    target = tmp_path / "mine.yaml"
+    target.write_text("my spec\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(target)
+    res = CliRunner().invoke(cli, ["init", str(link), "--force"])
+    assert res.exit_code == 2 and "is a symbolic link" in res.stderr, res.output
+    assert link.is_symlink() and target.read_text() == "my spec\n"
+    res = CliRunner().invoke(cli, ["init", str(target), "--force"])
+    assert res.exit_code == 0, res.output
+    assert "name: mine" in target.read_text()
+
+
+def test_init_name_with_a_tab_is_one_clear_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    res = CliRunner().invoke(cli, ["init", str(path), "--name", "a\tb"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (
+        "error: --name 'a\\tb' cannot be a job name; accepted: 1-50 lower-case letters, "
+        "digits and '-', starting and ending with a letter or digit"
+    )
+    assert not path.exists()
