@@ -35,6 +35,11 @@ Definitions (what `status` and `ls` show):
   step record of the attempt after it (up to now while the job is still running
   without one; None when it never logged one).
 
+A long metrics.jsonl (past FULL_READ_BYTES) is not read whole: `status` and `ls` ask
+for the goodput every time, and a million logged steps took seconds. Its lines are
+appended in time order, so each attempt's lines are found by binary search on their
+times, and only the records the definitions above depend on are read (`_Searched`).
+
 Missing or unreadable files never raise: no attempt and no open attempt gives None;
 lines that cannot be read, or attempts without their times (lines written before
 `start`/`end` were recorded), are left out and said in `notes`.
@@ -165,6 +170,138 @@ def _jsonl(path: Path) -> tuple[list[dict[str, Any]], int] | None:
     return rows, bad
 
 
+# Up to this size metrics.jsonl is read whole. A longer one (a million logged steps is
+# about 200 MB) is searched by time, its lines being appended in time order, and only
+# the lines that decide the goodput are read: each attempt's first and last steps and
+# those around the checkpoint the next attempt resumed from (`_Searched`).
+FULL_READ_BYTES = 8 << 20
+# With more attempts than this, the searches would read more than the file: read it all.
+SEARCHED_ATTEMPTS = 64
+# Bytes read per look while searching, and around each line found.
+PROBE_BYTES = 4 << 10
+WINDOW_BYTES = 64 << 10
+# A line longer than this (no newline: damage) is not a record.
+LONGEST_LINE = 1 << 20
+
+
+def _step_time(line: bytes) -> tuple[int, float] | None:
+    """A metrics line's (step, time), or None (blank, cut short, damaged, untimed)."""
+    if not line.startswith(b"{"):
+        return None
+    try:
+        row = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(row, dict):
+        return None
+    step, when = _step(row.get("step")), _number(row.get("time"))
+    return None if step is None or when is None else (step, when)
+
+
+class _Searched:
+    """metrics.jsonl read in pieces: the records whose lines start in a byte range,
+    and binary searches for the first record at or past a time or a step."""
+
+    def __init__(self, f: Any, size: int) -> None:
+        self.f, self.size = f, size
+
+    def rows(self, lo: int, hi: int) -> list[tuple[int, tuple[int, float]]]:
+        """(line start, (step, time)) of the records whose lines start in [lo, hi)."""
+        lo, hi = max(0, lo), min(hi, self.size)
+        if lo >= hi:
+            return []
+        begin = max(0, lo - 1)  # the byte before `lo` says whether a line starts at it
+        self.f.seek(begin)
+        data = self.f.read(hi - begin)
+        while not data.endswith(b"\n") and self.f.tell() < self.size:
+            more = self.f.read(PROBE_BYTES)  # the last line, up to its newline
+            cut = more.find(b"\n")
+            data += more if cut < 0 else more[: cut + 1]
+            if cut >= 0 or len(data) > hi - begin + LONGEST_LINE:
+                break
+        start = begin
+        if lo > 0:
+            cut = data.find(b"\n")
+            if cut < 0:
+                return []
+            start, data = begin + cut + 1, data[cut + 1 :]
+        out = []
+        for line in data.split(b"\n"):
+            if start >= hi:
+                break
+            record = _step_time(line)
+            if record is not None:
+                out.append((start, record))
+            start += len(line) + 1
+        return out
+
+    def first(self, lo: int, hi: int, key: int, target: float) -> int:
+        """The line start of the first record in [lo, hi) whose (step, time)[key] is at
+        least `target` (the records ascend in it), else `hi`."""
+        while hi - lo > WINDOW_BYTES:
+            mid = (lo + hi) // 2
+            found = self._next(mid, hi)
+            if found is None or found[1][key] >= target:
+                hi = mid if found is None else found[0]
+            else:
+                lo = found[0] + 1  # past this record's line start
+        return next((at for at, record in self.rows(lo, hi) if record[key] >= target), hi)
+
+    def _next(self, lo: int, hi: int) -> tuple[int, tuple[int, float]] | None:
+        """The first record whose line starts in [lo, hi), looking at most WINDOW_BYTES
+        on (past a damaged stretch the search goes on below it)."""
+        for at in range(lo, min(hi, lo + WINDOW_BYTES), PROBE_BYTES):
+            found = self.rows(at, min(hi, at + PROBE_BYTES))
+            if found:
+                return found[0]
+        return None
+
+
+def _searched_rows(f: Any, size: int, attempts: Sequence[_Attempt]) -> list[dict[str, Any]]:
+    """The records of a long metrics.jsonl that decide the goodput of `attempts`: each
+    attempt's first and last steps, and those on both sides of the checkpoint step the
+    next attempt resumed from. The steps between them count by their first and last
+    times alone (a kept stretch's time is its last record's time minus its first's)."""
+    lines = _Searched(f, size)
+    found: dict[int, tuple[int, float]] = {}
+    lo = 0
+    for i, attempt in enumerate(attempts):
+        nxt = attempts[i + 1] if i + 1 < len(attempts) else None
+        until = math.nextafter(attempt.end + SLACK_S, math.inf)
+        if nxt is not None:
+            until = min(until, nxt.start)
+        lo = lines.first(lo, size, 1, attempt.start)
+        hi = lines.first(lo, size, 1, until)
+        if hi - lo <= 3 * WINDOW_BYTES:
+            found.update(lines.rows(lo, hi))
+            continue
+        found.update(lines.rows(lo, lo + WINDOW_BYTES))
+        found.update(lines.rows(hi - WINDOW_BYTES, hi))
+        if nxt is not None or attempt.kind not in (None, "done"):  # `_measure`'s limit
+            at = lines.first(lo, hi, 0, (attempt.checkpoint_step or 0) + 1)
+            found.update(lines.rows(max(lo, at - WINDOW_BYTES // 2), min(hi, at + WINDOW_BYTES)))
+        lo = hi
+    return [{"step": step, "time": when} for _, (step, when) in sorted(found.items())]
+
+
+def _metrics_rows(path: Path, attempts: Sequence[_Attempt]) -> list[dict[str, Any]] | None:
+    """The step records of metrics.jsonl that `_assign` needs for `attempts`: all of
+    them when the file is short, else those `_searched_rows` finds; None: unreadable."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(0)
+            if size > FULL_READ_BYTES and len(attempts) <= SEARCHED_ATTEMPTS:
+                return _searched_rows(f, size, attempts)
+            return [
+                {"step": record[0], "time": record[1]}
+                for record in map(_step_time, f)  # streamed, line by line
+                if record is not None
+            ]
+    except OSError:
+        return None
+
+
 def _started(run_dir: Path) -> float | None:
     """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime)."""
     try:
@@ -227,11 +364,11 @@ def goodput(
     first = lines.index(mine[0]) if mine else len(lines)
     before = [_step(e.get("checkpoint_step")) for e in lines[:first]]
     resumed = next((s for s in reversed(before) if s is not None), 0)
-    metrics = _jsonl(root / LOGS_DIR / METRICS_FILE)
+    metrics = _metrics_rows(root / LOGS_DIR / METRICS_FILE, attempts)
     if metrics is None:
         notes.append(f"no readable {LOGS_DIR}/{METRICS_FILE}: training time unknown")
     else:
-        _assign(attempts, metrics[0])
+        _assign(attempts, metrics)
     measured = _measure(attempts, resumed, restarts, running, now, notes)
     return measured if metrics is not None else replace(measured, effective=None)
 

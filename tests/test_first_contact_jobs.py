@@ -10,6 +10,7 @@ process a test starts has a deadline and is ended by its pid."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -21,8 +22,11 @@ from click.testing import CliRunner
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.clusters import owner
+from shardctl.orchestrator.clusters.base import JobRef
 from shardctl.orchestrator.clusters.local import LocalCluster
-from shardctl.orchestrator.clusters.records import jobs_dir, state_dir
+from shardctl.orchestrator.clusters.records import jobs_dir, remember, state_dir
+from shardctl.orchestrator.goodput import goodput
+from shardctl.orchestrator.progress import read_progress
 from shardctl.orchestrator.rundir import SUBMIT_CLAIM_FILE
 
 # ------------------------------------------------------- 1. the session's state dir
@@ -155,3 +159,98 @@ def test_a_run_dir_with_no_room_left_is_refused_before_the_job_starts(
     line = _refused(CliRunner().invoke(cli, ["submit", str(spec)]))
     assert f"cannot write the run dir {tmp_path / 'job'}: No space left on device: 4096 " in line
     assert not (tmp_path / "job").exists()
+
+
+# ----------------------------------------- 3. status and ls read a long run's tail
+
+
+T0 = 1_000_000.0
+# Hand-written run (one logged step per second): attempt 1 started at 0, logged steps
+# 1..600,000 at 1..600,000 s, its newest checkpoint at step 500,000; it failed and was
+# judged at 600,001 s. Attempt 2 resumed from 500,000: start-up until 600,010 s, steps
+# 500,001..1,000,000 at 600,011..1,100,010 s, done then. 1,100,000 lines.
+CHECKPOINT, CRASHED_AT, LAST = 500_000, 600_000, 1_000_000
+RESUMED_AT = 600_011.0  # the first step of attempt 2 (10 s of start-up after the fault)
+END = RESUMED_AT + LAST - (CHECKPOINT + 1)  # 1,100,010 s
+
+
+def _write_long_run(root: Path) -> Path:
+    (root / "logs").mkdir(parents=True)
+    (root / "job.yaml").write_text(f"name: long\ntrain:\n  steps: {LAST}\n")
+    (root / "attempts.jsonl").write_text(
+        json.dumps({"job": "local-0", "start": T0, "end": T0 + CRASHED_AT + 1,
+                    "kind": "failed", "decision": "restart", "checkpoint_step": CHECKPOINT})
+        + "\n"
+        + json.dumps({"job": "local-0", "start": T0 + CRASHED_AT + 1, "end": T0 + END,
+                      "kind": "done", "decision": "finish", "checkpoint_step": LAST})
+        + "\n"
+    )  # fmt: skip
+    first = (f'{{"step": {s}, "loss": 2.5, "time": {T0 + s}}}\n' for s in range(1, CRASHED_AT + 1))
+    again = (
+        f'{{"step": {s}, "loss": 2.5, "time": {T0 + RESUMED_AT + s - CHECKPOINT - 1}}}\n'
+        for s in range(CHECKPOINT + 1, LAST + 1)
+    )
+    with (root / "logs" / "metrics.jsonl").open("w") as f:
+        f.writelines(first)
+        f.writelines(again)
+    (root / "local.exit").write_text("0\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _write_long_run(tmp_path_factory.mktemp("long") / "long")
+
+
+def test_goodput_of_a_million_logged_steps_reads_only_the_lines_that_decide_it(
+    long_run: Path,
+) -> None:
+    # Kept: attempt 1's steps 1..500,000 (500,000 s: the first step's second and then
+    # one per step) and attempt 2's 500,001..1,000,000 (500,000 s) = 1,000,000 s of a
+    # wall time of 600,001 + 500,009 s; lost 600,000 - 500,000 steps; recovery 10 s.
+    good = goodput(long_run, "local-0", now=T0 + END + 5)
+    assert good is not None
+    data = good.to_json()
+    assert data["training_s"] == 1_000_000.0
+    assert data["wall_s"] == 1_100_010.0
+    assert data["effective"] == round(1_000_000 / 1_100_010, 4)
+    assert (data["restarts"], data["lost_steps"]) == (1, 100_000)
+    assert data["recoveries"] == [{"kind": "failed", "seconds": 10.0}]
+
+
+def _bytes_read() -> int:
+    """This process's bytes read so far (Linux: rchar of /proc/self/io)."""
+    text = Path("/proc/self/io").read_text()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("rchar:")))
+
+
+def test_status_and_ls_of_a_million_logged_steps_read_the_tail_only(long_run: Path) -> None:
+    size = (long_run / "logs" / "metrics.jsonl").stat().st_size
+    assert size > 40 << 20
+    remember(JobRef("local", "4242", "long", str(long_run), {"attempt": 0}))
+    CliRunner().invoke(cli, ["status", "long"])  # imports done: they read files too
+    before = _bytes_read()
+    res = CliRunner().invoke(cli, ["status", "long"])
+    read = _bytes_read() - before
+    assert res.exit_code == 0, res.output
+    assert f"step {LAST}/{LAST}" in res.stdout
+    assert "goodput 91 %" in res.stdout and "100000 steps lost" in res.stdout
+    assert read < 4 << 20, f"status read {read} bytes of a {size}-byte metrics.jsonl"
+    before = _bytes_read()
+    res = CliRunner().invoke(cli, ["ls", "-o", "json"])
+    read = _bytes_read() - before
+    (row,) = json.loads(res.stdout)["jobs"]
+    assert (row["stale"], row["progress"]["step"]) == (False, LAST)
+    assert row["goodput"]["lost_steps"] == 100_000
+    assert read < 4 << 20, f"ls read {read} bytes of a {size}-byte metrics.jsonl"
+
+
+def test_progress_reads_the_valid_tail_after_a_damaged_head(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    (root / "logs").mkdir(parents=True)
+    with (root / "logs" / "metrics.jsonl").open("wb") as f:
+        f.write(b"\x00\xff garbage \x01" * 1_000_000)  # 13 MB without a record
+        f.write(b'\n{"step": 41, "loss": 3.0, "time": 5.0}\n{"step": 42, "loss": 2.0}\n')
+    prog, why = read_progress(root)
+    assert why == "" and prog is not None
+    assert (prog.step, prog.loss) == (42, 2.0)
