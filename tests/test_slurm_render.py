@@ -131,7 +131,12 @@ def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -
         "--output=/shared/runs/big/submitit/%j/%j_0_log.out",
     ):  # fmt: skip
         assert f"#SBATCH {flag}\n" in text, flag
-    assert "module load cuda/12.4\nsource /shared/venv/bin/activate\n" in text
+    # Each setup line, then its check (a failed line stops the job, naming itself).
+    assert (
+        "module load cuda/12.4\nshardctl_setup_check 1 'module load cuda/12.4'\n"
+        "source /shared/venv/bin/activate\n"
+        "shardctl_setup_check 2 'source /shared/venv/bin/activate'\n"
+    ) in text
     assert " --cpu-bind=none --label python3 -u -m submitit.core._submit " in text
     # submitit validates parameters by generating a script with them.
     sub = json.loads(files["submitit.json"])

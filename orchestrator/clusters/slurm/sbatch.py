@@ -74,6 +74,9 @@ _HERE = "\x00here\x00"
 # The ranks' container has no Slurm client: the batch shell (on the host) finds the
 # rendezvous host, and launch.sh reads it from here (see SlurmCluster.runtime_env).
 MASTER_ADDR_VAR = "SHARDCTL_MASTER_ADDR"
+# The batch shell's function, called after each slurm.setup line, that stops the job
+# when the line failed (it reads the line's exit code as its own first `$?`).
+SETUP_CHECK = "shardctl_setup_check"
 
 
 def submitit_folder(run_dir: str) -> str:
@@ -123,13 +126,32 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
         params["mem"] = r.memory.slurm()
     if s.exclusive:
         params["exclusive"] = True
-    setup = [*container_setup(spec), *s.setup]
+    setup = setup_lines(spec)
     if setup:
         params["setup"] = setup
     words = srun_args(spec)
     if words:
         params["srun_args"] = words
     return params
+
+
+def setup_lines(spec: JobSpec) -> list[str]:
+    """The batch shell's lines before srun: the container's, then every `slurm.setup`
+    line, each followed by its check. The batch shell runs on the first node and
+    writes to node 0's log, so the lines' output is there; a line that fails stops
+    the job before any launcher starts, naming the line and its exit code (a job that
+    ran on after a failed `module load` or venv activation would fail later, unclearly)."""
+    lines = container_setup(spec)
+    if not spec.slurm.setup:
+        return lines
+    lines += [
+        "# shellcheck disable=SC2320  # its $? is the exit code of the line before each call",
+        f'{SETUP_CHECK}() {{ local rc=$?; [ "$rc" -eq 0 ] || {{ echo "shardctl: slurm.setup '
+        'line $1 ($2) failed with exit code $rc; no launcher was started" >&2; exit "$rc"; }; }',
+    ]
+    for number, line in enumerate(spec.slurm.setup, 1):
+        lines += [line, f"{SETUP_CHECK} {number} {shlex.quote(line)}"]
+    return lines
 
 
 def container_setup(spec: JobSpec) -> list[str]:
@@ -268,7 +290,7 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         *[_sbatch_flag(k, flags[k]) for k in sorted(flags)],
         "set -uo pipefail",
     ]
-    setup = [*container_setup(spec), *spec.slurm.setup]
+    setup = setup_lines(spec)
     if setup:
         lines += ["", "# setup (slurm.setup)", *setup]
     srun = ["srun", "--unbuffered", *srun_args(spec, standalone=True)]

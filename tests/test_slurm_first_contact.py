@@ -1,0 +1,46 @@
+"""A new user's first jobs on the dev Slurm cluster (issue 35): a failing `slurm.setup`
+line, `submit --wait`, `logs --rank`, and `status --watch` after a cancel."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
+    SHARDCTL,
+    _finished,
+    _spec,
+    _submitted,
+    slurm_cluster,  # noqa: F401  (a fixture)
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def test_a_failing_setup_line_stops_the_job_naming_it_and_its_output_is_in_the_log(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    setup = ["echo hello from setup", "ls /no-such-setup-dir", "echo not reached"]
+    ref = _submitted(tmp_path, _spec("setup-fails", slurm={"setup": setup}))
+    assert _finished(ref, timeout=120) is JobState.FAILED
+    proc = subprocess.run(
+        [*SHARDCTL, "logs", "setup-fails"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "hello from setup" in proc.stdout
+    assert "/no-such-setup-dir" in proc.stdout  # ls's own complaint
+    assert (
+        "shardctl: slurm.setup line 2 (ls /no-such-setup-dir) failed with exit code 2; "
+        "no launcher was started"
+    ) in proc.stdout
+    assert "not reached" not in proc.stdout
+    # No launcher ran: the training never started.
+    assert not (Path(ref.run_dir) / "logs" / "metrics.jsonl").exists()
+    assert SlurmCluster().status(ref).state is JobState.FAILED
