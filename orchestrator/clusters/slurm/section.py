@@ -18,6 +18,7 @@ from ...spec.common import (
     ClusterSection,
     Retries,
     Section,
+    as_written,
     path_text,
     shell_lines,
     show,
@@ -363,7 +364,10 @@ class SlurmSection(ClusterSection):
     exclusive: bool = False
     """Slurm `--exclusive`: the nodes for this job alone."""
     setup: list[str] = Field(default_factory=list)
-    """Shell lines run on every node before the launcher (module load, venv ...)."""
+    """Shell lines (module load, venv ...), one command each, that the batch shell runs on
+    the first node before srun starts every node's launcher (the environment they set
+    goes with it). Their output is in node 0's log; a line that exits non-zero stops the
+    job there, naming the line and its exit code."""
     srun_args: list[str] = Field(default_factory=list)
     """Extra words for srun, e.g. `--cpu-bind=none`."""
     max_requeues: Retries = 10
@@ -392,7 +396,8 @@ class SlurmSection(ClusterSection):
                     f"key {show(key)} is {type_name(key)}; accepted: sbatch's long option "
                     "names, e.g. reservation, exclude, comment"
                 )
-        return {key: (key, value) for key, value in v.items()}
+        # `time-min: 10:00` is YAML 1.1's base-60 number 600; sbatch reads the text.
+        return {key: (key, as_written(value)) for key, value in v.items()}
 
     @model_validator(mode="after")
     def _one_container(self) -> SlurmSection:
@@ -403,6 +408,14 @@ class SlurmSection(ClusterSection):
                 "options; accepted: the container section alone (it renders them)"
             )
         return self
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_as_written(cls, v: Any) -> Any:
+        # `time: 10:00:00` is YAML 1.1's base-60 number 36000: the text is the time
+        # meant (taken as 36000 minutes it would be 25 days). A plain integer is `M`.
+        v = as_written(v)
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("time")
     @classmethod
