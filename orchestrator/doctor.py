@@ -108,7 +108,7 @@ def input_checks(spec: JobSpec, cluster: str) -> list[Check]:
         return []
     checks = []
     for name, problems, ok in (
-        ("input files", input_problems(spec), "what the ranks read is here"),
+        ("input files", input_problems(spec, cluster), "what the ranks read is here"),
         ("factory imports", import_problems(spec), "every factory imports (or none is given)"),
     ):
         if not problems:

@@ -16,6 +16,7 @@ and `doctor` run it; the CLI process itself never imports the user's code.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,20 @@ def _show(value: str) -> str:
 RELATIVE_NOTE = " (a relative path is taken from the spec file's folder)"
 # How long a factory's import may take before the check gives up without a verdict.
 IMPORT_TIMEOUT_S = 120
+# Folder entries looked at (a corpus, a resume folder) before giving up without a verdict.
+CORPUS_WALK_LIMIT = 100_000
+# A token file up to this size is read whole for its largest id (a second or two);
+# a larger one is left to the ranks, which check every batch.
+TOKEN_SCAN_BYTES = 256 * 2**20
+TOKEN_SCAN_CHUNK = 16 * 2**20  # ids per read: bounded memory
+# transformers.LlamaConfig's own default (spec.LLAMA_CONFIG_KEYS mirrors the class).
+LLAMA_DEFAULT_VOCAB = 32000
+# Files whose presence makes a folder some tool's checkpoint: shardctl's manifest, DCP's
+# metadata, DeepSpeed's pointer, the Trainer's state; and weights or state files.
+CHECKPOINT_MARKS = frozenset({"manifest.json", ".metadata", "latest", "trainer_state.json"})
+CHECKPOINT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".distcp", ".pkl"})
+# A GPU torch can use shows up as a device node: /dev/nvidiaN, ROCm's or WSL's.
+GPU_DEVICE_NODES = ("/dev/kfd", "/dev/dxg")
 
 
 def _missing(
@@ -67,26 +82,40 @@ def script_problems(spec: JobSpec, where: str) -> list[str]:
     return problems
 
 
-def input_problems(spec: JobSpec) -> list[str]:
-    """The local files and packages the ranks will read that are not there (cheap)."""
+def _file_or_folder(path: Path) -> bool:
+    # A FIFO or a device (/dev/null) exists, yet holds no corpus: the ranks would block
+    # on it or read nothing, then each say the corpus "does not exist".
+    return path.is_file() or path.is_dir()
+
+
+def input_problems(spec: JobSpec, cluster: str | None = None) -> list[str]:
+    """The local files and packages the ranks will read that are not there or cannot be
+    trained on (cheap); `cluster`: the one this machine's ranks run on, if known."""
     problems = script_problems(spec, "exists here")
     t, c = spec.train, spec.checkpoint
     if t is not None:
         d, m = t.data, t.model
         if d.text is not None:
             what = "a text file or a folder of them"
-            problems += _missing("train.data.text", d.text, Path.exists, what, what)
+            found = _missing(
+                "train.data.text", d.text, _file_or_folder, "a regular file or folder", what
+            )
+            problems += found or _text_problems(d.text, t.seq_len + 1)
         if d.tokens is not None:
             what = "a token file (.npy, or raw .bin)"
-            problems += _missing("train.data.tokens", d.tokens, Path.is_file, what, what)
+            found = _missing("train.data.tokens", d.tokens, Path.is_file, what, what)
+            problems += found or _token_problems(d.tokens, d.token_dtype, spec)
         if m.pretrained is not None:
             what = "a folder from_pretrained reads (config.json and the weights)"
-            problems += _missing(
-                "train.model.pretrained", m.pretrained, Path.is_dir, "a folder", what
-            )
+            found = _missing("train.model.pretrained", m.pretrained, Path.is_dir, "a folder", what)
+            problems += found or _pretrained_problems(m.pretrained)
+        problems += _vocab_problems(spec)
     if c.resume not in ("auto", "never"):
         what = "'auto', 'never' or the path of a complete step-NNNNNNNN folder"
-        problems += _missing("checkpoint.resume", c.resume, Path.is_dir, "a folder", what)
+        found = _missing("checkpoint.resume", c.resume, Path.is_dir, "a folder", what)
+        problems += found or _resume_problems(c.resume)
+    if cluster == "local":  # only here does this machine run the ranks
+        problems += _device_problems(spec)
     tensorboard = spec.logging.tensorboard_dir
     if tensorboard is not None and os.path.lexists(tensorboard) and not Path(tensorboard).is_dir():
         problems.append(
@@ -104,6 +133,137 @@ def input_problems(spec: JobSpec) -> list[str]:
                 f"folder, or a path where one can be made{RELATIVE_NOTE}"
             )
     return problems + tracker_problems(spec)
+
+
+def _text_problems(text: str, need: int) -> list[str]:
+    """A text corpus the ranks would find shorter than one sequence (`need` tokens:
+    bytes, one newline after each file, as `train/data.py` joins them)."""
+    root, tokens, files = Path(text), 0, 0
+    paths = [root] if root.is_file() else root.rglob("*")
+    for seen, path in enumerate(paths):
+        if seen >= CORPUS_WALK_LIMIT:
+            return []  # a huge tree: no verdict here, the ranks will say
+        if (path.name.startswith(".") and path != root) or not path.is_file():
+            continue
+        files += 1
+        tokens += path.stat().st_size + 1
+        if tokens >= need:
+            return []
+    if files == 0:
+        return [
+            f"train.data.text {_show(text)} holds no files; accepted: a text file or a "
+            "folder of them"
+        ]
+    return [
+        f"train.data.text {_show(text)} has {tokens} tokens (bytes, a newline after each "
+        f"file), fewer than one sequence of train.seq_len + 1 = {need}; accepted: a corpus "
+        "of at least that many tokens, or a smaller train.seq_len"
+    ]
+
+
+def _token_problems(tokens: str, token_dtype: str, spec: JobSpec) -> list[str]:
+    """A token file the ranks could not train on: not a whole number of tokens, not a
+    1-D integer array, shorter than one sequence, or (when reading it all is cheap)
+    holding an id past the model's vocab_size. Opened as the ranks open it."""
+    from ..train.data import check_token_ids, open_tokens  # numpy, no torch
+    from .errors import PermanentError
+
+    assert spec.train is not None
+    need = spec.train.seq_len + 1
+    try:
+        ids = open_tokens(tokens, token_dtype)
+    except PermanentError as exc:
+        return [str(exc)]
+    if len(ids) < need:
+        return [
+            f"train.data.tokens {_show(tokens)} has {len(ids)} tokens, fewer than one "
+            f"sequence of train.seq_len + 1 = {need}; accepted: a corpus of at least that "
+            "many tokens, or a smaller train.seq_len"
+        ]
+    vocab = _vocab_size(spec)
+    if vocab is None or ids.nbytes > TOKEN_SCAN_BYTES:
+        return []  # the ranks check every batch they read
+    try:
+        for start in range(0, len(ids), TOKEN_SCAN_CHUNK):
+            check_token_ids(
+                ids[start : start + TOKEN_SCAN_CHUNK], vocab, f"train.data.tokens {_show(tokens)}"
+            )
+    except PermanentError as exc:
+        return [str(exc)]
+    return []
+
+
+def _pretrained_problems(folder: str) -> list[str]:
+    from ..train.model import pretrained_config_problem  # torch-free at import
+
+    problem = pretrained_config_problem(folder)
+    if problem is None:
+        return []
+    return [
+        f"train.model.pretrained {_show(folder)} {problem}; accepted: a directory written "
+        "by save_pretrained or `shardctl consolidate` (nothing is downloaded)"
+    ]
+
+
+def _vocab_size(spec: JobSpec) -> int | None:
+    """The model's vocab_size where the spec or the pretrained config.json says it."""
+    assert spec.train is not None
+    m = spec.train.model
+    if m.llama is not None:
+        vocab = m.llama.get("vocab_size", LLAMA_DEFAULT_VOCAB)
+    elif m.pretrained is not None:
+        try:
+            config = json.loads((Path(m.pretrained) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # said by _pretrained_problems
+        vocab = config.get("vocab_size") if isinstance(config, dict) else None
+    else:
+        return None  # a factory's model: only the ranks know it
+    return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
+def _vocab_problems(spec: JobSpec) -> list[str]:
+    """Byte-level text (ids 0..255) needs a vocab_size of at least 256."""
+    assert spec.train is not None
+    d, vocab = spec.train.data, _vocab_size(spec)
+    if (d.text is None and d.builtin is None) or vocab is None or vocab >= 256:
+        return []
+    field = "train.model.llama.vocab_size" if spec.train.model.llama else "the model's vocab_size"
+    return [
+        f"{field} is {vocab} but train.data is byte-level text (token ids 0..255); "
+        "accepted: vocab_size >= 256"
+    ]
+
+
+def _resume_problems(resume: str) -> list[str]:
+    """A resume folder that holds no checkpoint of any kind. Only that: a folder in
+    another tool's layout (DCP, DeepSpeed, accelerate, the Trainer) is judged by the
+    ranks, which know the formats."""
+    folder = Path(resume)
+    for seen, path in enumerate(folder.rglob("*")):
+        if seen >= CORPUS_WALK_LIMIT or path.name in CHECKPOINT_MARKS:
+            return []
+        if path.suffix in CHECKPOINT_SUFFIXES and path.is_file():
+            return []
+    return [
+        f"checkpoint.resume {_show(resume)} holds no checkpoint (no manifest.json, no "
+        "DCP .metadata, no DeepSpeed 'latest', no weights file); accepted: 'auto', "
+        f"'never' or the path of a complete step-NNNNNNNN folder{RELATIVE_NOTE}"
+    ]
+
+
+def _device_problems(spec: JobSpec) -> list[str]:
+    """`device: cuda` on a machine with no GPU device node (NVIDIA, ROCm or WSL's):
+    torch would see none either. Asked only where this machine runs the ranks."""
+    if spec.resources.device != "cuda" or any(Path(p).exists() for p in GPU_DEVICE_NODES):
+        return []
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return []
+    return [
+        "resources.device is 'cuda' but this machine, where the local cluster runs the "
+        "ranks, has no GPU (no /dev/nvidia*, /dev/kfd or /dev/dxg); accepted here: "
+        "device: cpu"
+    ]
 
 
 def _file_in_the_way(folder: str | Path) -> Path | None:

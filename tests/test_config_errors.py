@@ -9,6 +9,7 @@ the exit code is the rank's own), each bounded by a timeout and killed by proces
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 from helpers.ckpt_run import ROOT, child_env, kill_group
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.errors import PermanentError
@@ -173,3 +175,152 @@ def test_device_cuda_without_a_gpu_is_not_retried(tmp_path: Path) -> None:
     if "torch sees no CUDA device" not in res.stdout and res.returncode == 0:
         pytest.skip("torch sees a CUDA device here")
     assert_not_retried(res, run_dir, "resources.device", "cuda")
+
+
+# -- before any rank starts: validate and submit --dry-run refuse what they can see ------
+
+
+def _validate(tmp: Path, patch: dict[str, Any], *args: str) -> Any:
+    from click.testing import CliRunner
+    from helpers.render_util import example_data, merge
+    from shardctl.orchestrator.cli import cli
+
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(merge(example_data(), patch)))
+    return CliRunner().invoke(cli, ["validate", str(path), *args])
+
+
+def _corpus(tmp: Path, content: bytes | None) -> dict[str, Any]:
+    """`content` None: a FIFO (it would block every rank that opens it)."""
+    corpus = tmp / "corpus"
+    if content is None:
+        os.mkfifo(corpus)
+    else:
+        corpus.write_bytes(content)
+    return {"train": {"data": {"builtin": None, "text": str(corpus)}}}
+
+
+def _npy(tmp: Path, array: np.ndarray) -> dict[str, Any]:
+    np.save(tmp / "t.npy", array)
+    return {"train": {"data": {"builtin": None, "tokens": str(tmp / "t.npy")}}}
+
+
+def _raw(tmp: Path, content: bytes) -> dict[str, Any]:
+    (tmp / "t.bin").write_bytes(content)
+    return {"train": {"data": {"builtin": None, "tokens": str(tmp / "t.bin")}}}
+
+
+def _resume_with(tmp: Path, name: str | None) -> dict[str, Any]:
+    folder = tmp / "old"
+    (folder / "sub").mkdir(parents=True)
+    if name is not None:
+        (folder / "sub" / name).write_text("{}")
+    (folder / "notes.txt").write_text("not a checkpoint")
+    return {"checkpoint": {"resume": str(folder)}}
+
+
+# (case, spec patch made in tmp, the one line validate prints, in parts)
+REFUSED: list[tuple[str, Callable[[Path], dict[str, Any]], tuple[str, ...]]] = [
+    ("fifo corpus", lambda tmp: _corpus(tmp, None), ("train.data.text", "is not a regular file")),
+    (
+        "/dev/null corpus",
+        lambda tmp: {"train": {"data": {"builtin": None, "text": "/dev/null"}}},
+        ("train.data.text '/dev/null' is not a regular file or folder here",),
+    ),
+    (
+        "empty corpus",
+        lambda tmp: _corpus(tmp, b""),
+        ("train.data.text", "has 1 tokens", "train.seq_len + 1 = 129"),
+    ),
+    ("10-byte corpus", lambda tmp: _corpus(tmp, b"0123456789"), ("has 11 tokens",)),
+    ("corpus folder of hidden files only", lambda tmp: _hidden_only(tmp), ("holds no files",)),
+    (
+        "float64 .npy",
+        lambda tmp: _npy(tmp, np.zeros(4096, dtype=np.float64)),
+        ("train.data.tokens", "dtype float64", "uint16"),
+    ),
+    ("2-D .npy", lambda tmp: _npy(tmp, np.zeros((64, 64), dtype=np.uint16)), ("shape (64, 64)",)),
+    (
+        "raw tokens cut mid-token",
+        lambda tmp: _raw(tmp, b"\x01" * 8191),
+        ("train.data.tokens", "8191 bytes are not a whole number of uint16 tokens"),
+    ),
+    (
+        "short token file",
+        lambda tmp: _npy(tmp, np.zeros(100, dtype=np.uint16)),
+        ("has 100 tokens", "= 129"),
+    ),
+    (
+        "token id past vocab_size",
+        lambda tmp: _npy(tmp, np.arange(4096, dtype=np.uint16)),
+        ("train.data.tokens", "holds token id 4095", "vocab_size is 256"),
+    ),
+    (
+        "byte text, vocab_size under 256",
+        lambda tmp: {"train": {"model": {"llama": {"vocab_size": 200}}}},
+        ("train.model.llama.vocab_size is 200", "byte-level", ">= 256"),
+    ),
+    (
+        "pretrained config.json not JSON",
+        lambda tmp: {"train": {"model": {"llama": None, "pretrained": _broken_model(tmp)}}},
+        ("train.model.pretrained", "config.json that is not JSON (line 1"),
+    ),
+    (
+        "resume folder without a checkpoint",
+        lambda tmp: _resume_with(tmp, None),
+        ("checkpoint.resume", "holds no checkpoint (no manifest.json"),
+    ),
+]
+
+
+def _hidden_only(tmp: Path) -> dict[str, Any]:
+    (tmp / "texts").mkdir()
+    (tmp / "texts" / ".notes").write_text("the ranks skip hidden files")
+    return {"train": {"data": {"builtin": None, "text": str(tmp / "texts")}}}
+
+
+def _broken_model(tmp: Path) -> str:
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text('{"vocab_size": 256,')
+    return str(tmp / "model")
+
+
+@pytest.mark.parametrize("make", [c[1] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_validate_refuses_what_every_rank_would_fail_on(
+    tmp_path: Path, make: Callable[[Path], dict[str, Any]]
+) -> None:
+    words = next(c[2] for c in REFUSED if c[1] is make)
+    result = _validate(tmp_path, make(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.output
+    for word in words:
+        assert word in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("mark", ["manifest.json", ".metadata", "latest", "model.safetensors"])
+def test_a_resume_folder_holding_any_tools_checkpoint_passes_validate(
+    tmp_path: Path, mark: str
+) -> None:
+    """Foreign layouts (DCP, DeepSpeed, the Trainer's weights) are the ranks' to judge."""
+    result = _validate(tmp_path, _resume_with(tmp_path, mark))
+    assert result.exit_code == 0, result.output
+
+
+def test_token_ids_within_vocab_size_pass_validate(tmp_path: Path) -> None:
+    result = _validate(tmp_path, _npy(tmp_path, np.arange(4096, dtype=np.uint16) % 256))
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.skipif(
+    any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/kfd").exists(),
+    reason="this machine has a GPU",
+)
+def test_device_cuda_is_refused_only_where_this_machine_runs_the_ranks(tmp_path: Path) -> None:
+    patch = {"resources": {"device": "cuda"}, "strategy": {"precision": "bf16-mixed"}}
+    local = _validate(tmp_path, patch)
+    assert local.exit_code == 2, local.output
+    assert "resources.device is 'cuda' but this machine" in local.stderr, local.stderr
+    assert "accepted here: device: cpu" in local.stderr
+    slurm = _validate(tmp_path, patch, "--cluster", "slurm")  # the nodes may have GPUs
+    assert slurm.exit_code == 0, slurm.output

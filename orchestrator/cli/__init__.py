@@ -105,7 +105,7 @@ def refuse_missing_inputs(job: JobSpec, cluster: str, *, source: str, imports: b
     from ..errors import SpecError
     from ..inputs import import_problems, input_problems
 
-    problems = input_problems(job) + (import_problems(job) if imports else [])
+    problems = input_problems(job, cluster) + (import_problems(job) if imports else [])
     if problems:
         raise SpecError(problems, source)
 
