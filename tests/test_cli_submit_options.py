@@ -12,16 +12,19 @@ from shardctl.orchestrator.clusters import CLUSTER_NAMES, cluster_class
 def test_help_says_where_wait_and_replace_work() -> None:
     text = " ".join(CliRunner().invoke(cli, ["submit", "--help"]).output.split())
     waits = [n for n in CLUSTER_NAMES if cluster_class(n).can_follow]
-    assert waits == ["local", "k8s"]
+    assert sorted(waits) == ["k8s", "local", "slurm"]
     assert "local: streams the logs" in text and "k8s: reports each state change" in text
+    assert "slurm: streams every node's logs, through requeues" in text
     assert "k8s: delete a job of the same name" in text
     assert "Replace the live job of this run dir: cancel it (on any cluster)" in text
 
 
-def test_wait_is_refused_where_it_cannot_work(tmp_path) -> None:
+def test_wait_is_refused_where_it_cannot_work(tmp_path, monkeypatch) -> None:
+    # Every built-in cluster follows; a cluster that cannot (a plugin's) is refused.
+    monkeypatch.setattr(cluster_class("slurm"), "can_follow", False)
     spec = str(EXAMPLES / "slurm-2node.yaml")
     res = CliRunner().invoke(cli, ["submit", spec, "--cluster", "slurm", "--wait"])
-    assert res.exit_code == 2 and "--wait works with --cluster local or k8s" in res.output
+    assert res.exit_code == 2 and "--wait works with --cluster local, slurm or k8s" in res.output
 
 
 # Only --dry-run for submit: without the fix a real submit would start a run.

@@ -7,7 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from shardctl.orchestrator.clusters.base import JobState
+from shardctl.orchestrator.clusters.records import recall
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
     SHARDCTL,
@@ -44,3 +46,33 @@ def test_a_failing_setup_line_stops_the_job_naming_it_and_its_output_is_in_the_l
     # No launcher ran: the training never started.
     assert not (Path(ref.run_dir) / "logs" / "metrics.jsonl").exists()
     assert SlurmCluster().status(ref).state is JobState.FAILED
+
+
+def test_submit_wait_streams_every_node_and_exits_with_the_job_s_code(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    name = "wait-for-me"
+    spec = _spec(
+        name,
+        train={"steps": 10},
+        checkpoint={"every_steps": 5, "keep": 2, "consolidate_on_finish": False},
+    )
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = subprocess.run(
+        [*SHARDCTL, "submit", str(path), "--cluster", "slurm", "--wait"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--wait works with" not in proc.stderr
+    # Every node's output came while it ran, as `logs -f` shows it.
+    assert "[node 0/out] step     10/10" in proc.stdout, proc.stdout
+    assert "[node 1/out] [shardctl] node 1 of job" in proc.stdout, proc.stdout
+    # The last word is what happened, as on the local cluster.
+    assert proc.stderr.rstrip().splitlines()[-1].startswith(f"{name}: SUCCEEDED"), proc.stderr
+    ref = recall(name)
+    assert SlurmCluster().status(ref).state is JobState.SUCCEEDED

@@ -153,7 +153,8 @@ def one_writer(run_dir: str, *, here: bool, replace: bool) -> Iterator[None]:
     "wait",
     is_flag=True,
     help="Follow the run until it ends and exit with its code (local: streams the logs; "
-    "k8s: reports each state change; 42: preempted, submit again to resume).",
+    "slurm: streams every node's logs, through requeues; k8s: reports each state change; "
+    "42: preempted and saved, submit again to resume; 143: cancelled).",
 )
 @set_option
 @output_option
@@ -183,7 +184,9 @@ def submit(
     refuse_missing_inputs(job, cluster, source=str(spec), imports=not dry_run)
     kind = cluster_class(cluster)
     if wait and not kind.can_follow:
-        raise UsageError(f"--wait works with --cluster local or k8s, not --cluster {cluster}")
+        raise UsageError(
+            f"--wait works with --cluster local, slurm or k8s, not --cluster {cluster}"
+        )
     own_replace = replace and getattr(kind, "supports_replace", False)
     backend = kind(replace=True) if own_replace else kind()
     plan = backend.dryrun(job)

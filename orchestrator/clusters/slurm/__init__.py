@@ -403,6 +403,24 @@ class SlurmCluster(Cluster):
             raise UsageError(
                 f"--node {node}: job {ref.name!r} has {nodes} node(s); accepted: 0..{nodes - 1}"
             )
+        pump = self._log_pump(ref, write, node=node, tail=tail)
+        wait = self.poll_s if poll_s is None else poll_s
+        while not self.has_ended(ref, self.status(ref)):
+            pump()
+            time.sleep(wait)
+        pump(final=True)
+
+    def _log_pump(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None],
+        *,
+        node: int | None = None,
+        tail: int | None = None,
+    ) -> Callable[..., None]:
+        """A function that writes what every node's (or `node`'s) log files gained since
+        its last call, each line prefixed; `final=True` flushes unfinished lines."""
+        nodes = int(ref.extra.get("nodes", 1))
         folder = _log_folder(ref)
         tails = [
             (FileTail(path := folder / f"{ref.job_id}_{n}_log.{kind}", tail=tail),
@@ -410,7 +428,6 @@ class SlurmCluster(Cluster):
             for n in range(nodes) if node is None or n == node
             for kind in ("out", "err")
         ]  # fmt: skip
-        wait = self.poll_s if poll_s is None else poll_s
 
         def pump(final: bool = False) -> None:
             for file_tail, report, prefix in tails:
@@ -420,10 +437,41 @@ class SlurmCluster(Cluster):
                 if text:
                     write(prefix_lines(prefix, text))
 
-        while not self.has_ended(ref, self.status(ref)):
-            pump()
-            time.sleep(wait)
+        return pump
+
+    # `submit --wait`: every node's output until the job ends, then its exit code.
+    can_follow = True
+    follow_ticks = True
+
+    def follow(
+        self,
+        ref: JobRef,
+        write: Callable[[str], None] | None = None,
+        poll_s: float | None = None,
+        tick: Callable[[], None] | None = None,
+    ) -> int:
+        """`submit --wait`: every node's output as `logs -f` shows it, through queueing
+        and requeues, until Slurm says the job ended; return its exit code
+        (`exit_code_of`, the one `status --watch` exits with). Ctrl-C cancels the job
+        (`cancel`: the ranks stop, it is never requeued) and keeps following until it
+        ended; `tick` is called after each read (the progress bar)."""
+        out = write or (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+        pump = self._log_pump(ref, out)
+        wait = self.poll_s if poll_s is None else poll_s
+        while not self.has_ended(ref, st := self.status(ref)):
+            try:
+                pump()
+                if tick is not None:
+                    tick()
+                time.sleep(wait)
+            except KeyboardInterrupt:
+                out(f"\nshardctl: cancelling Slurm job {ref.job_id} (its ranks stop) ...\n")
+                with contextlib.suppress(ClusterError):  # it may have ended meanwhile
+                    self.cancel(ref)
         pump(final=True)
+        if tick is not None:
+            tick()
+        return self.exit_code_of(ref, st)
 
     def cancel(self, ref: JobRef) -> None:
         _require_slurm()
