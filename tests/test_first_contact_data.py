@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -196,3 +200,106 @@ def test_init_name_with_a_tab_is_one_clear_line(tmp_path: Path) -> None:
         "digits and '-', starting and ending with a letter or digit"
     )
     assert not path.exists()
+
+
+# ------------------------------------------------- one writer per consolidate/convert --out
+
+# A consolidation that stops in the middle of its copy (its progress callback) until
+# the test says go: the second writer meets it while its staging folder exists.
+PAUSED_CONSOLIDATE = """
+import sys, time
+from pathlib import Path
+from shardctl.train.consolidate import consolidate
+step, out, ready, go = map(Path, sys.argv[1:5])
+def pause(done, total):
+    if not ready.exists():
+        ready.write_text("staging")
+        deadline = time.monotonic() + 120
+        while not go.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+consolidate(step, out, progress=pause)
+print("first consolidation published")
+"""
+
+# A process that holds the claim on an --out until its stdin closes.
+HOLDER = """
+import sys
+from pathlib import Path
+from shardctl.orchestrator.outclaim import output_claim
+with output_claim(Path(sys.argv[1]), "shardctl convert"):
+    Path(sys.argv[2]).write_text("holding")
+    sys.stdin.read()
+"""
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def test_a_second_consolidate_of_the_same_out_is_refused_naming_the_first(
+    tmp_path: Path,
+) -> None:
+    from helpers.consolidate_util import make_dcp_step, tiny_llama
+
+    llama = tiny_llama()
+    step = make_dcp_step(tmp_path / "ck", 1, llama.state_dict(), llama.config.to_dict())
+    out, ready, go = tmp_path / "o", tmp_path / "ready", tmp_path / "go"
+    first = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_CONSOLIDATE, str(step), str(out), str(ready), str(go)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(ready, first)
+        assert (tmp_path / "o.tmp").is_dir()
+        res = CliRunner().invoke(cli, ["consolidate", str(step), "--out", str(out)])
+        assert res.exit_code == 2, res.output
+        assert res.stderr.startswith(
+            f"error: {out} is being written by another `shardctl consolidate` (pid {first.pid} on "
+        ), res.stderr
+        assert "wait for it to end or give another --out" in res.stderr
+        assert (tmp_path / "o.tmp").is_dir()  # the first one's staging folder is untouched
+        go.write_text("go")
+        output, _ = first.communicate(timeout=120)
+        assert first.returncode == 0, output
+        assert "first consolidation published" in output
+    finally:
+        _stop(first)
+    assert (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "go", "o", "ready"]
+
+
+def test_a_second_convert_is_refused_and_a_dead_writers_claim_is_taken_over(
+    tmp_path: Path,
+) -> None:
+    source, out, ready = tmp_path / "source", tmp_path / "d", tmp_path / "ready"
+    source.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out), str(ready)], stdin=subprocess.PIPE, text=True
+    )
+    args = ["convert", str(source), "--to", "deepspeed", "--world-size", "1", "--out", str(out)]
+    try:
+        _wait_for(ready, holder)
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, res.output
+        assert f"{out} is being written by another `shardctl convert` (pid {holder.pid} on " in (
+            res.stderr
+        )
+        assert f"If that process is gone, delete {tmp_path / 'd.claim'}" in res.stderr
+    finally:
+        _stop(holder)  # killed: its claim stays behind, held by a dead pid
+    assert (tmp_path / "d.claim").is_file()
+    res = CliRunner().invoke(cli, args)
+    # Taken over: the conversion goes on, to the source (which is not a checkpoint).
+    assert res.exit_code != 0 and "being written" not in res.output, res.output
+    assert str(source) in res.output
+    assert not (tmp_path / "d.claim").exists() and not out.exists()

@@ -262,22 +262,26 @@ def _convert_checkpoint(
     ds_writer: str | None = None,
 ) -> None:
     from ...train.portable import convert_checkpoint, describe
+    from ..outclaim import output_claim
 
     if out is None:
         raise UsageError(
             f"{source} is a checkpoint: give --out NEW_FOLDER for the converted checkpoint"
         )
-    report = convert_checkpoint(
-        source,
-        to,
-        out,
-        world_size=world_size,
-        zero_stage=zero_stage,
-        precision=precision,
-        allow_downcast=allow_downcast,
-        verify=verify,
-        **({"ds_writer": ds_writer} if ds_writer is not None else {}),
-    )
+    # One writer per --out: a second conversion to it is refused, naming the first,
+    # instead of removing the first one's staging folder.
+    with output_claim(out, "shardctl convert"):
+        report = convert_checkpoint(
+            source,
+            to,
+            out,
+            world_size=world_size,
+            zero_stage=zero_stage,
+            precision=precision,
+            allow_downcast=allow_downcast,
+            verify=verify,
+            **({"ds_writer": ds_writer} if ds_writer is not None else {}),
+        )
     if output == "json":
         echo_json(report.to_json())
         return

@@ -37,6 +37,7 @@ from typing import Any
 
 from ...orchestrator.durable import storage_error
 from ...orchestrator.errors import CheckpointError, CorruptCheckpointError, UsageError
+from ...orchestrator.outclaim import output_claim
 from ..storage import PosixStorage
 from .io import SourceTensor
 
@@ -329,6 +330,29 @@ def consolidate(
     started = time.perf_counter()
     candidates, named = resolve_candidates(Path(checkpoint))
     out_dir = Path(out_dir)
+    # One writer per output: a second consolidation of the same folder is refused,
+    # naming the first, instead of removing its staging folder (`orchestrator/outclaim`).
+    with output_claim(out_dir, "shardctl consolidate"):
+        return _consolidate_newest(
+            candidates, named, Path(checkpoint), out_dir, dtype, max_shard_bytes, progress,
+            force, verify, durable, started,
+        )  # fmt: skip
+
+
+def _consolidate_newest(
+    candidates: list[Path],
+    named: bool,
+    checkpoint: Path,
+    out_dir: Path,
+    dtype: str,
+    max_shard_bytes: int,
+    progress: bool | Callable[[int, int], None],
+    force: bool,
+    verify: bool,
+    durable: bool | None,
+    started: float,
+) -> ConsolidationResult:
+    """`consolidate` under the output's claim: the newest candidate that verifies."""
     _check_out(out_dir, force)  # before any reading: refuse early and cheaply
     if durable is None:
         durable = out_dir.exists()
