@@ -34,6 +34,27 @@ INT_TAG = "tag:yaml.org,2002:int"
 MAX_ALIAS_NODES = 100_000
 
 
+class Base60Int(int):
+    """An integer YAML 1.1 read from a plain scalar with colons (`10:00:00` is the
+    base-60 number 36000), with the text as written, so that a field meaning a time
+    (`slurm.time`) takes the text and an error can say what YAML did."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> Base60Int:
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+    def __getnewargs__(self) -> tuple[int, str]:  # type: ignore[override]  # copy, pickle
+        return int(self), self.text
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    number = yaml.SafeLoader.construct_yaml_int(loader, node)
+    return Base60Int(number, node.value) if ":" in node.value else number
+
+
 class _UniqueKeys:
     """A loader's mixin that refuses a key given twice in the same mapping, at any depth,
     and a document whose aliases expand past `MAX_ALIAS_NODES` nodes."""
@@ -73,6 +94,11 @@ class _UniqueKeyLoader(_UniqueKeys, yaml.SafeLoader):
     """`SafeLoader` (pure Python: its errors name line and column) without duplicate keys."""
 
 
+_UniqueKeyLoader.add_constructor(INT_TAG, _construct_int)
+# Written back as the number it is, wherever plain data from a spec is dumped.
+for _dumper in (yaml.SafeDumper, getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+    _dumper.add_representer(Base60Int, yaml.SafeDumper.represent_int)
+
 # libyaml's parser where PyYAML was built with it: ~10× faster than the pure-Python one.
 # For files shardctl wrote itself (a run dir's job.yaml, which `ls` reads once per job
 # for its total steps), not for what users write: libyaml locates errors less well.
@@ -81,6 +107,7 @@ _WrittenLoader: type = (
     if hasattr(yaml, "CSafeLoader")
     else _UniqueKeyLoader
 )
+_WrittenLoader.add_constructor(INT_TAG, _construct_int)
 
 
 class AliasBombError(yaml.YAMLError):

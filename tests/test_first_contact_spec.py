@@ -109,3 +109,62 @@ def test_a_device_and_a_folder_are_named_for_what_they_are(tmp_path: Path) -> No
     link = tmp_path / "link.yaml"
     link.symlink_to(EXAMPLE)
     assert read_yaml_file(link)["name"] == BASE["name"]
+
+
+# ------------------------------------------------------------ item 2: YAML 1.1 surprises
+
+
+def spec_of(extra: str, *args: str) -> Any:
+    from shardctl.orchestrator.spec import parse_spec
+
+    return parse_spec(parse_yaml_text(EXAMPLE.read_text() + extra + "\n", "job.yaml"))
+
+
+def problem_of(extra: str) -> str:
+    with pytest.raises(SpecError) as exc:
+        spec_of(extra)
+    assert exc.value.exit_code == 2
+    return str(exc.value)
+
+
+def test_an_unquoted_off_says_yaml_made_it_false_and_how_to_quote_it() -> None:
+    msg = problem_of("logging: {wandb_mode: off}")
+    assert "logging.wandb_mode: Input should be 'online' or 'offline'" in msg
+    assert "YAML reads an unquoted off, no or n as the boolean false" in msg
+    assert 'quote it, e.g. wandb_mode: "off"' in msg
+
+
+def test_an_unquoted_yes_in_a_text_field_says_what_yaml_did() -> None:
+    msg = problem_of("k8s: {image: yes}")
+    assert "k8s.image:" in msg and "the boolean true" in msg and 'image: "on"' in msg
+
+
+def test_a_base60_number_in_a_text_field_shows_the_text_to_quote() -> None:
+    msg = problem_of("slurm: {partition: 1:00}")
+    assert "YAML reads an unquoted 1:00 as the base-60 number 60" in msg
+    assert 'partition: "1:00"' in msg
+
+
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [("10:00:00", "10:00:00"), ("1:30", "1:30"), ("90", "90"), ('"10:00:00"', "10:00:00")],
+)
+def test_slurm_time_is_the_time_written_not_yaml_s_base60_number(written: str, meant: str) -> None:
+    from shardctl.orchestrator.clusters.slurm.section import slurm_time_minutes
+
+    spec = spec_of(f"slurm: {{time: {written}}}")
+    assert spec.slurm.time == meant
+    minutes = {"10:00:00": 600, "1:30": 2, "90": 90}[meant]
+    assert slurm_time_minutes(spec.slurm.time) == minutes
+
+
+def test_slurm_time_given_with_set_is_the_time_written() -> None:
+    from shardctl.orchestrator.spec import load_spec
+
+    spec = load_spec(EXAMPLE, ["slurm.time=10:00:00"])
+    assert spec.slurm.time == "10:00:00"
+
+
+def test_an_sbatch_option_time_is_sent_as_written() -> None:
+    spec = spec_of("slurm: {sbatch_options: {time-min: 10:00, begin: '10:30'}}")
+    assert spec.slurm.sbatch_options == {"time-min": "10:00", "begin": "10:30"}

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ..errors import SpecError
 from ..rundir import CONTRACT_ENV
+from ..yamlio import Base60Int
 
 # Every bad value a message shows goes through this: repr, cut to a readable length.
 show = SpecError.show_value
@@ -159,11 +160,18 @@ def set_derived(model: BaseModel, field: str, value: Any) -> None:
     object.__setattr__(model, field, value)
 
 
+def as_written(value: Any) -> Any:
+    """A time YAML 1.1 read as a base-60 number (`10:00:00` → 36000) as the text it was
+    written as; any other value as it is. For fields whose values are times."""
+    return value.text if isinstance(value, Base60Int) else value
+
+
 def type_name(value: Any) -> str:
     """What YAML made of a value, with its article: 'a string', 'an integer'."""
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
     names.update({list: "a list", dict: "a mapping", type(None): "null"})
-    return names.get(type(value), type(value).__name__)
+    kind = int if isinstance(value, int) and not isinstance(value, bool) else type(value)
+    return names.get(kind, type(value).__name__)  # a base-60 `Base60Int` is an integer
 
 
 class ClusterSection(Section):

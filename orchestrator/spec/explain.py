@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import SpecError
+from ..yamlio import Base60Int
 from .common import show, type_name
 
 NAMED_FIELDS = ("strategy.", "checkpoint.", "launcher", "train.", "resources.", "unknown key ")
@@ -69,9 +70,27 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
                 continue
         # The value once: our own validators show it (or the bad item of a list) in
         # their sentence; pydantic's messages never do; a whole section is not printed.
-        got = "" if ours or isinstance(value, dict) else f" (got {shown})"
+        got = "" if ours or isinstance(value, dict) else f" (got {shown}{_yaml_did(value, loc)})"
         problems.append(f"{field or 'spec'}: {msg}{got}")
     return problems
+
+
+def _yaml_did(value: Any, loc: list[Any]) -> str:
+    """What YAML 1.1 made of a plain scalar the field did not want, and how to quote
+    it: `wandb_mode: off` is the boolean false, `time: 10:00:00` the number 36000."""
+    key = next((p for p in reversed(loc) if isinstance(p, str)), "key")
+    if isinstance(value, bool):
+        words, example = ("on, yes or y", "on") if value else ("off, no or n", "off")
+        return (
+            f"; YAML reads an unquoted {words} as the boolean {str(value).lower()}: to "
+            f'mean the word, quote it, e.g. {key}: "{example}"'
+        )
+    if isinstance(value, Base60Int):
+        return (
+            f"; YAML reads an unquoted {value.text} as the base-60 number {int(value)}: to "
+            f'mean the text, quote it: {key}: "{value.text}"'
+        )
+    return ""
 
 
 def _dotted(loc: list[Any] | tuple[Any, ...]) -> str:
