@@ -122,6 +122,7 @@ def consolidate_cmd(
 
     \b
     shardctl consolidate examples/runs/tiny-llama             # → examples/runs/tiny-llama/model
+    shardctl consolidate examples/runs/tiny-llama --force     # again, over the model/ it wrote
     shardctl consolidate runs/x/checkpoints/step-00000200 --out hf/ --dtype bf16
     """
     from ...train.consolidate import consolidate, resolve_checkpoint
