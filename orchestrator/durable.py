@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from pathlib import Path
 
 from .errors import ShardctlError, StorageError
@@ -106,6 +107,17 @@ def _size(n: int) -> str:
     return f"{n} bytes"  # pragma: no cover - the loop always returns
 
 
+# A C++ source location torch puts before its message ("[enforce fail at x.cc:603] .").
+_CPP_WHERE = re.compile(r"\[enforce fail at [^\]]*\]\s*\.?\s*")
+
+
+def one_line(exc: BaseException, limit: int = 200) -> str:
+    """What `exc` says, as one line for a person: its first line, without torch's C++
+    source location (a status line is not the place for a traceback)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return _CPP_WHERE.sub("", lines[0] if lines else "")[:limit]
+
+
 def storage_error(
     exc: BaseException,
     where: str | Path,
@@ -131,7 +143,7 @@ def storage_error(
     if code in _WHY_UNWRITABLE:
         why = _WHY_UNWRITABLE[code]
     elif code is None and free is not None and free < max(LOW_SPACE_BYTES, needed or 0):
-        why = f"is full (the write failed with {type(exc).__name__}: {str(exc)[:200]})"
+        why = f"is full (the write failed with {type(exc).__name__}: {one_line(exc)})"
     else:
         return None
     room = ""

@@ -324,3 +324,23 @@ def test_device_cuda_is_refused_only_where_this_machine_runs_the_ranks(tmp_path:
     assert "accepted here: device: cpu" in local.stderr
     slurm = _validate(tmp_path, patch, "--cluster", "slurm")  # the nodes may have GPUs
     assert slurm.exit_code == 0, slurm.output
+
+
+# -- a full checkpoint disk: its reason is one line, never a torch traceback ----------
+
+
+def test_a_failed_dcp_save_is_said_by_its_first_ranks_own_error_in_one_line() -> None:
+    """DCP's CheckpointException holds every failed rank's traceback in its text; the
+    reason of a full disk shows the first rank's own error, without torch's C++ place."""
+    import traceback
+
+    from shardctl.orchestrator.durable import one_line
+    from shardctl.train.checkpoint import _first_failure
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    inner = RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
+    wrapped = CheckpointException("ranks:dict_keys([0])", {0: (inner, traceback.StackSummary())})
+    assert "Traceback" in str(wrapped)  # what the reason used to show
+    assert _first_failure(wrapped) is inner
+    assert one_line(_first_failure(wrapped)) == "unexpected pos 64 vs 0"
+    assert one_line(ValueError("first\n  Traceback (most recent call last):\n  x")) == "first"

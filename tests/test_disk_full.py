@@ -165,15 +165,19 @@ def test_a_save_on_a_full_disk_fails_the_run_saying_why_and_keeps_the_previous(
             checkpoint={"every_steps": 2, "keep": 2, "dir": str(full)},
         )
         res = train(spec, env={"SHARDCTL_RUN_DIR": str(tmp_path / "job")})
-        assert res.returncode == 1, res.stdout[-4000:]
+        assert res.returncode == 1, res.stdout[-4000:]  # torchrun's code for a failed rank
         assert sorted(p.name for p in full.iterdir()) == ["step-00000002"], res.stdout[-4000:]
         assert verify(full / "step-00000002") == []
     marker = json.loads((tmp_path / "job" / FAILED_FILE).read_text())
     reason = marker["reason"]
     assert f"{full} is full" in reason and "free" in reason and "needed" in reason, reason
     assert "step-00000004.tmp was removed" in reason and "step-00000002 is intact" in reason
+    # No torch traceback, no C++ source location: what `status` shows is shardctl's line.
+    assert "Traceback" not in reason and ".cc:" not in reason and "\n" not in reason, reason
+    # A full disk is as full on the next attempt: not retried (exit 78, permanent).
+    assert marker["code"] == 78, marker
     outcome = classify(Evidence.gather(tmp_path / "job", None, 1))
-    assert outcome.kind is Kind.FAILED and reason in outcome.summary()
+    assert outcome.kind is Kind.PERMANENT and reason in outcome.summary()
 
 
 def test_a_users_script_stopped_by_a_full_disk_records_why(tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..orchestrator.durable import storage_error
+from ..orchestrator.durable import one_line, storage_error
 from ..orchestrator.errors import CheckpointError, StorageError
 from ..orchestrator.fence import AttemptFence, StaleAttemptError
 from . import heartbeat
@@ -186,6 +186,18 @@ def _os_error_in(exc: BaseException) -> OSError | None:
             todo = [t for t in todo if isinstance(t, BaseException)]
         todo += [c for c in (e.__cause__, e.__context__) if c is not None]
     return None
+
+
+def _first_failure(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (whose text
+    holds every failed rank's traceback), else `exc`."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        first = first[0] if isinstance(first, tuple) else first
+        if isinstance(first, BaseException):
+            return _first_failure(first)
+    return exc
 
 
 # ------------------------------------------------------------------- the manager
@@ -362,7 +374,7 @@ class CheckpointManager:
         `exc` as it is (its staging folder goes at the next save, as after a crash)."""
         previous = complete_candidates(self.storage)
         needed = _dir_bytes(previous[0]) if previous else None
-        cause = _os_error_in(exc) or exc
+        cause = _os_error_in(exc) or _first_failure(exc)
         # Asked before the staging folder goes: its partial files hold the space.
         if storage_error(cause, self.dir, what="", needed=needed) is None:
             return exc
@@ -378,7 +390,7 @@ class CheckpointManager:
         if problem is None:  # the space came back once the staging folder went
             problem = StorageError(
                 f"cannot write {what}: {self.dir} was full ({type(cause).__name__}: "
-                f"{str(cause)[:200]}); {aftermath}"
+                f"{one_line(cause)}); {aftermath}"
             )
         log.error("%s", problem)
         return problem
@@ -468,6 +480,8 @@ class CheckpointManager:
             self._pending = None
             if self._pending_error is not None:
                 exc, self._pending_error = self._pending_error, None
+                if isinstance(exc, StorageError):  # names the folder and the space itself
+                    raise exc
                 raise CheckpointError(f"the background checkpoint save failed: {exc}") from exc
 
     def close(self) -> None:

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shardctl.orchestrator.errors import CheckpointError, PermanentError
+from shardctl.orchestrator.errors import CheckpointError, PermanentError, StorageError
 from shardctl.orchestrator.outcome import done_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
@@ -377,6 +377,10 @@ def run(spec: JobSpec) -> int:
         # `auto` becomes one concrete precision here, before anything is built from it.
         spec = resolve_precision(spec, env)
         code, step = Trainer(spec, env).fit()
+    except StorageError as exc:
+        # A full, over-quota or read-only disk is as full on the next attempt: the
+        # previous checkpoint is intact, and retrying would only rewrite it.
+        raise PermanentError(str(exc)) from None
     finally:
         distributed.destroy()
     if code != EXIT_OK or not env.is_main:
