@@ -428,3 +428,74 @@ def test_cli_render_refuses_a_contradiction_without_a_traceback(tmp_path: Path) 
     assert "slurm.sbatch_options.mem-per-gpu '40G' and resources.memory '64G'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------- logs --rank: the node that ran it
+
+
+def _rank_nodes(run_dir: Path, job: str, requeue: int, node: int, ranks: list[int]) -> None:
+    """A node task's record of its ranks, as `rank_nodes.RankRecorder` writes it."""
+    folder = run_dir / "logs" / "rank-nodes"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"job": job, "requeue": requeue, "restart": 0, "node": node,
+              "host": f"n{node + 1}", "ranks": ranks, "time": 1000.0 + requeue}  # fmt: skip
+    (folder / f"{job}-node{node}.json").write_text(json.dumps(record))
+
+
+def test_the_node_of_a_rank_is_the_one_its_node_task_recorded(tmp_path: Path) -> None:
+    from shardctl.orchestrator.clusters.slurm.rank_nodes import node_of_rank
+
+    # The rendezvous put node 1 first: ranks 0 and 1 ran there.
+    _rank_nodes(tmp_path, "7", 0, 0, [2, 3])
+    _rank_nodes(tmp_path, "7", 0, 1, [0, 1])
+    _rank_nodes(tmp_path, "8", 0, 0, [0, 1])  # another job of the same run dir
+    assert node_of_rank(tmp_path, "7", 0) == (1, "n2")
+    assert node_of_rank(tmp_path, "7", 3) == (0, "n1")
+    assert node_of_rank(tmp_path, "8", 0) == (0, "n1")
+    assert node_of_rank(tmp_path, "7", 4) is None  # recorded by no node
+    # After a requeue node 0 came first: the newest attempt that recorded the rank.
+    _rank_nodes(tmp_path, "7", 1, 0, [0, 1])
+    assert node_of_rank(tmp_path, "7", 0) == (0, "n1")
+
+
+def test_logs_rank_follows_the_node_that_ran_the_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+    from shardctl.orchestrator.clusters.base import JobRef
+    from shardctl.orchestrator.clusters.records import remember
+
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(_data({})))  # 2 nodes × 4 processes
+    # Node 1 came first to the rendezvous: ranks 0..3 ran there, not on node 0.
+    _rank_nodes(tmp_path, "7", 0, 0, [4, 5, 6, 7])
+    _rank_nodes(tmp_path, "7", 0, 1, [0, 1, 2, 3])
+    remember(JobRef(cluster="slurm", job_id="7", name="ranked", run_dir=str(tmp_path),
+                    extra={"nodes": 2}))  # fmt: skip
+    followed: list[int | None] = []
+    monkeypatch.setattr(
+        SlurmCluster, "follow_logs", lambda self, ref, write, **kw: followed.append(kw["node"])
+    )
+    res = CliRunner().invoke(cli, ["logs", "ranked", "-f", "--rank", "0"])
+    assert res.exit_code == 0, res.output
+    assert followed == [1]
+    assert "rank 0 ran on node 1 (n2); showing that node" in res.output
+
+
+def test_a_node_task_records_the_ranks_below_its_launcher(tmp_path: Path) -> None:
+    from shardctl.orchestrator.clusters.slurm.rank_nodes import RankRecorder, node_of_rank
+
+    # A launcher (this test's process) with one rank below it, global rank 5.
+    rank = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, "RANK": "5"}
+    )
+    try:
+        recorder = RankRecorder(str(tmp_path), "9", 2, 1, node=1, per_node=1)
+        recorder.poll(os.getpid())
+        assert recorder.ranks == {5}
+        assert node_of_rank(tmp_path, "9", 5) == (1, recorder.fields["host"])
+        record = json.loads((tmp_path / "logs" / "rank-nodes" / "9-node1.json").read_text())
+        assert (record["requeue"], record["restart"], record["ranks"]) == (2, 1, [5])
+    finally:
+        rank.kill()
+        rank.wait(timeout=30)

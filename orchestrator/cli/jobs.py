@@ -227,13 +227,18 @@ def logs(job: str, tail: int | None, follow: bool, node: int | None, rank: int |
                 f"--rank {rank} is out of range: {ref.name!r} has world size {world} "
                 f"({nodes} node(s) × {per_node} process(es)); accepted: 0..{world - 1}"
             )
-        node = rank // per_node
-        first = node * per_node
-        click.echo(
-            f"rank {rank} runs on node {node} (ranks {first}..{first + per_node - 1}, in "
-            "launch order); showing that node",
-            err=True,
-        )
+        ran = backend.node_of_rank(ref, rank)  # where the cluster recorded it
+        if ran is not None:
+            node, host = ran
+            click.echo(f"rank {rank} ran on node {node} ({host}); showing that node", err=True)
+        else:
+            node = rank // per_node
+            first = node * per_node
+            click.echo(
+                f"rank {rank} runs on node {node} (ranks {first}..{first + per_node - 1}, "
+                "in launch order); showing that node",
+                err=True,
+            )
 
     def write(text: str) -> None:
         sys.stdout.write(text)

@@ -301,6 +301,12 @@ class Cluster(ABC):
         in its run dir; None when that cannot be read."""
         return run_resources(ref.run_dir).get("procs_per_node")
 
+    def node_of_rank(self, ref: JobRef, rank: int) -> tuple[int, str] | None:
+        """The node (index, host) that really ran global `rank` of a submitted job, where
+        the cluster recorded it (`logs --rank`); None: not known, `rank //
+        procs_per_node` in launch order."""
+        return None
+
     def follow_logs(
         self,
         ref: JobRef,

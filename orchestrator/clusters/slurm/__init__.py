@@ -145,6 +145,7 @@ from ..base import (
     hung_detail,
     prefix_lines,
     require_script,
+    run_resources,
 )
 from ..writer import LEDGER, write_rendered
 from .bad_nodes import leave_behind, left_behind_detail, pinned_node
@@ -156,6 +157,7 @@ from .queries import (
     controller_jobs,
     scontrol_fields,
 )
+from .rank_nodes import RankRecorder, node_of_rank
 from .refusals import refused, run_quietly
 from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
 from .section import SlurmSection
@@ -438,6 +440,11 @@ class SlurmCluster(Cluster):
                     write(prefix_lines(prefix, text))
 
         return pump
+
+    def node_of_rank(self, ref: JobRef, rank: int) -> tuple[int, str] | None:
+        """The node (index, host) that ran global `rank` in the job's newest attempt,
+        as its node task recorded it: torchrun's rendezvous numbers nodes by arrival."""
+        return node_of_rank(ref.run_dir, ref.job_id, rank) if ref.run_dir else None
 
     # `submit --wait`: every node's output until the job ends, then its exit code.
     can_follow = True
@@ -802,6 +809,8 @@ class NodeTask:
         # This task judges every attempt from the markers: the node watchdog need not
         # wait for another node's HUNG to turn a lost peer into its own 124.
         child_env[ENV_NODE_SUPERVISOR] = "slurm"
+        # Which ranks this node runs (`logs --rank`): the rendezvous numbers by arrival.
+        per_node = run_resources(self.run_dir).get("procs_per_node")
         # Rounds inside this allocation: a crash or a hang with restarts left starts
         # every node's launcher again here (no requeue); node 0 decides each round.
         round_ = 0
@@ -826,8 +835,9 @@ class NodeTask:
             # round's end stops it: it would hold up the next round until a timeout.
             follows = node != 0 and self.max_restarts > 0
             decided = partial(_round_decision, self.run_dir, job_id, restarts, round_, 0.0)
+            ranks = RankRecorder(self.run_dir, job_id, restarts, round_, node, per_node)
             rc, superseded = self._launch(
-                child_env, preempt_sig, received, forwarded, decided if follows else None
+                child_env, preempt_sig, received, forwarded, decided if follows else None, ranks
             )
             if follows:  # this node's launcher of the round is gone: node 0 may go on
                 _ack_round(self.run_dir, job_id, restarts, round_, node)
@@ -874,11 +884,13 @@ class NodeTask:
         received: list[int],
         forwarded: set[tuple[int, int]],
         decided: Callable[[], str | None] | None = None,
+        ranks: RankRecorder | None = None,
     ) -> tuple[int, str | None]:
         """Run the node's launcher to its end, passing signals on to the ranks; the
         launcher's code. With `decided`: once it returns node 0's decision on this
         round, the launcher and everything below it are killed (the round is over
-        for every node), and the decision is returned beside the code."""
+        for every node), and the decision is returned beside the code. `ranks`
+        records the global ranks found below the launcher (`rank_nodes.py`)."""
         child = subprocess.Popen(
             self.command,
             env=child_env,
@@ -891,6 +903,8 @@ class NodeTask:
                 return child.wait(timeout=2.0), None
             except subprocess.TimeoutExpired:
                 pass
+            if ranks is not None:
+                ranks.poll(child.pid)
             decision = decided() if decided is not None and not received else None
             if decision is not None:
                 # KILL, not TERM: the ranks would take TERM for a stop and save.
