@@ -11,6 +11,7 @@ import yaml
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.records import recall
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
+from shardctl.orchestrator.clusters.slurm.rank_nodes import node_of_rank
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
     SHARDCTL,
     _finished,
@@ -70,9 +71,31 @@ def test_submit_wait_streams_every_node_and_exits_with_the_job_s_code(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--wait works with" not in proc.stderr
     # Every node's output came while it ran, as `logs -f` shows it.
-    assert "[node 0/out] step     10/10" in proc.stdout, proc.stdout
+    assert "/out] step     10/10" in proc.stdout, proc.stdout
     assert "[node 1/out] [shardctl] node 1 of job" in proc.stdout, proc.stdout
     # The last word is what happened, as on the local cluster.
     assert proc.stderr.rstrip().splitlines()[-1].startswith(f"{name}: SUCCEEDED"), proc.stderr
     ref = recall(name)
     assert SlurmCluster().status(ref).state is JobState.SUCCEEDED
+
+    # logs --rank: the node that really ran rank 0 (the rendezvous numbers nodes by
+    # arrival), where rank 0's own lines are.
+    ran = node_of_rank(ref.run_dir, ref.job_id, 0)
+    assert ran is not None, list((Path(ref.run_dir) / "logs").rglob("*"))
+    node, host = ran
+    assert node_of_rank(ref.run_dir, ref.job_id, 1) == (1 - node, _other(host))
+    err = Path(ref.extra["folder"]) / f"{ref.job_id}_{node}_log.err"
+    assert "[rank 0] " in err.read_text()
+    proc = subprocess.run(
+        [*SHARDCTL, "logs", name, "-f", "--rank", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"rank 0 ran on node {node} ({host}); showing that node" in proc.stderr
+    assert proc.stdout and all(
+        line.startswith(f"[node {node}/") for line in proc.stdout.splitlines()
+    ), proc.stdout
+
+
+def _other(host: str) -> str:
+    """The dev cluster's other node."""
+    return {"n1": "n2", "n2": "n1"}[host]
