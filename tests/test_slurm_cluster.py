@@ -135,10 +135,13 @@ def _submitted(tmp_path: Path, spec: dict[str, Any]) -> JobRef:
     proc = _submit(tmp_path, spec)
     assert proc.returncode == 0, proc.stderr
     ref = JobRef(**json.loads(proc.stdout))
-    assert ref.extra["sbatch_matches_dry_run"] is True
-    # sbatch received exactly the script the dry run rendered (run_dir/sbatch.sh).
-    submitted = Path(ref.extra["folder"]) / f"{ref.job_id}_submission.sh"
-    assert submitted.read_bytes() == (Path(ref.run_dir) / "sbatch.sh").read_bytes()
+    # sbatch received exactly the script a dry run of the same spec shows, and the one
+    # written beside the run (run_dir/sbatch.sh).
+    submitted = (Path(ref.extra["folder"]) / f"{ref.job_id}_submission.sh").read_bytes()
+    assert submitted == (Path(ref.run_dir) / "sbatch.sh").read_bytes()
+    dry = _submit(tmp_path, spec, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert submitted == json.loads(dry.stdout)["artifacts"]["sbatch.sh"].encode()
     assert recall(spec["name"]).job_id == ref.job_id
     return ref
 

@@ -329,7 +329,6 @@ class SlurmCluster(Cluster):
             extra={
                 "folder": str(Path(request["executor"]["folder"].replace("%j", str(job.job_id)))),
                 "nodes": spec.resources.nodes,
-                "sbatch_matches_dry_run": True,  # or `_executor` had refused
             },
         )
 
