@@ -67,6 +67,7 @@ from .rundir import (
     CANCELLED_FILE,
     CHECKPOINTS_DIR,
     DONE_FILE,
+    EXIT_CANCELLED,
     EXIT_DO_NOT_RETRY,
     EXIT_FAILED,
     EXIT_HUNG,
@@ -138,7 +139,7 @@ POLICY: dict[Kind, Rule] = {
         Decision.RETRY, EXIT_PREEMPTED, "the ranks saved a checkpoint on the cluster's signal"
     ),
     Kind.CANCELLED: Rule(
-        Decision.STOP, EXIT_PREEMPTED, "stopped from outside; the ranks saved what they could"
+        Decision.STOP, EXIT_CANCELLED, "stopped from outside; the ranks saved what they could"
     ),
     Kind.HUNG: Rule(
         Decision.RETRY,

@@ -72,6 +72,11 @@ EXIT_PREEMPTED = 42
 # shell's 126/127 and of the 128+N of a signal; inside Kubeflow's ExitCode policy's
 # permanent range (1-127).
 EXIT_DO_NOT_RETRY = 78
+# Stopped from outside (`shardctl cancel`, Ctrl-C on `submit --wait`, Slurm's
+# scancel): 128 + SIGTERM, what a shell reports for a process TERM ended. One code on
+# every cluster, whether or not the ranks saved a checkpoint on the way out (42 means
+# a preemption's save alone).
+EXIT_CANCELLED = 143
 # `timeout(1)`'s code for "ran out of time". Kubeflow's ExitCode restart policy counts
 # 1-127 as permanent: restart_policy OnFailure (the default) restarts a hung pod.
 EXIT_HUNG = 124

@@ -21,13 +21,15 @@ import pytest
 from click.testing import CliRunner
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.cli.jobs import job_exit_code
 from shardctl.orchestrator.clusters import owner
-from shardctl.orchestrator.clusters.base import JobRef
+from shardctl.orchestrator.clusters.base import JobRef, JobState, JobStatus
 from shardctl.orchestrator.clusters.local import LocalCluster
 from shardctl.orchestrator.clusters.records import jobs_dir, remember, state_dir
 from shardctl.orchestrator.goodput import goodput
 from shardctl.orchestrator.progress import read_progress
 from shardctl.orchestrator.rundir import SUBMIT_CLAIM_FILE
+from shardctl.orchestrator.spec import load_spec
 
 # ------------------------------------------------------- 1. the session's state dir
 
@@ -254,3 +256,76 @@ def test_progress_reads_the_valid_tail_after_a_damaged_head(tmp_path: Path) -> N
     prog, why = read_progress(root)
     assert why == "" and prog is not None
     assert (prog.step, prog.loss) == (42, 2.0)
+
+
+# --------------------------------------------- 4. one exit code for a cancel, anywhere
+
+
+def _ended_local_run(root: Path, exit_code: int, markers: dict[str, str]) -> Path:
+    (root / "logs").mkdir(parents=True)
+    (root / "job.yaml").write_text("name: x\ntrain:\n  steps: 20\n")
+    (root / "local.exit").write_text(f"{exit_code}\n")
+    for name, text in markers.items():
+        (root / name).write_text(text)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("markers", "code"),
+    [
+        # A cancel before any checkpoint: torchrun's 1 after the TERM, nothing saved.
+        ({"CANCELLED": '{"kind": "cancelled"}\n'}, 143),
+        # A cancel whose ranks saved step 4 on the way out: still a cancel.
+        ({"CANCELLED": '{"kind": "cancelled"}\n',
+          "PREEMPTED": '{"kind": "preempted", "step": 4, "signal": "SIGTERM"}\n'}, 143),
+        # A preemption's save (a warning signal): 42, the one code that says "saved".
+        ({"PREEMPTED": '{"kind": "preempted", "step": 4, "signal": "SIGUSR1"}\n'}, 42),
+    ],
+)  # fmt: skip
+def test_status_watch_exits_143_for_a_cancel_and_42_only_for_a_preemption_s_save(
+    tmp_path: Path, markers: dict[str, str], code: int
+) -> None:
+    run = _ended_local_run(tmp_path / "x", 1, markers)
+    remember(JobRef("local", "9", "x", str(run)))
+    res = CliRunner().invoke(cli, ["status", "x", "--watch"])
+    assert res.exit_code == code, res.output
+    assert ("CANCELLED" if code == 143 else "PREEMPTED") in res.stdout
+
+
+def test_a_cancel_is_143_on_a_cluster_whose_own_code_says_otherwise() -> None:
+    """Slurm's and Kubernetes' `exit_code_of` say 1 for a cancelled job; the command
+    line says 143 for every cluster (an engineer checks it on the dev Slurm cluster)."""
+
+    class Other:
+        def exit_code_of(self, ref: JobRef, st: JobStatus) -> int:
+            return 1
+
+    ref = JobRef("slurm", "77", "s", "/nowhere")
+    cancelled = JobStatus(JobState.CANCELLED, "CANCELLED by 0", "")
+    failed = JobStatus(JobState.FAILED, "FAILED", "")
+    assert job_exit_code(Other(), ref, cancelled) == 143  # type: ignore[arg-type]
+    assert job_exit_code(Other(), ref, failed) == 1  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_real_local_job_cancelled_before_its_first_checkpoint_exits_143(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SHARDCTL_STOP_AFTER_STEP", raising=False)
+    spec = load_spec(tiny_spec(tmp_path, "early", train={"steps": 5000},
+                               checkpoint={"every_steps": 5000}))  # fmt: skip
+    local = LocalCluster()
+    ref = local.submit(spec)
+    remember(ref)
+    try:
+        # At once: the ranks are still starting, long before step 5000's checkpoint.
+        # (A rank caught in its start-up may outlast the TERM: killed after 20 s.)
+        local.cancel(ref, grace_s=20)
+        res = CliRunner().invoke(cli, ["status", "early", "--watch"])
+    finally:
+        if local.status(ref).state is JobState.RUNNING:
+            local.cancel(ref, grace_s=5)
+    assert res.exit_code == 143, res.output
+    assert "CANCELLED" in res.stdout
+    assert not list((tmp_path / "early" / "checkpoints").glob("step-*"))

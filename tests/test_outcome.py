@@ -112,7 +112,7 @@ def test_the_clusters_own_warning_signal_counts() -> None:
     [
         (Kind.DONE, Decision.FINISH, 0),
         (Kind.PREEMPTED, Decision.RETRY, 42),
-        (Kind.CANCELLED, Decision.STOP, 42),
+        (Kind.CANCELLED, Decision.STOP, 143),
         (Kind.HUNG, Decision.RETRY, 124),
         (Kind.FAILED, Decision.STOP, 5),
         (Kind.PERMANENT, Decision.STOP, 78),

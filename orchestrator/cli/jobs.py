@@ -42,6 +42,20 @@ LS_TIMEOUT_S = 10.0
 LS_WORKERS = 8
 
 
+def job_exit_code(backend: Cluster, ref: JobRef, st: JobStatus, code: int | None = None) -> int:
+    """The code `status --watch` and `submit --wait` exit with once the job ended: one
+    meaning per code on every cluster (docs/reference/exit-codes.md). A cancel is
+    EXIT_CANCELLED whatever the cluster and whether or not a checkpoint was saved on the
+    way out (42 means a preemption's save); else the cluster's own (`code`: what its
+    `follow` returned)."""
+    from ..clusters.base import JobState
+    from ..rundir import EXIT_CANCELLED
+
+    if st.state is JobState.CANCELLED:
+        return EXIT_CANCELLED
+    return backend.exit_code_of(ref, st) if code is None else code
+
+
 def _interrupted(message: str) -> None:
     click.echo(f"\n{message}", err=True)
     sys.exit(EXIT_INTERRUPTED)
@@ -120,7 +134,8 @@ def _status_json(
     "-w",
     is_flag=True,
     help="Print the state (and step/loss) again on every change until the job ends; exit "
-    "like `submit --wait` (0 succeeded, 42 preempted: submit again to resume, 1 failed).",
+    "like `submit --wait` (0 succeeded, 42 preempted and saved: submit again to resume, "
+    "143 cancelled, 124 hung, 1 failed).",
 )
 @click.option(
     "--interval",
@@ -166,7 +181,7 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
             if not watch:
                 return
             if backend.has_ended(ref, st):
-                sys.exit(backend.exit_code_of(ref, st))
+                sys.exit(job_exit_code(backend, ref, st))
             time.sleep(wait)
     except KeyboardInterrupt:
         _interrupted(f"stopped watching; {ref.name} goes on (shardctl cancel {ref.name} stops it)")
@@ -540,4 +555,4 @@ def follow_submitted(backend: Cluster, ref: JobRef, job: JobSpec, console: Any =
     st = backend.status(ref)
     detail = f": {st.detail}" if st.detail else ""
     click.echo(f"{ref.name}: {st.state.value}{detail}", err=True)
-    return code
+    return job_exit_code(backend, ref, st, code)

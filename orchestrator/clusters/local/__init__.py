@@ -415,8 +415,8 @@ class LocalCluster(Cluster):
 
     def exit_code(self, ref: JobRef) -> int:
         """The job's exit code for `submit --wait`: the verdict's (`outcome.POLICY`): 0
-        finished, 42 preempted or cancelled (torchrun turns every rank's 42 into 1), 124
-        hung, a failed rank's own code, else the launch script's."""
+        finished, 42 preempted and saved (torchrun turns every rank's 42 into 1), 143
+        cancelled, 124 hung, a failed rank's own code, else the launch script's."""
         verdict = self.verdict(ref)
         return verdict.exit_code if verdict is not None else 1
 
