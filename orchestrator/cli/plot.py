@@ -67,8 +67,8 @@ def check_out(out: Path, force: bool, option: str = "--out") -> None:
         raise UsageError(f"{option} {out} is a folder; accepted: the path of a PNG file")
     if not out.is_file():
         raise UsageError(
-            f"{option} {out} exists and is not a regular file (a device, FIFO or socket); "
-            "accepted: the path of a PNG file"
+            f"{option} {out} exists and is not a regular file (a device, FIFO, socket or "
+            "broken link); accepted: the path of a PNG file"
         )
     if not force and not written_by_plot(out):
         raise UsageError(
