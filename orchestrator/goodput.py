@@ -22,7 +22,11 @@ Definitions (what `status` and `ls` show):
   record before it in the same attempt and the wall time between the two; the first
   record of an attempt covers the steps since the attempt resumed and the attempt's
   own seconds per step for them (at most the time since the attempt started: the
-  rest is start-up). A record partly past the surviving limit counts in proportion.
+  rest is start-up). An attempt that logged one step has no pace of its own: the
+  median of the other attempts' is taken, and with none (every attempt logged one
+  step: a run requeued after each step, or the first step of a run still starting)
+  its time is all start-up. A record partly past the surviving limit counts in
+  proportion.
 - `effective` = training time ÷ the wall time of all the job's attempts (start to
   end, each; an attempt starts no earlier than the end of the one before it, whose
   judgement started it: starts are recorded in whole seconds).
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -393,6 +398,28 @@ def _overlap(low: float, high: float, keep_low: float, keep_high: float) -> floa
     return max(0.0, min(high, keep_high) - max(low, keep_low)) / (high - low)
 
 
+def _ascending(records: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """An attempt's (step, time) records in time order; steps only go up within an
+    attempt, so a record that does not is left out."""
+    steps: list[tuple[int, float]] = []
+    for step, when in sorted(records, key=lambda r: r[1]):
+        if not steps or step > steps[-1][0]:
+            steps.append((step, when))
+    return steps
+
+
+def _pace(steps: list[tuple[int, float]]) -> float | None:
+    """Seconds per step between an attempt's first and last records (None: one record)."""
+    if len(steps) < 2:
+        return None
+    (first_step, first_t), (last_step, last_t) = steps[0], steps[-1]
+    return (last_t - first_t) / (last_step - first_step)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def _measure(
     attempts: list[_Attempt],
     resumed: int,
@@ -406,23 +433,27 @@ def _measure(
     training = 0.0
     lost = 0
     recoveries: list[Recovery] = []
+    ascending = [_ascending(attempt.records) for attempt in attempts]
+    job_pace = _median([p for p in map(_pace, ascending) if p is not None])
+    unpaced = 0
     for i, attempt in enumerate(attempts):
         last = i == len(attempts) - 1
         kept_all = last and (attempt.kind in (None, "done"))
         limit = math.inf if kept_all else float(attempt.checkpoint_step or 0)
-        records = sorted(attempt.records, key=lambda r: r[1])
-        # Steps only go up within an attempt; a record that does not is left out.
-        steps: list[tuple[int, float]] = []
-        for step, when in records:
-            if not steps or step > steps[-1][0]:
-                steps.append((step, when))
+        steps = ascending[i]
         if steps:
             first_step, first_t = steps[0]
-            last_step, last_t = steps[-1]
-            per_step = (last_t - first_t) / (last_step - first_step) if len(steps) > 1 else None
+            last_step = steps[-1][0]
+            # The first record's steps at the attempt's own pace, else the job's: the
+            # time before it is start-up too. With no pace anywhere (every attempt logged
+            # one step) it counts as start-up whole: a run that requeues after each step
+            # trains nothing to speak of, and a first step is no 100 %.
+            own = _pace(steps)
+            per_step = own if own is not None else job_pace
             startup = max(0.0, first_t - attempt.start)
             covered = first_step - resumed
-            first_s = startup if per_step is None else min(per_step * covered, startup)
+            first_s = 0.0 if per_step is None else min(per_step * covered, startup)
+            unpaced += per_step is None
             training += first_s * _overlap(resumed, first_step, resumed, limit)
             for (s0, t0), (s1, t1) in pairwise(steps):
                 training += (t1 - t0) * _overlap(s0, s1, resumed, limit)
@@ -437,6 +468,11 @@ def _measure(
                 seconds = now - attempt.end if running else None
             recoveries.append(Recovery(attempt.kind or "?", seconds))
         resumed = attempt.checkpoint_step or 0
+    if unpaced:
+        notes.append(
+            f"{unpaced} attempt{'s' if unpaced != 1 else ''} logged one step and no step "
+            "time is known: counted as start-up"
+        )
     wall = sum(a.end - a.start for a in attempts)
     effective = min(1.0, training / wall) if wall > 0 else None
     return Goodput(effective, training, wall, restarts, lost, tuple(recoveries), tuple(notes))

@@ -329,3 +329,69 @@ def test_a_real_local_job_cancelled_before_its_first_checkpoint_exits_143(
     assert res.exit_code == 143, res.output
     assert "CANCELLED" in res.stdout
     assert not list((tmp_path / "early" / "checkpoints").glob("step-*"))
+
+
+# ------------------------- 5. goodput of requeues without progress, and of a first step
+
+
+def _goodput_run(root: Path, attempts: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Path:
+    (root / "logs").mkdir(parents=True)
+    (root / "attempts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in attempts))
+    (root / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root
+
+
+def test_a_run_that_requeues_after_every_step_has_next_to_no_goodput(tmp_path: Path) -> None:
+    # Slurm job 55, five attempts: each started at 100 i s, spent 90 s starting up,
+    # logged step i + 1 at 100 i + 90 s, saved it on the time limit's warning and was
+    # requeued at 100 i + 95 s. No attempt logged two steps: no step time is known, so
+    # all of it is start-up. (Before: each first step took its 90 s: 450 of 475 s, 95 %.)
+    attempts = [
+        {"job": "55", "start": T0 + 100 * i, "end": T0 + 100 * i + 95, "kind": "preempted",
+         "decision": "retry", "checkpoint_step": i + 1}
+        for i in range(5)
+    ]  # fmt: skip
+    rows = [{"step": i + 1, "loss": 2.0, "time": T0 + 100 * i + 90} for i in range(5)]
+    good = goodput(_goodput_run(tmp_path / "r", attempts, rows), "55", now=T0 + 1000)
+    assert good is not None
+    data = good.to_json()
+    assert (data["effective"], data["training_s"], data["wall_s"]) == (0.0, 0.0, 475.0)
+    assert (data["restarts"], data["lost_steps"]) == (5, 0)
+    assert data["notes"] == ["5 attempts logged one step and no step time is known: "
+                             "counted as start-up"]  # fmt: skip
+    assert good.percent() == "0 %"
+
+
+def test_the_first_step_of_a_run_still_starting_is_not_100_percent(tmp_path: Path) -> None:
+    # A local run claimed its attempt at T0, started up for 30 s, logged step 1 at 30 s;
+    # asked at 30 s. (Before: the 30 s before step 1 were its step time: 100 %.)
+    root = _goodput_run(tmp_path / "r", [], [{"step": 1, "loss": 9.0, "time": T0 + 30}])
+    (root / "CURRENT_ATTEMPT").write_text("local-0\n")
+    os.utime(root / "CURRENT_ATTEMPT", (T0, T0))
+    first = goodput(root, "local-0", running=True, now=T0 + 30)
+    assert first is not None and first.to_json()["effective"] == 0.0
+    # Step 2 a second later: a pace of 1 s per step, step 1 took 1 s of the 30: 2 of 31 s.
+    with (root / "logs" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 2, "loss": 8.0, "time": T0 + 31}) + "\n")
+    second = goodput(root, "local-0", running=True, now=T0 + 31)
+    assert second is not None
+    assert second.to_json()["effective"] == round(2 / 31, 4)
+
+
+def test_an_attempt_with_one_step_is_timed_at_the_job_s_pace(tmp_path: Path) -> None:
+    # Attempt 1: steps 1..10 at 1..10 s (1 s per step), saved 10, preempted at 11 s.
+    # Attempt 2: started at 11 s, 30 s of start-up, step 11 at 41 s, done at 41 s: its
+    # one step takes the job's 1 s. Kept 10 + 1 of 11 + 30 s. (Before: 10 + 30 of 41.)
+    attempts = [
+        {"job": "55", "start": T0, "end": T0 + 11, "kind": "preempted", "decision": "retry",
+         "checkpoint_step": 10},
+        {"job": "55", "start": T0 + 11, "end": T0 + 41, "kind": "done", "decision": "finish",
+         "checkpoint_step": 11},
+    ]  # fmt: skip
+    rows = [{"step": s, "loss": 2.0, "time": T0 + s} for s in range(1, 11)]
+    rows.append({"step": 11, "loss": 2.0, "time": T0 + 41})
+    good = goodput(_goodput_run(tmp_path / "r", attempts, rows), "55", now=T0 + 100)
+    assert good is not None
+    data = good.to_json()
+    assert (data["training_s"], data["wall_s"]) == (11.0, 41.0)
+    assert data["effective"] == round(11 / 41, 4) and data["notes"] == []
