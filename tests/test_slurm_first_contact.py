@@ -3,20 +3,26 @@ line, `submit --wait`, `logs --rank`, and `status --watch` after a cancel."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from shardctl.orchestrator.clusters.base import JobState
+from helpers.ckpt_run import kill_group
+from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.records import recall
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from shardctl.orchestrator.clusters.slurm.rank_nodes import node_of_rank
+from shardctl.orchestrator.errors import ShardctlError
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
     SHARDCTL,
     _finished,
     _spec,
+    _steps,
     _submitted,
+    _wait,
     slurm_cluster,  # noqa: F401  (a fixture)
 )
 
@@ -99,3 +105,53 @@ def test_submit_wait_streams_every_node_and_exits_with_the_job_s_code(
 def _other(host: str) -> str:
     """The dev cluster's other node."""
     return {"n1": "n2", "n2": "n1"}[host]
+
+
+def test_a_cancelled_slurm_job_exits_143_from_status_watch_and_submit_wait(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """One meaning per exit code on every cluster: a cancel is 143 (a local cancel's
+    code too), not Slurm's 1, and not 42 although the ranks save on scancel's TERM."""
+    name = "cancel-watched"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(_spec(name, train={"steps": 2000})))
+    waiting = subprocess.Popen(
+        [*SHARDCTL, "submit", str(path), "--cluster", "slurm", "--wait"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    watching: subprocess.Popen[str] | None = None
+    try:
+        ref = _wait_for_record(name, waiting)
+        _wait(ref, lambda: len(_steps(Path(ref.run_dir))) >= 3, 180, "step 3")
+        watching = subprocess.Popen(
+            [*SHARDCTL, "status", name, "--watch", "--interval", "0.5"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        cancel = subprocess.run(
+            [*SHARDCTL, "cancel", name], capture_output=True, text=True, timeout=60
+        )
+        assert cancel.returncode == 0, cancel.stderr
+        watched_out, watched_err = watching.communicate(timeout=180)
+        assert watching.returncode == 143, watched_out + watched_err
+        waited_out, waited_err = waiting.communicate(timeout=180)
+        assert waiting.returncode == 143, waited_out[-3000:] + waited_err
+        assert f"{name}: CANCELLED" in waited_err
+        assert SlurmCluster().status(ref).state is JobState.CANCELLED
+    finally:
+        for proc in (waiting, watching):
+            if proc is not None and proc.poll() is None:
+                kill_group(proc)
+                proc.communicate()
+
+
+def _wait_for_record(name: str, submitting: subprocess.Popen[str]) -> JobRef:
+    """The job record `submit` writes once Slurm took the job (deadline-bounded)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ShardctlError):
+            return recall(name)
+        assert submitting.poll() is None, submitting.communicate()
+        time.sleep(0.5)
+    raise AssertionError(f"submit recorded no job {name!r} in 120 s")
