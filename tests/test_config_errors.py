@@ -344,3 +344,63 @@ def test_a_failed_dcp_save_is_said_by_its_first_ranks_own_error_in_one_line() ->
     assert _first_failure(wrapped) is inner
     assert one_line(_first_failure(wrapped)) == "unexpected pos 64 vs 0"
     assert one_line(ValueError("first\n  Traceback (most recent call last):\n  x")) == "first"
+
+
+# -- a diverged loss stops the run before its weights are saved ------------------------
+
+
+def _diverging(tmp: Path, **train: Any) -> tuple[Path, Path]:
+    """lr 10 without warm-up: the tiny model's loss leaves ln(256) ≈ 5.5 for hundreds
+    within a step or two. A checkpoint after every step."""
+    return single(
+        tmp,
+        train={"lr": 10.0, "warmup_steps": 0, "steps": 6, "log_every": 3, **train},
+        checkpoint={"every_steps": 1},
+    )
+
+
+@pytest.mark.slow
+def test_a_diverged_loss_stops_before_its_checkpoint_and_is_not_retried(tmp_path: Path) -> None:
+    spec, run_dir = _diverging(tmp_path)
+    line = assert_not_retried(one_rank(spec, run_dir), run_dir, "the loss diverged at step")
+    step = int(line.split("diverged at step ")[1].split(":")[0])
+    assert 1 < step <= 6, line
+    # The step whose loss diverged is never a checkpoint; the ones before it are kept.
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved[-1] == f"step-{step - 1:08d}", saved
+    assert f"step-{step - 1:08d} is the newest checkpoint" in line and "on_divergence" in line
+    # Its metrics line shows the loss although log_every skips that step.
+    lines = (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["step"] == step and last["loss"] > 10 * np.log(256), last
+
+
+@pytest.mark.slow
+def test_on_divergence_continue_trains_on(tmp_path: Path) -> None:
+    spec, run_dir = _diverging(tmp_path, on_divergence="continue", steps=3)
+    res = one_rank(spec, run_dir)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert (run_dir / "checkpoints" / "step-00000003").is_dir()
+
+
+def test_a_nan_or_infinite_loss_has_diverged_whatever_the_vocab(tmp_path: Path) -> None:
+    """Without a known vocab_size only a NaN or an infinite loss counts; with one, a
+    loss above 10 × ln(vocab_size) does too."""
+    from types import SimpleNamespace
+
+    from shardctl.train.loop import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.spec = SimpleNamespace(train=SimpleNamespace(on_divergence="stop"))
+    trainer.ckpt = SimpleNamespace(wait=lambda: None, storage=tmp_path)
+    trainer.loss_ceiling = float("inf")
+    assert trainer._diverged(3, 1e30) is None
+    for loss in (float("nan"), float("inf")):
+        error = trainer._diverged(3, loss)
+        assert isinstance(error, PermanentError), loss
+        assert "diverged at step 3" in str(error) and "no checkpoint yet" in str(error)
+    trainer.loss_ceiling = 10 * float(np.log(256))
+    assert trainer._diverged(3, 55.0) is None
+    assert "at most 55.5" in str(trainer._diverged(3, 56.0))
+    trainer.spec.train.on_divergence = "continue"
+    assert trainer._diverged(3, float("nan")) is None

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import random
 import re
@@ -70,6 +71,11 @@ log = logging.getLogger("shardctl.train")
 _STOP_AT = 1
 _AGREE_FIXED = _STOP_AT + stop_rule.SLOTS
 
+
+# A loss above this many times ln(vocab_size) has diverged (`train.on_divergence`): a
+# model predicting uniformly scores ln(vocab_size) and training only lowers it, while a
+# learning rate far too high sends it to hundreds.
+DIVERGED_LOSS_FACTOR = 10.0
 
 # How `CheckpointManager` passes rank 0's error to every rank.
 _RANK0_WRAPPER = re.compile(r"^checkpoint step failed on rank 0: \w+: ")
@@ -151,6 +157,7 @@ class Trainer:
         model, self.model_meta = build_model(spec)
         vocab = _vocab_size(model, self.model_meta)
         _check_vocab(spec, vocab)
+        self.loss_ceiling = DIVERGED_LOSS_FACTOR * math.log(vocab) if vocab else math.inf
         self.backend: TrainingBackend = build_backend(model, spec, env)
         # From here on each rank has its own RNG stream (dropout etc.).
         reseed_rng(t.seed, 0, env.rank)
@@ -223,6 +230,31 @@ class Trainer:
             per_rank = values[_AGREE_FIXED:]
             ranks = rank_times(per_rank[:world], per_rank[world:])
         return values[0] / world, agreed.stop, ranks
+
+    def _diverged(self, step: int, loss: float) -> PermanentError | None:
+        """The error that stops a run whose loss diverged at `step` (`loss` is the mean
+        over ranks, so every rank decides alike); None while it has not, or when
+        `train.on_divergence` is `continue`."""
+        if self.spec.train.on_divergence == "continue":
+            return None
+        if math.isfinite(loss) and loss <= self.loss_ceiling:
+            return None
+        from .manifest import complete_candidates
+
+        self.ckpt.wait()  # every rank alike: a save in the background is part of "kept"
+        kept = complete_candidates(self.ckpt.storage)
+        newest = f"{kept[0].name} is the newest checkpoint" if kept else "no checkpoint yet"
+        bound = (
+            f"at most {self.loss_ceiling:.1f}, {DIVERGED_LOSS_FACTOR:g} × ln(vocab_size)"
+            if math.isfinite(self.loss_ceiling)
+            else "a finite loss"
+        )
+        return PermanentError(
+            f"the loss diverged at step {step}: {loss:.6g} (accepted: {bound}); stopped "
+            f"with step {step}'s weights unsaved, {newest}. Lower train.lr "
+            "(or raise train.warmup_steps, set train.clip), or set train.on_divergence: "
+            "continue to train on"
+        )
 
     def _arrived(self, t_last: float) -> float:
         """This rank's step time so far; on CUDA after the queued kernels ran (a host
@@ -298,7 +330,9 @@ class Trainer:
                 loss_avg, stop, ranks = self._agree_on(loss_sum / t.grad_accum, flag, step, times)
                 heartbeat.beat(step)  # the node's watchdog: this rank advanced
                 now = time.perf_counter()
-                if env.is_main and (step % t.log_every == 0 or step == t.steps or stop):
+                diverged = self._diverged(step, loss_avg)
+                logged = step % t.log_every == 0 or step == t.steps or stop or diverged is not None
+                if env.is_main and logged:
                     tps = self.tokens_per_step / max(now - t_last, 1e-9)
                     metrics.log(
                         step,
@@ -308,6 +342,8 @@ class Trainer:
                         tokens_per_s=tps,
                         ranks=ranks,
                     )
+                if diverged is not None:  # before its weights become a checkpoint
+                    raise diverged
                 save_s = 0.0
                 if step % every == 0 or step == t.steps or stop:
                     final = step == t.steps or stop

@@ -227,6 +227,13 @@ class Train(Section):
     """0 to 2**63 - 1 (torch seeds are 64-bit)."""
     log_every: Steps = 1
     """Steps between metric lines; 1 to 99999999."""
+    on_divergence: Literal["stop", "continue"] = "stop"
+    """What a diverged loss does (built-in loop). Diverged: the loss (mean over ranks) is
+    NaN or infinite, or above 10 × ln(vocab_size) (a model that predicts uniformly scores
+    ln(vocab_size); a learning rate far too high scores hundreds). `stop` (default):
+    the run ends with exit 78 (not retried) before that step's checkpoint is written,
+    naming the step and the loss; the checkpoints before it are kept. `continue`: train
+    on, and save whatever the weights have become."""
 
     @model_validator(mode="after")
     def _warmup(self) -> Train:
