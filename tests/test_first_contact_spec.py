@@ -168,3 +168,84 @@ def test_slurm_time_given_with_set_is_the_time_written() -> None:
 def test_an_sbatch_option_time_is_sent_as_written() -> None:
     spec = spec_of("slurm: {sbatch_options: {time-min: 10:00, begin: '10:30'}}")
     assert spec.slurm.sbatch_options == {"time-min": "10:00", "begin": "10:30"}
+
+
+# ------------------------------------------- item 3: no pydantic internals reach the user
+
+# How pydantic names union members and validators inside a location; none is a key.
+INTERNALS = (
+    "literal[", "union[", "function-", "list[", "dict[", "tagged-union", "is-instance",
+    "instance of",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [
+        ("strategy.wrap", "everything"),
+        ("strategy.wrap", {"x": 1}),
+        ("strategy.wrap", [1]),
+        ("strategy.wrap", [None]),
+        ("strategy.wrap", True),
+        ("strategy.wrap", 3.5),
+        ("strategy.zero_stage", 7),
+        ("strategy.precision", "bf15"),
+        ("launcher", ["torchrun"]),
+        ("logging.wandb_mode", False),
+        ("logging.backends", "tensorboard"),
+        ("checkpoint.consolidate_dtype", {"a": 1}),
+        ("slurm.signal", 9),
+        ("slurm.sbatch_options", {"exclude": [1]}),
+        ("k8s.api", "mpijob"),
+        ("k8s.tolerations", [{"key": "a", "operator": "Maybe"}]),
+        ("k8s.code", True),
+        ("k8s.restart_policy", None),
+        ("resources", 5),
+        ("k8s.affinity", ["zone-a"]),
+    ],
+)
+def test_an_error_names_the_field_as_written_never_pydantic_s_tags(dotted: str, value: Any) -> None:
+    with pytest.raises(SpecError) as exc:
+        spec_of_data(changed(dotted, value))
+    msg = str(exc.value)
+    assert not [tag for tag in INTERNALS if tag in msg], msg
+    assert dotted.split(".")[-1] in msg, msg
+
+
+def spec_of_data(data: dict[str, Any]) -> Any:
+    from shardctl.orchestrator.spec import parse_spec
+
+    return parse_spec(data, "job.yaml")
+
+
+def test_strategy_wrap_of_the_wrong_shape_is_one_line() -> None:
+    with pytest.raises(SpecError) as exc:
+        spec_of_data(changed("strategy.wrap", [1]))
+    lines = exc.value.problems
+    assert lines == [
+        "strategy.wrap: 1 is an integer; accepted: 'auto' or a list of module class names, "
+        "e.g. [LlamaDecoderLayer]"
+    ]
+
+
+def test_a_union_s_errors_are_one_line_at_the_place_the_user_wrote() -> None:
+    from typing import Literal
+
+    from pydantic import ValidationError
+    from shardctl.orchestrator.spec.common import Section
+    from shardctl.orchestrator.spec.explain import explain
+
+    class Inner(Section):
+        size: int
+
+    class Outer(Section):
+        choice: Literal["auto"] | list[int] | Inner = "auto"
+
+    data = {"choice": "many"}
+    with pytest.raises(ValidationError) as exc:
+        Outer.model_validate(data)
+    lines = explain(exc.value, data, Outer)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("choice: Input should be 'auto', or input should be a valid list")
+    assert not [tag for tag in INTERNALS if tag in lines[0]], lines
+    assert "Inner" not in lines[0], lines

@@ -4,6 +4,7 @@ and what is accepted; an unknown key with its did-you-mean."""
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -23,8 +24,7 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
     # Messages that name their fields already (cross-field checks, a cluster's own).
     clusters = getattr(model, "cluster_sections", ())
     own_fields = (*NAMED_FIELDS, *(f"{name}." for name in clusters))
-    for err in exc.errors(include_url=False):
-        loc = [p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))]
+    for err, loc in _user_errors(exc, data):
         field = _dotted(loc)
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -73,6 +73,70 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
         got = "" if ours or isinstance(value, dict) else f" (got {shown}{_yaml_did(value, loc)})"
         problems.append(f"{field or 'spec'}: {msg}{got}")
     return problems
+
+
+# How pydantic names the member of a union (or a validator around a type) inside an
+# error's location: `literal['auto']`, `list[str]`, `function-after[...]`, `int`, a
+# model's class name. None of them is a key the user wrote.
+_PYDANTIC_TAG_RE = re.compile(
+    r"[\[\]]|^(?:str|int|float|bool|bytes|list|dict|set|tuple|none|any|[a-z]+(?:-[a-z]+)+|"
+    r"[A-Z]\w*)$"
+)
+
+
+def _user_errors(exc: ValidationError, data: Any) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Pydantic's errors with locations made of what the user wrote: the tags of union
+    members and validators dropped (a key of the data is kept whatever it looks like),
+    and a union's errors at the same place joined into one ("... or ...")."""
+    out: list[tuple[dict[str, Any], list[Any]]] = []
+    joined: dict[tuple[Any, ...], int] = {}  # a union's place -> its error in `out`
+    for err in exc.errors(include_url=False):
+        loc, tagged = _written_loc(err["loc"], data)
+        if err["type"] in ("model_type", "model_attributes_type"):
+            # "... or instance of Resources": a class name the user never wrote.
+            err = {**err, "msg": "Input should be a valid dictionary"}
+        key = tuple(loc)
+        if tagged and key in joined:
+            first = out[joined[key]][0]
+            if err["msg"] not in first["msg"]:
+                first["msg"] = f"{first['msg']}, or {_lower_first(err['msg'])}"
+            continue
+        if tagged:
+            joined[key] = len(out)
+        out.append((err, loc))
+    return out
+
+
+def _written_loc(loc: tuple[Any, ...], data: Any) -> tuple[list[Any], bool]:
+    """`loc` without pydantic's own tags, walked along `data`; and whether one was dropped."""
+    kept: list[Any] = []
+    tagged = False
+    node = data
+    for part in loc:
+        written = _written_under(node, part)
+        if written is _ABSENT and isinstance(part, str) and _PYDANTIC_TAG_RE.search(part):
+            tagged = True
+            continue
+        # A key the data lacks (a missing field) is kept as it is named.
+        node = None if written is _ABSENT else written
+        kept.append(part)
+    return kept, tagged
+
+
+_ABSENT = object()
+
+
+def _written_under(node: Any, part: Any) -> Any:
+    """What the user wrote at `part` of `node` (a mapping's key, a list's index)."""
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    if isinstance(node, list) and isinstance(part, int) and -len(node) <= part < len(node):
+        return node[part]
+    return _ABSENT
+
+
+def _lower_first(msg: str) -> str:
+    return msg[:1].lower() + msg[1:]
 
 
 def _yaml_did(value: Any, loc: list[Any]) -> str:

@@ -37,6 +37,7 @@ from .common import (
     path_text,
     set_derived,
     show,
+    type_name,
 )  # fmt: skip
 from .llama import llama_problems
 
@@ -99,6 +100,18 @@ class Strategy(Section):
         if isinstance(v, bool):
             raise ValueError(f"{show(v)} is not a ZeRO stage; accepted: 0, 1, 2, 3")
         return v
+
+    @field_validator("wrap", mode="before")
+    @classmethod
+    def _wrap_shape(cls, v: Any) -> Any:
+        # One line for the two shapes the field takes, not one per shape.
+        if v == "auto" or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+            return v
+        bad = next((x for x in v if not isinstance(x, str)), v) if isinstance(v, list) else v
+        raise ValueError(
+            f"{show(bad)} is {type_name(bad)}; accepted: 'auto' or a list of module class "
+            "names, e.g. [LlamaDecoderLayer]"
+        )
 
     @field_validator("wrap")
     @classmethod
