@@ -12,24 +12,27 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from helpers.ckpt_run import ROOT, kill_group
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.cli.jobs import job_exit_code
 from shardctl.orchestrator.clusters import owner
 from shardctl.orchestrator.clusters.base import JobRef, JobState, JobStatus
 from shardctl.orchestrator.clusters.local import LocalCluster
-from shardctl.orchestrator.clusters.records import jobs_dir, remember, state_dir
+from shardctl.orchestrator.clusters.records import jobs_dir, recall, remember, state_dir
 from shardctl.orchestrator.goodput import goodput
 from shardctl.orchestrator.progress import read_progress
 from shardctl.orchestrator.rundir import SUBMIT_CLAIM_FILE
-from shardctl.orchestrator.spec import load_spec
+from shardctl.orchestrator.spec import load_spec, with_command
 
 # ------------------------------------------------------- 1. the session's state dir
 
@@ -395,3 +398,107 @@ def test_an_attempt_with_one_step_is_timed_at_the_job_s_pace(tmp_path: Path) -> 
     data = good.to_json()
     assert (data["training_s"], data["wall_s"]) == (11.0, 41.0)
     assert data["effective"] == round(11 / 41, 4) and data["notes"] == []
+
+
+# ------------------------------------------ 6. a second Ctrl-C says what became of the run
+
+# A workload that outlasts a cancel's SIGTERM (it ignores it), so that the cancel is
+# still waiting for it when the next Ctrl-C comes; torchrun kills it 30 s on.
+DEAF_SCRIPT = """\
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print("deaf and ready", flush=True)
+time.sleep(300)
+"""
+# The CLI as a terminal's foreground process runs it: Ctrl-C raises KeyboardInterrupt
+# (a test runner without job control passes SIGINT on ignored).
+FOREGROUND_CLI = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('shardctl.orchestrator.cli', run_name='__main__', alter_sys=True)"
+)
+
+
+def _cli_process(args: list[str], cwd: Path, out: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("SHARDCTL_STOP_AFTER_STEP", None)
+    with (out.with_suffix(".out")).open("wb") as stdout, out.with_suffix(".err").open("wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-c", FOREGROUND_CLI, *args], cwd=cwd, env=env,
+            stdout=stdout, stderr=err, start_new_session=True,
+        )  # fmt: skip
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Until `path` holds `text` (a deadline-bounded poll)."""
+    deadline = time.monotonic() + timeout
+    while text not in (path.read_text(errors="replace") if path.exists() else ""):
+        assert proc.poll() is None, f"{proc.args} ended ({proc.returncode}) before {text!r}"
+        assert time.monotonic() < deadline, f"no {text!r} in {path} after {timeout:.0f} s"
+        time.sleep(0.2)
+
+
+def _deaf_job(tmp_path: Path, name: str) -> Path:
+    (tmp_path / "deaf.py").write_text(DEAF_SCRIPT)
+    return tiny_spec(tmp_path, name, resources={"procs_per_node": 1})
+
+
+def _cleanup(name: str, *procs: subprocess.Popen[bytes]) -> None:
+    """Stop the job (`cancel`, then what is left by SIGKILL) and the CLI processes."""
+    try:
+        ref = recall(name)
+    except Exception:
+        ref = None
+    if ref is not None and LocalCluster().status(ref).state is JobState.RUNNING:
+        LocalCluster().cancel(ref, grace_s=5)
+    for proc in procs:
+        kill_group(proc)
+        proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_on_submit_wait_says_the_run_is_being_cancelled(tmp_path: Path) -> None:
+    spec = _deaf_job(tmp_path, "deaf")
+    out = tmp_path / "submit"
+    proc = _cli_process(["submit", str(spec), "--wait", "--", "deaf.py"], tmp_path, out)
+    try:
+        _wait_for(out.with_suffix(".out"), "deaf and ready", proc, 240)
+        proc.send_signal(signal.SIGINT)  # the first: cancel, and keep following
+        _wait_for(out.with_suffix(".out"), "stopping the run", proc, 60)
+        proc.send_signal(signal.SIGINT)  # the second, while the cancel waits
+        rc = proc.wait(timeout=60)
+        err = out.with_suffix(".err").read_text()
+        assert rc == 130, err
+        assert "Aborted!" not in err and "Traceback" not in err, err
+        assert "stopped following; deaf is being cancelled" in err
+        assert "`shardctl status deaf --watch`" in err
+    finally:
+        _cleanup("deaf", proc)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_cancel_says_the_run_is_being_cancelled(tmp_path: Path) -> None:
+    spec = _deaf_job(tmp_path, "deaf2")
+    local = LocalCluster()
+    ref = local.submit(with_command(load_spec(spec), (str(tmp_path / "deaf.py"),)))
+    remember(ref)
+    launcher_out = tmp_path / "deaf2" / "logs" / "launcher.out"
+    out = tmp_path / "cancel"
+    proc = None
+    try:
+        deadline = time.monotonic() + 240
+        while "deaf and ready" not in (launcher_out.read_text() if launcher_out.exists() else ""):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.2)
+        proc = _cli_process(["cancel", "deaf2"], tmp_path, out)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "deaf2" / "CANCELLED").exists():  # its SIGTERM goes now
+            assert time.monotonic() < deadline and proc.poll() is None, "no cancel"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        err = out.with_suffix(".err").read_text()
+        assert rc == 130, err
+        assert "Aborted!" not in err and "Traceback" not in err, err
+        assert "stopped waiting for the cancel; deaf2 is being cancelled" in err
+    finally:
+        _cleanup("deaf2", *([proc] if proc is not None else []))

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -56,9 +56,41 @@ def job_exit_code(backend: Cluster, ref: JobRef, st: JobStatus, code: int | None
     return backend.exit_code_of(ref, st) if code is None else code
 
 
-def _interrupted(message: str) -> None:
+def _interrupted(message: str) -> NoReturn:
     click.echo(f"\n{message}", err=True)
     sys.exit(EXIT_INTERRUPTED)
+
+
+def _where_it_stands(backend: Cluster, ref: JobRef, what: str) -> str:
+    """After a Ctrl-C cut `what` short (`submit --wait`'s cancel, `cancel`'s wait): the
+    line saying what became of the run and the command that follows it, never click's
+    bare "Aborted!"."""
+    from pathlib import Path
+
+    from ..clusters.base import JobState
+    from ..rundir import CANCELLED_FILE
+
+    name = ref.name
+    try:
+        st = backend.status(ref)
+    except (Exception, KeyboardInterrupt) as exc:  # a third Ctrl-C, or no answer
+        why = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        return f"stopped {what}; the state of {name} is unknown ({why}): `shardctl status {name}`"
+    if backend.has_ended(ref, st):
+        return f"stopped {what}; {name} has ended: {st.state.value}"
+    # `cancel` writes the marker before its first signal (local; Slurm's scancel shows
+    # as the job's state): a run that has it is on its way out.
+    marked = backend.run_dir_here and (Path(ref.run_dir) / CANCELLED_FILE).is_file()
+    if marked or st.state is JobState.CANCELLED:
+        return (
+            f"stopped {what}; {name} is being cancelled (its processes got SIGTERM and save "
+            f"on the way out): follow it with `shardctl status {name} --watch`; `shardctl "
+            f"cancel {name}` again ends what is left"
+        )
+    return (
+        f"stopped {what}; {name} is still running: follow it with `shardctl status {name} "
+        f"--watch`, stop it with `shardctl cancel {name}`"
+    )
 
 
 def _progress(backend: Cluster, ref: JobRef) -> tuple[Progress | None, str]:
@@ -277,7 +309,11 @@ def cancel(job: str) -> None:
     from ..clusters.records import recall
 
     ref = recall(job)
-    get_cluster(ref.cluster).cancel(ref)
+    backend = get_cluster(ref.cluster)
+    try:
+        backend.cancel(ref)
+    except KeyboardInterrupt:
+        _interrupted(_where_it_stands(backend, ref, "waiting for the cancel"))
     click.echo(f"cancelled {ref.name} ({ref.cluster} {ref.job_id})")
 
 
@@ -544,13 +580,16 @@ def follow_submitted(backend: Cluster, ref: JobRef, job: JobSpec, console: Any =
     output is plain lines. `console`: a rich Console to draw on (tests)."""
     total = job.train.steps if job.train is not None else None
     terminal = console is not None or sys.stdout.isatty()
-    if terminal and total and backend.follow_ticks:
-        from ..progress import ProgressDisplay
+    try:
+        if terminal and total and backend.follow_ticks:
+            from ..progress import ProgressDisplay
 
-        with ProgressDisplay(ref.run_dir, ref.name, total, console=console) as display:
-            code = backend.follow(ref, write=display.write, tick=display.tick)  # type: ignore[call-arg]
-    else:
-        code = backend.follow(ref)
+            with ProgressDisplay(ref.run_dir, ref.name, total, console=console) as display:
+                code = backend.follow(ref, write=display.write, tick=display.tick)  # type: ignore[call-arg]
+        else:
+            code = backend.follow(ref)
+    except KeyboardInterrupt:  # a second Ctrl-C: the first one's cancel is under way
+        _interrupted(_where_it_stands(backend, ref, "following"))
     # The last word is what happened, not the last line a launcher printed.
     st = backend.status(ref)
     detail = f": {st.detail}" if st.detail else ""
