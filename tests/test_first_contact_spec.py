@@ -147,14 +147,14 @@ def test_a_base60_number_in_a_text_field_shows_the_text_to_quote() -> None:
 
 @pytest.mark.parametrize(
     ("written", "meant"),
-    [("10:00:00", "10:00:00"), ("1:30", "1:30"), ("90", "90"), ('"10:00:00"', "10:00:00")],
+    [("10:00:00", "10:00:00"), ("1:30:00", "1:30:00"), ("90", "90"), ('"10:00:00"', "10:00:00")],
 )
 def test_slurm_time_is_the_time_written_not_yaml_s_base60_number(written: str, meant: str) -> None:
     from shardctl.orchestrator.clusters.slurm.section import slurm_time_minutes
 
     spec = spec_of(f"slurm: {{time: {written}}}")
     assert spec.slurm.time == meant
-    minutes = {"10:00:00": 600, "1:30": 2, "90": 90}[meant]
+    minutes = {"10:00:00": 600, "1:30:00": 90, "90": 90}[meant]
     assert slurm_time_minutes(spec.slurm.time) == minutes
 
 
@@ -249,3 +249,25 @@ def test_a_union_s_errors_are_one_line_at_the_place_the_user_wrote() -> None:
     assert lines[0].startswith("choice: Input should be 'auto', or input should be a valid list")
     assert not [tag for tag in INTERNALS if tag in lines[0]], lines
     assert "Inner" not in lines[0], lines
+
+
+# ----------------------------------- item 4: a time limit no longer than the signal delay
+
+
+@pytest.mark.parametrize(
+    ("slurm", "seconds", "delay"),
+    [({"time": "2"}, 120, 120), ({"time": "5", "signal_delay_s": 600}, 300, 600)],
+)
+def test_a_time_limit_inside_the_signal_delay_is_refused_at_validate(
+    tmp_path: Path, slurm: dict[str, Any], seconds: int, delay: int
+) -> None:
+    code, err = validate(tmp_path, yaml.safe_dump(changed("slurm", slurm)), "--cluster", "slurm")
+    assert code == 2, err
+    assert f"slurm.time {slurm['time']!r} ({seconds} s" in err
+    assert f"is not longer than slurm.signal_delay_s ({delay})" in err
+    assert "every attempt would requeue without training" in err
+
+
+def test_a_time_limit_just_past_the_signal_delay_is_accepted() -> None:
+    spec = spec_of_data(changed("slurm", {"time": "3", "signal_delay_s": 179}))
+    assert (spec.slurm.time, spec.slurm.signal_delay_s) == ("3", 179)

@@ -352,7 +352,9 @@ class SlurmSection(ClusterSection):
     qos: str | None = None
     """Slurm `--qos`; one word, no spaces."""
     time: str = "01:00:00"
-    """Slurm's --time: `M`, `H:M:S`, `D-H:M:S` ...; more than zero, at most 366 days."""
+    """Slurm's --time: `M`, `H:M:S`, `D-H:M:S` ...; more than zero, at most 366 days, and
+    longer than `signal_delay_s`. Taken as written: an unquoted `10:00:00` is ten hours
+    (not YAML 1.1's base-60 number 36000), `90` is ninety minutes."""
     signal: Literal["USR2", "USR1", "TERM", "INT"] = "USR2"
     """Sent before the time limit (and by `scancel --signal`); USR1 is NCCL's."""
     signal_delay_s: Annotated[int, Field(ge=10, le=65535)] = 120
@@ -406,6 +408,23 @@ class SlurmSection(ClusterSection):
             raise ValueError(
                 f"srun_args {', '.join(map(repr, pyxis))} and container both set pyxis "
                 "options; accepted: the container section alone (it renders them)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _signal_inside_time(self) -> SlurmSection:
+        # The signal sent signal_delay_s before the limit saves and requeues the job: with
+        # a limit no longer than the delay it comes at once, every attempt trains a step
+        # or none and requeues, forever.
+        minutes = slurm_time_minutes(self.time)
+        if minutes is not None and minutes * 60 <= self.signal_delay_s:
+            raise ValueError(
+                f"slurm.time {self.time!r} ({minutes * 60} s, as Slurm grants it in whole "
+                f"minutes) is not longer than slurm.signal_delay_s ({self.signal_delay_s}), "
+                "so the signal that saves and requeues the job would come as it starts and "
+                "every attempt would requeue without training; accepted: a slurm.time "
+                f"longer than {self.signal_delay_s} s, or a smaller slurm.signal_delay_s "
+                f"(10 to {minutes * 60 - 1})"
             )
         return self
 
