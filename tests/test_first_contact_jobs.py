@@ -502,3 +502,91 @@ def test_ctrl_c_on_cancel_says_the_run_is_being_cancelled(tmp_path: Path) -> Non
         assert "stopped waiting for the cancel; deaf2 is being cancelled" in err
     finally:
         _cleanup("deaf2", *([proc] if proc is not None else []))
+
+
+# ------------------------------------------------- 7. the code that ran, recorded
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def _repo(folder: Path, files: dict[str, str]) -> str:
+    """A git repository at `folder` with `files` committed; its commit."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _git(folder, "init", "-q")
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    _git(folder, "add", *files)
+    _git(folder, "commit", "-q", "-m", "first")
+    return _git(folder, "rev-parse", "HEAD")
+
+
+def _submit_without_starting(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+    """`submit ARGS` with the start of the job left out (nothing runs); its record."""
+
+    def schedule(self: LocalCluster, dryrun: Any) -> JobRef:
+        return JobRef("local", "", dryrun.spec.name, dryrun.spec.run_dir, {"attempt": 0})
+
+    monkeypatch.setattr(LocalCluster, "schedule", schedule)
+    res = CliRunner().invoke(cli, ["submit", *args])
+    assert res.exit_code == 0, res.output
+    (record,) = jobs_dir().glob("*.json")
+    return json.loads(record.read_text())
+
+
+def test_submit_records_the_spec_s_commit_and_status_shows_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "project"
+    repo.mkdir()
+    spec = tiny_spec(repo, "run")
+    commit = _repo(repo, {"run.yaml": spec.read_text()})
+    (repo / "notes.txt").write_text("untracked: the tree is still clean\n")
+    record = _submit_without_starting(monkeypatch, str(spec))
+    assert record["extra"]["code"] == {
+        "folder": str(repo), "repo": str(repo), "commit": commit, "dirty": False,
+    }  # fmt: skip
+    res = CliRunner().invoke(cli, ["status", "run"])
+    assert f"  code: git {commit[:12]} (clean) in {repo}\n" in res.stdout
+    data = json.loads(CliRunner().invoke(cli, ["status", "run", "-o", "json"]).stdout)
+    assert data["code"]["commit"] == commit and data["code"]["dirty"] is False
+
+    with spec.open("a") as f:  # a tracked file changed since the commit
+        f.write("# tried another lr\n")
+    for path in jobs_dir().glob("*.json"):
+        path.unlink()
+    record = _submit_without_starting(monkeypatch, str(spec))
+    assert (record["extra"]["code"]["commit"], record["extra"]["code"]["dirty"]) == (commit, True)
+    res = CliRunner().invoke(cli, ["status", "run"])
+    assert f"code: git {commit[:12]} (dirty: tracked files differ from it)" in res.stdout
+
+
+def test_an_entrypoint_records_its_script_s_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code = tmp_path / "code"
+    commit = _repo(code, {"train.py": "print('hi')\n"})
+    (tmp_path / "specs").mkdir()  # no repository: the script's is the one recorded
+    spec = tiny_spec(tmp_path / "specs", "mine")
+    record = _submit_without_starting(monkeypatch, str(spec), "--", str(code / "train.py"))
+    assert record["extra"]["code"]["repo"] == str(code)
+    assert record["extra"]["code"]["commit"] == commit
+
+
+def test_outside_any_repository_nothing_is_recorded_and_nothing_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = tiny_spec(tmp_path, "bare")
+    assert subprocess.run(["git", "-C", str(tmp_path), "rev-parse"], capture_output=True,
+                          timeout=60).returncode != 0  # fmt: skip
+    record = _submit_without_starting(monkeypatch, str(spec))
+    assert record["extra"]["code"] == {
+        "folder": str(tmp_path), "repo": None, "commit": None, "dirty": None,
+    }  # fmt: skip
+    res = CliRunner().invoke(cli, ["status", "bare"])
+    assert f"  code: {tmp_path} is no git repository (no commit recorded)" in res.stdout

@@ -8,6 +8,7 @@ submitit) happen inside the commands that need them, never at start-up.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -176,7 +177,7 @@ def submit(
     shardctl submit job.yaml -- train.py --lr 1e-3    your script instead (or -m MODULE)
     """
     from ..clusters import cluster_class
-    from ..clusters.records import check_writable
+    from ..clusters.records import check_writable, code_version
     from ..errors import UsageError
     from ..spec import load_spec, with_command
 
@@ -199,11 +200,13 @@ def submit(
     # Where the job is recorded must take the record before the job starts: a job that
     # starts and then cannot be recorded runs on unseen by `ls`, `status` and `cancel`.
     check_writable()
+    code = code_version(_code_folder(job, spec))  # the code as it is now, before it runs
     with one_writer(plan.spec.run_dir, here=kind.run_dir_here, replace=replace):
         ref = backend.schedule(plan)
         if ref.extra.get("complete"):
             click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
             return
+        ref = dataclasses.replace(ref, extra={**ref.extra, "code": code})
         _remember_or_cancel(backend, ref)
     if output == "json":
         echo_json(ref.to_json())
@@ -216,6 +219,17 @@ def submit(
 
         # A progress bar on a terminal, plain lines otherwise; the last word on stderr.
         sys.exit(follow_submitted(backend, ref, job))
+
+
+def _code_folder(job: JobSpec, spec: Path) -> Path:
+    """Whose git commit a job records: its entrypoint script's folder (or `code_dir`),
+    where a user keeps their own training code; else the spec's folder."""
+    entry = job.entrypoint
+    own = None if entry is None else (entry.code_dir or entry.script)
+    if own is None:
+        return spec.absolute().parent
+    path = spec.absolute().parent / own  # an absolute `own` stays as it is
+    return path if path.is_dir() else path.parent
 
 
 def _remember_or_cancel(backend: Cluster, ref: JobRef) -> None:

@@ -153,6 +153,9 @@ def _status_json(
         "why": why if prog is None else "",
         "straggler": slow,
         "goodput": good.to_json() if good is not None else None,
+        # The code it runs, recorded at submit (clusters/records.code_version); None
+        # for a record from before it was kept.
+        "code": ref.extra.get("code"),
     }
 
 
@@ -178,13 +181,15 @@ def _status_json(
 @output_option
 @handle_errors
 def status(job: str, watch: bool, interval: float | None, output: str) -> None:
-    """State of a submitted JOB (name or id), with its step and loss where known, and
-    the rank that is consistently the slowest, if one is."""
+    """State of a submitted JOB (name or id), with its step and loss where known, the
+    git commit of its code at submit, and the rank that is consistently the slowest,
+    if one is."""
     from ..clusters import get_cluster
-    from ..clusters.records import recall
+    from ..clusters.records import describe_code, recall
 
     ref = recall(job)
     backend = get_cluster(ref.cluster)
+    code = describe_code(ref.extra.get("code"))
     wait = backend.poll_s if interval is None else interval
     last: tuple[Any, ...] | None = None
     try:
@@ -205,6 +210,8 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
                         echo_json(data)
                 else:
                     click.echo(_status_line(ref, st, prog))
+                    if code is not None:
+                        click.echo(f"  {code}")
                     if slow is not None:
                         click.echo(f"  straggler: {slow}")
                     if good is not None:

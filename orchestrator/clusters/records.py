@@ -14,6 +14,7 @@ import contextlib
 import errno
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -83,6 +84,53 @@ def _file_in_the_way(path: Path) -> Path | None:
         if here.exists() or here.is_symlink():
             return None if here.is_dir() else here
     return None
+
+
+# `code_version` asks git at submit; a repository on a hung file system must not hold it.
+GIT_TIMEOUT_S = 10.0
+
+
+def code_version(folder: str | Path) -> dict[str, Any]:
+    """The code a job runs, recorded at submit (`extra["code"]` of its record, shown by
+    `status`): the git repository holding `folder`, its checked-out commit, and whether
+    its tracked files differ from that commit (`dirty`; untracked files, such as the
+    run dirs beside a spec, do not count). Outside a repository, without git, or
+    when git does not answer within GIT_TIMEOUT_S: `repo`, `commit` and `dirty` are
+    None. Never an error: a submit does not depend on it."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(folder), *args], capture_output=True, text=True,
+                timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    repo = git("rev-parse", "--show-toplevel")
+    commit = git("rev-parse", "--verify", "--quiet", "HEAD") if repo else None
+    changes = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        "folder": str(folder),
+        "repo": repo,
+        "commit": commit,
+        "dirty": None if changes is None else bool(changes),
+    }
+
+
+def describe_code(code: Any) -> str | None:
+    """`status`'s line for a record's `code` (None: a record from before it was kept)."""
+    if not isinstance(code, dict):
+        return None
+    if not code.get("commit"):
+        where = code.get("repo") or code.get("folder") or "?"
+        why = "a git repository without a commit" if code.get("repo") else "no git repository"
+        return f"code: {where} is {why} (no commit recorded)"
+    state = {True: "dirty: tracked files differ from it", False: "clean"}.get(
+        code.get("dirty"), "dirty or clean unknown"
+    )
+    return f"code: git {str(code['commit'])[:12]} ({state}) in {code.get('repo')}"
 
 
 def remember(ref: JobRef) -> None:
