@@ -51,6 +51,25 @@ LLAMA_DEFAULT_VOCAB = 32000
 # metadata, DeepSpeed's pointer, the Trainer's state; and weights or state files.
 CHECKPOINT_MARKS = frozenset({"manifest.json", ".metadata", "latest", "trainer_state.json"})
 CHECKPOINT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".distcp", ".pkl"})
+# The module classes of transformers' LlamaForCausalLM, and the activation classes
+# its `hidden_act` may pick (transformers.activations.ACT2CLS), copied here so that
+# `validate` imports no transformers; tests/test_config_errors.py rebuilds both from
+# the installed library and fails when they disagree.
+LLAMA_MODULE_CLASSES = frozenset(
+    {
+        "Embedding", "Linear", "LlamaAttention", "LlamaDecoderLayer", "LlamaForCausalLM",
+        "LlamaMLP", "LlamaModel", "LlamaRMSNorm", "LlamaRotaryEmbedding", "ModuleList",
+    }
+)  # fmt: skip
+LLAMA_ACTIVATION_CLASSES = frozenset(
+    {
+        "AccurateGELUActivation", "ClippedGELUActivation", "FastGELUActivation",
+        "GELUActivation", "GELUTanh", "Hardswish", "LaplaceActivation", "LeakyReLU",
+        "LinearActivation", "MishActivation", "NewGELUActivation", "PReLU",
+        "QuickGELUActivation", "ReLU", "ReLU6", "ReLUSquaredActivation", "SiLU",
+        "SiLUActivation", "Sigmoid", "SqrtSoftplusActivation", "Tanh", "XIELUActivation",
+    }
+)  # fmt: skip
 # A GPU torch can use shows up as a device node: /dev/nvidiaN, ROCm's or WSL's.
 GPU_DEVICE_NODES = ("/dev/kfd", "/dev/dxg")
 
@@ -114,6 +133,7 @@ def input_problems(spec: JobSpec, cluster: str | None = None) -> list[str]:
         what = "'auto', 'never' or the path of a complete step-NNNNNNNN folder"
         found = _missing("checkpoint.resume", c.resume, Path.is_dir, "a folder", what)
         problems += found or _resume_problems(c.resume)
+    problems += _wrap_problems(spec)
     if cluster == "local":  # only here does this machine run the ranks
         problems += _device_problems(spec)
     tensorboard = spec.logging.tensorboard_dir
@@ -232,6 +252,22 @@ def _vocab_problems(spec: JobSpec) -> list[str]:
     return [
         f"{field} is {vocab} but train.data is byte-level text (token ids 0..255); "
         "accepted: vocab_size >= 256"
+    ]
+
+
+def _wrap_problems(spec: JobSpec) -> list[str]:
+    """`strategy.wrap` class names a `llama:` model does not have (FSDP wraps them; the
+    ranks would find out after building the model). Other models: the ranks check."""
+    wrap, t = spec.strategy.wrap, spec.train
+    if wrap == "auto" or spec.strategy.backend != "fsdp" or t is None or t.model.llama is None:
+        return []
+    missing = [n for n in wrap if n not in LLAMA_MODULE_CLASSES | LLAMA_ACTIVATION_CLASSES]
+    if not missing:
+        return []
+    return [
+        f"strategy.wrap names {missing} but a train.model.llama model has no module of "
+        f"that class; accepted: 'auto' or some of {', '.join(sorted(LLAMA_MODULE_CLASSES))} "
+        "(usually [LlamaDecoderLayer])"
     ]
 
 

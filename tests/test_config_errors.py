@@ -270,6 +270,11 @@ REFUSED: list[tuple[str, Callable[[Path], dict[str, Any]], tuple[str, ...]]] = [
         lambda tmp: _resume_with(tmp, None),
         ("checkpoint.resume", "holds no checkpoint (no manifest.json"),
     ),
+    (
+        "unknown wrap class",
+        lambda tmp: {"strategy": {"wrap": ["LlamaDecoderLayer", "NoSuchBlock"]}},
+        ("strategy.wrap names ['NoSuchBlock']", "LlamaDecoderLayer", "LlamaRMSNorm"),
+    ),
 ]
 
 
@@ -404,3 +409,23 @@ def test_a_nan_or_infinite_loss_has_diverged_whatever_the_vocab(tmp_path: Path) 
     assert "at most 55.5" in str(trainer._diverged(3, 56.0))
     trainer.spec.train.on_divergence = "continue"
     assert trainer._diverged(3, float("nan")) is None
+
+
+def test_the_llama_class_tables_are_the_installed_transformers() -> None:
+    """`validate` judges strategy.wrap from tables copied from transformers: rebuilt
+    here from a real LlamaForCausalLM and the activations its hidden_act may pick."""
+    from helpers.train_run import TINY_LLAMA
+    from shardctl.orchestrator import inputs
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.activations import ACT2CLS
+
+    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    activations = {(c[0] if isinstance(c, tuple) else c).__name__ for c in ACT2CLS.values()}
+    found = {type(m).__name__ for m in model.modules()}
+    assert found - activations == inputs.LLAMA_MODULE_CLASSES, "update LLAMA_MODULE_CLASSES"
+    assert activations == inputs.LLAMA_ACTIVATION_CLASSES, "update LLAMA_ACTIVATION_CLASSES"
+
+
+def test_a_wrap_list_of_the_models_classes_passes_validate(tmp_path: Path) -> None:
+    result = _validate(tmp_path, {"strategy": {"wrap": ["LlamaDecoderLayer", "Embedding"]}})
+    assert result.exit_code == 0, result.output
