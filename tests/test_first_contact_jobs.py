@@ -590,3 +590,47 @@ def test_outside_any_repository_nothing_is_recorded_and_nothing_fails(
     }  # fmt: skip
     res = CliRunner().invoke(cli, ["status", "bare"])
     assert f"  code: {tmp_path} is no git repository (no commit recorded)" in res.stdout
+
+
+# ------------------------------------------------------------ 8. ls --state, a name glob
+
+
+@pytest.fixture
+def three_jobs(tmp_path: Path) -> None:
+    """sweep-a SUCCEEDED, sweep-b FAILED, other PREEMPTED (local run dirs as they end)."""
+    for name, code, markers in (
+        ("sweep-a", 0, {}),
+        ("sweep-b", 1, {}),
+        ("other", 1, {"PREEMPTED": '{"kind": "preempted", "step": 4, "signal": "SIGUSR1"}\n'}),
+    ):
+        remember(JobRef("local", "1", name, str(_ended_local_run(tmp_path / name, code, markers))))
+
+
+def _names(*args: str) -> set[str]:
+    res = CliRunner().invoke(cli, ["ls", *args, "-o", "json"])
+    assert res.exit_code == 0, res.output
+    return {job["name"] for job in json.loads(res.stdout)["jobs"]}
+
+
+@pytest.mark.usefixtures("three_jobs")
+def test_ls_filters_by_state_and_by_a_name_glob() -> None:
+    assert _names() == {"sweep-a", "sweep-b", "other"}
+    assert _names("sweep-*") == {"sweep-a", "sweep-b"}
+    assert _names("--state", "failed,preempted") == {"sweep-b", "other"}
+    assert _names("--state", "FAILED", "--state", "SUCCEEDED", "sweep-*") == {"sweep-a", "sweep-b"}
+    assert _names("--state", "RUNNING") == set()
+    res = CliRunner().invoke(cli, ["ls", "--state", "running", "sweep-*"])
+    assert res.stdout == "no submitted jobs match --state RUNNING and name 'sweep-*'\n"
+    table = CliRunner().invoke(cli, ["ls", "other"]).stdout
+    assert "other" in table and "sweep" not in table
+
+
+@pytest.mark.usefixtures("three_jobs")
+def test_ls_refuses_an_unknown_state_in_one_line_with_a_did_you_mean() -> None:
+    res = CliRunner().invoke(cli, ["ls", "--state", "RUNNING,faild"])
+    assert res.exit_code == 2
+    assert res.stderr == (
+        "error: --state 'FAILD' is not a job state (did you mean FAILED?); accepted: PENDING, "
+        "RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, HUNG, UNKNOWN (repeat --state or "
+        "separate them with commas)\n"
+    )

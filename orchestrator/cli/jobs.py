@@ -493,7 +493,42 @@ def _table(rows: list[Row], now: float) -> str:
     return "\n".join(out)
 
 
-def _ls(cluster: str | None, timeout: float, output: str) -> None:
+def _wanted_states(given: Sequence[str]) -> set[str] | None:
+    """`--state` values (repeated or comma-separated, any case) as JobState names; None
+    when none was given. An unknown one is refused with the closest known state."""
+    import difflib
+
+    from ..clusters.base import JobState
+    from ..errors import UsageError
+
+    known = [state.value for state in JobState]
+    wanted = {word.strip().upper() for value in given for word in value.split(",")}
+    wanted.discard("")
+    for word in sorted(wanted):
+        if word not in known:
+            hint = difflib.get_close_matches(word, known, n=1)
+            did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
+            raise UsageError(
+                f"--state {word!r} is not a job state{did_you_mean}; accepted: "
+                f"{', '.join(known)} (repeat --state or separate them with commas)"
+            )
+    return wanted or None
+
+
+def _row_state(row: Row) -> str:
+    """The state `--state` matches: a row whose cluster did not answer is UNKNOWN."""
+    return "UNKNOWN" if row.state == "?" else row.state
+
+
+def _ls(
+    cluster: str | None,
+    timeout: float,
+    output: str,
+    states: set[str] | None = None,
+    pattern: str | None = None,
+) -> None:
+    from fnmatch import fnmatchcase
+
     from ..clusters import get_cluster
     from ..clusters.records import scan_records
 
@@ -504,8 +539,11 @@ def _ls(cluster: str | None, timeout: float, output: str) -> None:
     backends: dict[str, Cluster | Exception] = {}
     for rec in scan_records():
         ref = rec.ref
+        # The name filter comes first: a job left out is not asked about.
+        if pattern is not None and not fnmatchcase(ref.name if ref else rec.path.stem, pattern):
+            continue
         if ref is None:
-            if cluster is None:
+            if cluster is None and states is None:  # an unreadable record has no state
                 rows.append(
                     Row(rec.path.stem, "?", "?", "", str(rec.path), rec.submitted,
                         stale=f"unreadable record {rec.path} ({rec.error}); delete it if the "
@@ -534,22 +572,39 @@ def _ls(cluster: str | None, timeout: float, output: str) -> None:
     for i in lookup.close():
         rows[i].state = "?"
         rows[i].stale = f"cluster {rows[i].cluster} gave no answer within {timeout:g} s"
+    if states is not None:
+        rows = [r for r in rows if _row_state(r) in states]
     if output == "json":
         echo_json({"jobs": [r.to_json(now) for r in rows]})
     elif not rows:
         where = f" on {cluster}" if cluster else ""
-        click.echo(f"no submitted jobs{where}; submit one with `shardctl submit SPEC`")
+        filters = [f"--state {','.join(sorted(states))}"] if states else []
+        filters += [f"name {pattern!r}"] if pattern is not None else []
+        if filters:
+            click.echo(f"no submitted jobs{where} match {' and '.join(filters)}")
+        else:
+            click.echo(f"no submitted jobs{where}; submit one with `shardctl submit SPEC`")
     else:
         click.echo(_table(rows, now))
 
 
 def _ls_command(name: str, help_text: str) -> click.Command:
     @click.command(name, help=help_text)
+    @click.argument("pattern", required=False, metavar="[NAME_GLOB]")
     @click.option(
         "--cluster",
         type=ClusterChoice(),
         default=None,
         help="Only the jobs of this cluster.",
+    )
+    @click.option(
+        "--state",
+        "states",
+        multiple=True,
+        metavar="STATE",
+        help="Only the jobs in this state (repeatable, or a comma list): PENDING, RUNNING, "
+        "SUCCEEDED, FAILED, CANCELLED, PREEMPTED, HUNG, UNKNOWN (a cluster that did not "
+        "answer counts as UNKNOWN).",
     )
     @click.option(
         "--timeout",
@@ -561,14 +616,21 @@ def _ls_command(name: str, help_text: str) -> click.Command:
     )
     @output_option
     @handle_errors
-    def command(cluster: str | None, timeout: float, output: str) -> None:
-        _ls(cluster, timeout, output)
+    def command(
+        cluster: str | None,
+        timeout: float,
+        output: str,
+        states: tuple[str, ...] = (),
+        pattern: str | None = None,
+    ) -> None:
+        _ls(cluster, timeout, output, _wanted_states(states), pattern)
 
     return command
 
 
 LS_HELP = (
-    "Every submitted job on every cluster: state, step/total, loss, age.\n\n"
+    "Every submitted job on every cluster: state, step/total, loss, age. NAME_GLOB keeps "
+    "the jobs whose name it matches (quote it: 'sweep-*'); --state keeps those in a state.\n\n"
     "Stale records (the cluster no longer knows the job, the record is unreadable, the "
     "cluster did not answer) are marked * and explained below the table."
 )
