@@ -69,8 +69,10 @@ class Preflight:
 def run_doctor(spec: JobSpec, cluster: str, checkpoints: str | None = None) -> list[Check]:
     from .clusters import get_cluster
 
-    own = get_cluster(cluster).preflight(spec)
-    checks = [node_rank_check(spec, cluster), *own.checks]
+    backend = get_cluster(cluster)
+    own = backend.preflight(spec)
+    checks = [*submit_checks(backend.submit_problems(spec), cluster)]
+    checks += [node_rank_check(spec, cluster), *own.checks]
     checks.extend(input_checks(spec, cluster))
     checks.append(budget_check(spec, cluster, checkpoints))
     checks.append(interface_check(spec, cluster, own.interfaces))
@@ -78,6 +80,14 @@ def run_doctor(spec: JobSpec, cluster: str, checkpoints: str | None = None) -> l
 
 
 # ------------------------------------------------------------------ every cluster
+
+
+def submit_checks(problems: list[str], cluster: str) -> list[Check]:
+    """What `submit --cluster CLUSTER` refuses in the spec (`Cluster.submit_problems`,
+    the very checks), one failing check each."""
+    if not problems:
+        return [Check("spec for " + cluster, "ok", f"submit --cluster {cluster} accepts it")]
+    return [Check("spec for " + cluster, "fail", p, "correct the spec") for p in problems]
 
 
 def node_rank_check(spec: JobSpec, cluster: str) -> Check:

@@ -112,7 +112,8 @@ CLUSTERS = "shardctl.orchestrator.clusters"
 
 @pytest.mark.parametrize(
     ("command", "backends"),
-    [("validate", set()), ("render-local", {"local"}), ("render-slurm", {"slurm"})],
+    # validate runs submit's checks of the cluster asked for (local by default).
+    [("validate", {"local"}), ("render-local", {"local"}), ("render-slurm", {"slurm"})],
 )
 def test_a_command_loads_only_the_cluster_asked_for(
     tmp_path: Path, command: str, backends: set[str]

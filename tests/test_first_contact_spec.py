@@ -271,3 +271,51 @@ def test_a_time_limit_inside_the_signal_delay_is_refused_at_validate(
 def test_a_time_limit_just_past_the_signal_delay_is_accepted() -> None:
     spec = spec_of_data(changed("slurm", {"time": "3", "signal_delay_s": 179}))
     assert (spec.slurm.time, spec.slurm.signal_delay_s) == ("3", 179)
+
+
+# ------------------------------- item 5: validate and doctor apply submit's k8s checks
+
+K8S_BAD = {
+    "no-image": (changed("resources.nodes", 1), "k8s.image is required for --cluster k8s"),
+    "two-nodes-no-volume": (
+        changed("k8s", {"image": "registry.example/shardctl:1"}, changed("resources.nodes", 2)),
+        "k8s.pvc is required for a 2-node job",
+    ),
+}
+
+
+@pytest.fixture
+def no_kubeconfig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    missing = tmp_path / "kube" / "config"
+    monkeypatch.setenv("KUBECONFIG", str(missing))
+    monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return missing
+
+
+@pytest.mark.parametrize("case", sorted(K8S_BAD))
+@pytest.mark.parametrize("command", ["validate", "doctor", "submit"])
+def test_validate_doctor_and_submit_refuse_the_same_k8s_spec(
+    tmp_path: Path, no_kubeconfig: Path, case: str, command: str
+) -> None:
+    data, refusal = K8S_BAD[case]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**data, "run_dir": str(tmp_path / "run")}))
+    res = CliRunner().invoke(cli, [command, str(path), "--cluster", "k8s"])
+    assert "Traceback" not in res.output + res.stderr
+    if command == "doctor":  # a failing check, and doctor's exit code for one
+        assert res.exit_code == 1, res.output
+        assert f"FAIL  spec for k8s: {refusal}" in res.output
+    else:
+        assert res.exit_code == 2, res.output + res.stderr
+        assert refusal in res.stderr
+
+
+def test_doctor_says_submit_accepts_a_k8s_spec_it_accepts(
+    tmp_path: Path, no_kubeconfig: Path
+) -> None:
+    data = changed("k8s", {"image": "registry.example/shardctl:1"})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**data, "run_dir": str(tmp_path / "run")}))
+    res = CliRunner().invoke(cli, ["doctor", str(path), "--cluster", "k8s"])
+    assert "ok    spec for k8s: submit --cluster k8s accepts it" in res.output

@@ -79,9 +79,15 @@ def validate(
     spec: Path, output: str, cluster: str = "local", overrides: tuple[str, ...] = ()
 ) -> None:
     """Validate SPEC; print the derived settings."""
+    from ..clusters import get_cluster
+    from ..errors import SpecError
     from ..spec import load_spec
 
     job = load_spec(spec, overrides, cluster)
+    # What `submit` refuses for this cluster (k8s: an image, a volume for several pods).
+    problems = get_cluster(cluster).submit_problems(job)
+    if problems:
+        raise SpecError(problems, str(spec))
     refuse_missing_inputs(job, cluster, source=str(spec), imports=False)
     if output == "json":
         echo_json(job.to_yaml_dict())

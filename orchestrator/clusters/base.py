@@ -166,11 +166,22 @@ class Cluster(ABC):
         """Files only this cluster needs; `common` holds the shared ones already."""
         return {}
 
+    def run_problems(self, spec: JobSpec) -> list[str]:
+        """What running on this cluster needs that `spec` (as the nodes read it) lacks,
+        one line each: its section's `run_problems`. The one list of these checks:
+        `submit` refuses them (`check`), `validate` and `doctor` show them
+        (`submit_problems`)."""
+        section = spec.cluster_section(self.name)
+        return section.run_problems(spec) if section is not None else []
+
+    def submit_problems(self, spec: JobSpec) -> list[str]:
+        """`run_problems` of `spec` as read from its file, as `submit` would find them."""
+        return self.run_problems(self.node_view(spec).spec)
+
     def check(self, spec: JobSpec) -> None:
         """Raise `SpecError` naming what running on this cluster needs that `spec` (as
-        the nodes read it) lacks: its section's `run_problems`, one line each."""
-        section = spec.cluster_section(self.name)
-        problems = section.run_problems(spec) if section is not None else []
+        the nodes read it) lacks: `run_problems`, one line each."""
+        problems = self.run_problems(spec)
         if problems:
             raise SpecError(problems)
 

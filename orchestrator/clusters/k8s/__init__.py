@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...assets import manifest
-from ...errors import ClusterError, JobNotFoundError, MissingDependencyError, SpecError
+from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
 from ...launch import EnvLine
 from ...launcher_output import LauncherReport, readable
 from ...render import common_artifacts
@@ -62,10 +62,13 @@ class K8sCluster(Cluster):
 
     spec_section = K8sSection
 
-    def check(self, spec: JobSpec) -> None:
-        problems = k8s_render.run_problems(spec)
-        if problems:
-            raise SpecError(problems)
+    def run_problems(self, spec: JobSpec) -> list[str]:
+        # The section's rules and its API's; `render_from` refuses the same list.
+        return k8s_render.run_problems(spec)
+
+    def submit_problems(self, spec: JobSpec) -> list[str]:
+        # `dryrun` checks the spec as given (`render_from`), not the pods' view of it.
+        return self.run_problems(spec)
 
     def preflight(self, spec: JobSpec) -> Preflight:
         from ...doctor import Preflight
