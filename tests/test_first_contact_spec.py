@@ -319,3 +319,41 @@ def test_doctor_says_submit_accepts_a_k8s_spec_it_accepts(
     path.write_text(yaml.safe_dump({**data, "run_dir": str(tmp_path / "run")}))
     res = CliRunner().invoke(cli, ["doctor", str(path), "--cluster", "k8s"])
     assert "ok    spec for k8s: submit --cluster k8s accepts it" in res.output
+
+
+# --------------------------------------------- item 6: a missing kubeconfig is "missing"
+
+
+@pytest.mark.parametrize("variable", ["KUBECONFIG", "SHARDCTL_KUBECONFIG"])
+def test_a_missing_kubeconfig_says_missing_where_it_looked_and_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    pytest.importorskip("kubernetes")
+    missing = tmp_path / "kube" / "config"
+    for name in ("KUBECONFIG", "SHARDCTL_KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, str(missing))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(changed("k8s", {"image": "registry.example/shardctl:1"})))
+    res = CliRunner().invoke(cli, ["submit", str(path), "--cluster", "k8s"])
+    assert res.exit_code == 1, res.output
+    [line] = res.stderr.splitlines()
+    assert "invalid" not in line.lower(), line
+    assert "no kubeconfig: shardctl looks for it in SHARDCTL_KUBECONFIG, else KUBECONFIG" in line
+    assert f"here {variable}={missing}, and {missing} does not exist" in line
+    assert "Point KUBECONFIG (or SHARDCTL_KUBECONFIG) at your cluster's kubeconfig" in line
+
+
+def test_no_kubeconfig_at_all_names_the_default_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("kubernetes")
+    from shardctl.orchestrator.clusters.k8s import load_api_client
+    from shardctl.orchestrator.errors import ClusterError
+
+    for name in ("KUBECONFIG", "SHARDCTL_KUBECONFIG", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ClusterError) as exc:
+        load_api_client()
+    assert "~/.kube/config, the default, does not exist and neither" in str(exc.value)

@@ -683,6 +683,9 @@ def load_api_client() -> Any:
         except ConfigException as exc:
             raise ClusterError(f"in-cluster Kubernetes config is unusable: {exc}") from None
         return client.ApiClient(configuration)
+    missing = _missing_kubeconfig(config_file)
+    if missing is not None:
+        raise ClusterError(missing)
     try:
         return config.new_client_from_config(
             config_file=config_file, context=context, client_configuration=configuration
@@ -698,6 +701,28 @@ def load_api_client() -> Any:
             config_file,
             f"not a kubeconfig (a mapping with clusters, users and contexts): {_one_line(exc)}",
         ) from None
+
+
+def _missing_kubeconfig(config_file: str | None) -> str | None:
+    """The line that says no kubeconfig exists where one was looked for (the client
+    would call it "invalid"), or None when one of them exists."""
+    named = "SHARDCTL_KUBECONFIG" if os.environ.get("SHARDCTL_KUBECONFIG") else "KUBECONFIG"
+    paths = [p for p in (config_file or "").split(os.pathsep) if p] or ["~/.kube/config"]
+    if any(os.path.lexists(os.path.expanduser(p)) for p in paths):
+        return None
+    where = (
+        f"{named}={config_file}, and {' nor '.join(paths)} does not exist"
+        if config_file
+        else "~/.kube/config, the default, does not exist and neither SHARDCTL_KUBECONFIG "
+        "nor KUBECONFIG is set"
+    )
+    return (
+        f"no kubeconfig: shardctl looks for it in SHARDCTL_KUBECONFIG, else KUBECONFIG, else "
+        f"~/.kube/config; here {where}. Point KUBECONFIG (or SHARDCTL_KUBECONFIG) at your "
+        "cluster's kubeconfig (the file kubectl uses; your cluster's admin or cloud CLI "
+        "writes one, e.g. `aws eks update-kubeconfig`, `gcloud container clusters "
+        "get-credentials`), or run inside the cluster"
+    )
 
 
 def _kubeconfig_error(config_file: str | None, why: str) -> ClusterError:
