@@ -9,6 +9,7 @@ process a test starts has a deadline and is ended by its pid."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -634,3 +636,55 @@ def test_ls_refuses_an_unknown_state_in_one_line_with_a_did_you_mean() -> None:
         "RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, HUNG, UNKNOWN (repeat --state or "
         "separate them with commas)\n"
     )
+
+
+# The same refusals on real file systems: a read-only and a full tmpfs (mounting one
+# needs root; skipped otherwise, saying so).
+
+
+@contextlib.contextmanager
+def _file_system(kind: str) -> Iterator[Path]:
+    """A read-only tmpfs, or a full one (a file took all its room)."""
+    from test_disk_full import tmpfs
+
+    with tmpfs("64k", read_only=kind == "read-only") as where:
+        if kind == "full":
+            fd = os.open(where / "filler", os.O_CREAT | os.O_WRONLY)
+            with contextlib.suppress(OSError):  # ENOSPC: full
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            os.close(fd)
+        yield where
+
+
+REAL = [("read-only", "Read-only file system (EROFS)"), ("full", "No space left on device")]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize(("kind", "said"), REAL)
+def test_a_state_dir_on_a_real_read_only_or_full_disk_is_refused_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, said: str
+) -> None:
+    _never_started(monkeypatch)
+    spec = tiny_spec(tmp_path, "job")
+    with _file_system(kind) as where:
+        monkeypatch.setenv("SHARDCTL_STATE_DIR", str(where / "state"))
+        line = _refused(CliRunner().invoke(cli, ["submit", str(spec)]))
+    assert f"cannot record jobs in the state dir {where / 'state'}: {said}" in line
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@pytest.mark.parametrize(("kind", "said"), REAL)
+def test_a_run_dir_on_a_real_read_only_or_full_disk_is_refused_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, said: str
+) -> None:
+    _never_started(monkeypatch)
+    with _file_system(kind) as where:
+        spec = tiny_spec(tmp_path, "job", run_dir=str(where / "job"),
+                         checkpoint={"dir": str(tmp_path / "ckpt")})  # fmt: skip
+        line = _refused(CliRunner().invoke(cli, ["submit", str(spec)]))
+        assert f"cannot write the run dir {where / 'job'}: {said}" in line
+        left = sorted(p.name for p in where.iterdir())
+        assert left == ([] if kind == "read-only" else ["filler"])  # no claim, no folder
+    assert list(jobs_dir().glob("*.json")) == []
