@@ -357,3 +357,39 @@ def test_no_kubeconfig_at_all_names_the_default_path(
     with pytest.raises(ClusterError) as exc:
         load_api_client()
     assert "~/.kube/config, the default, does not exist and neither" in str(exc.value)
+
+
+# ----------------------------------------------- item 7: an env.PATH that finds nothing
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("", "holds no absolute folder"),
+        (":", "holds no absolute folder"),
+        ("bin:.venv/bin", "holds no absolute folder"),
+        ("/opt/tools/bin:$PATH", "names a variable, but env values are taken literally"),
+    ],
+)
+@pytest.mark.parametrize("cluster", ["local", "slurm", "k8s"])
+def test_a_path_that_cannot_find_the_launcher_is_refused_at_validate(
+    tmp_path: Path, path: str, says: str, cluster: str
+) -> None:
+    data = changed("env", {"PATH": path}, changed("k8s", {"image": "registry.example/s:1"}))
+    code, err = validate(tmp_path, yaml.safe_dump(data), "--cluster", cluster)
+    assert code == 2, err
+    assert f"env.PATH {path!r} {says}" in err
+    assert "or no env.PATH (the nodes' own)" in err
+
+
+def test_on_this_machine_env_path_must_hold_the_launcher(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    code, err = validate(tmp_path, yaml.safe_dump(changed("env", {"PATH": str(empty)})))
+    assert code == 2, err
+    assert f"env.PATH {str(empty)!r} has no 'torchrun' (here it is " in err
+    # The folder the local cluster finds it in is accepted.
+    venv_bin = os.path.dirname(sys.executable)
+    good = changed("env", {"PATH": f"{venv_bin}:/usr/bin:/bin"})
+    code, err = validate(tmp_path, yaml.safe_dump(good))
+    assert code == 0, err

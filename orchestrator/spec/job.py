@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import posixpath
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -187,6 +188,9 @@ class JobSpec(Section):
                 f"({t.steps}), so no periodic checkpoint would ever be written; "
                 f"accepted: 1..{t.steps}"
             )
+        path_problem = _search_path_problem(self.env.get("PATH"))
+        if path_problem is not None:
+            problems.append(path_problem)
         for name in self.cluster_sections:
             problems.extend(self.cluster_section(name).spec_problems(self))
         run_dir = self.run_dir if self.run_dir is not None else default_run_dir(self.name)
@@ -228,6 +232,30 @@ class JobSpec(Section):
             if data.get(key) is None:
                 data.pop(key, None)
         return data
+
+
+def _search_path_problem(value: Any) -> str | None:
+    """Why `env.PATH` cannot find the launcher on any node, or None. It replaces the
+    nodes' own PATH, literally (`$PATH` is not expanded), and the launcher (`torchrun`,
+    `accelerate`, `deepspeed`) is found through it: without one absolute folder every
+    attempt ends "cannot start" and is tried again."""
+    if not isinstance(value, str):
+        return None
+    accepted = (
+        "accepted: absolute folders separated by ':', the launcher's among them "
+        "(e.g. '/opt/venv/bin:/usr/local/bin:/usr/bin:/bin'), or no env.PATH (the nodes' own)"
+    )
+    if re.search(r"\$(\{?)[A-Za-z_]", value):
+        return (
+            f"env.PATH {show(value)} names a variable, but env values are taken literally "
+            f"(nothing is expanded); {accepted}"
+        )
+    if not any(folder.startswith("/") for folder in value.split(":")):
+        return (
+            f"env.PATH {show(value)} holds no absolute folder, so no node could find the "
+            f"launcher or python3; {accepted}"
+        )
+    return None
 
 
 def _checkpoint_dir_problems(ckpt_dir: str, run_dir: str) -> list[str]:
