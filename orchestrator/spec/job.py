@@ -77,7 +77,9 @@ class JobSpec(Section):
     `Restart`)."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every rank; values of at most 131072 characters (Linux's
-    MAX_ARG_STRLEN: execve refuses a longer variable)."""
+    MAX_ARG_STRLEN: execve refuses a longer variable), taken literally (`$HOME` is not
+    expanded). A `PATH` replaces the nodes' own: it must hold absolute folders, the
+    launcher's among them (on `--cluster local` the launcher must be found in it)."""
     # Then one section per cluster, each under the cluster's name (`local`, `slurm`,
     # `k8s`, a plugin's): added by `spec_model` from the cluster registry.
 
