@@ -75,9 +75,15 @@ def test_an_alias_bomb_is_refused_quickly_and_in_little_memory(tmp_path: Path) -
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
-def test_a_value_that_contains_itself_is_refused() -> None:
+@pytest.mark.parametrize("written", [False, True])
+def test_a_value_that_contains_itself_is_refused(written: bool) -> None:
     with pytest.raises(SpecError, match="contains itself through an alias"):
-        parse_yaml_text("a: &a [1, *a]\n", "job.yaml")
+        parse_yaml_text("a: &a [1, *a]\n", "job.yaml", written=written)
+
+
+def test_the_parser_for_written_files_bounds_aliases_too() -> None:
+    with pytest.raises(SpecError, match="aliases \\(\\*name\\) repeat more than"):
+        parse_yaml_text(billion_laughs(), "job.yaml", written=True)
 
 
 def test_a_few_aliases_still_work() -> None:
@@ -137,6 +143,16 @@ def test_an_unquoted_off_says_yaml_made_it_false_and_how_to_quote_it() -> None:
 def test_an_unquoted_yes_in_a_text_field_says_what_yaml_did() -> None:
     msg = problem_of("k8s: {image: yes}")
     assert "k8s.image:" in msg and "the boolean true" in msg and 'image: "on"' in msg
+
+
+def test_a_number_field_gets_no_quoting_advice() -> None:
+    data = changed("strategy.zero_stage", parse_yaml_text("1:00"), changed("train.seed", True))
+    with pytest.raises(SpecError) as exc:
+        spec_of_data(data)
+    assert exc.value.problems == [
+        "strategy.zero_stage: Input should be 0, 1, 2 or 3 (got 60)",
+        "train.seed: Input should be a valid integer (got True)",
+    ]
 
 
 def test_a_base60_number_in_a_text_field_shows_the_text_to_quote() -> None:

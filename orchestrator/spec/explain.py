@@ -70,7 +70,8 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
                 continue
         # The value once: our own validators show it (or the bad item of a list) in
         # their sentence; pydantic's messages never do; a whole section is not printed.
-        got = "" if ours or isinstance(value, dict) else f" (got {shown}{_yaml_did(value, loc)})"
+        yaml_did = _yaml_did(value, loc) if _wanted_text(err) else ""
+        got = "" if ours or isinstance(value, dict) else f" (got {shown}{yaml_did})"
         problems.append(f"{field or 'spec'}: {msg}{got}")
     return problems
 
@@ -137,6 +138,14 @@ def _written_under(node: Any, part: Any) -> Any:
 
 def _lower_first(msg: str) -> str:
     return msg[:1].lower() + msg[1:]
+
+
+def _wanted_text(err: Any) -> bool:
+    """Whether the field wanted a text or one of some words (where quoting is the fix)."""
+    if err["type"] == "string_type":
+        return True
+    expected = (err.get("ctx") or {}).get("expected", "")
+    return err["type"] == "literal_error" and "'" in str(expected)
 
 
 def _yaml_did(value: Any, loc: list[Any]) -> str:
