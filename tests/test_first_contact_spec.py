@@ -181,6 +181,11 @@ def test_slurm_time_given_with_set_is_the_time_written() -> None:
     assert spec.slurm.time == "10:00:00"
 
 
+def test_an_env_value_with_colons_is_the_text_written() -> None:
+    spec = spec_of("env: {WINDOW: 10:00, BATCH: 8}")
+    assert spec.env == {"WINDOW": "10:00", "BATCH": "8"}
+
+
 def test_an_sbatch_option_time_is_sent_as_written() -> None:
     spec = spec_of("slurm: {sbatch_options: {time-min: 10:00, begin: '10:30'}}")
     assert spec.slurm.sbatch_options == {"time-min": "10:00", "begin": "10:30"}

@@ -29,6 +29,7 @@ from .common import (
     RESERVED_ENV,
     PathText,
     Section,
+    as_written,
     set_derived,
     show,
 )  # fmt: skip
@@ -134,6 +135,7 @@ class JobSpec(Section):
                 raise ValueError(
                     f"{key} is set by the launcher for every rank and cannot be set in env"
                 )
+            value = as_written(value)  # `T: 10:00` is '10:00', not YAML's 600
             if isinstance(value, bool):
                 value = "1" if value else "0"
             elif isinstance(value, int | float):
