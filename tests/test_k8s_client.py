@@ -326,7 +326,7 @@ def test_cancel_deletes_job_and_configmap(server: KMockServer) -> None:
 def test_no_kubeconfig_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHARDCTL_KUBECONFIG", str(tmp_path / "missing"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ClusterError, match="no kubeconfig: .* does not exist"):
+    with pytest.raises(ClusterError, match=r"no kubeconfig: .* does not exist"):
         k8s_backend.K8sCluster().status(k8s_backend.JobRef("k8s", "ns/x", "x", "/r"))
 
 
