@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -344,23 +345,92 @@ def test_python_dash_m_prints_the_decision_and_records_the_verdict(tmp_path: Pat
     assert [x["decision"] for x in lines] == ["retry", "retry", "stop", "retry"]
 
 
-def test_the_docs_table_is_the_policy() -> None:
-    """The docs' "How an attempt ends" policy table says what `POLICY` does."""
+def _docs_tables() -> tuple[list[list[str]], list[list[str]]]:
+    """The rules table (#, evidence, outcome) and the policy table (outcome, decision,
+    exit code) of docs/guides/faults.md's "How an attempt ends", row by row."""
     page = Path(__file__).resolve().parents[1] / "docs" / "guides" / "faults.md"
     section = page.read_text().split("## How an attempt ends", 1)[1].split("\n## ", 1)[0]
-    rows = {}
-    for line in section.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and cells[0] in {k.value for k in Kind}:
-            rows[Kind(cells[0])] = (cells[1].split(" ")[0].strip(":,"), cells[2])
-    assert set(rows) == set(Kind) - {Kind.UNKNOWN}
-    for kind, (decision, code) in rows.items():
-        rule = oc.POLICY[kind]
-        assert decision == rule.decision.value, kind
-        written = str(rule.exit_code) if rule.exit_code is not None else "the rank's code"
-        assert code.startswith(written), (kind, code)
-    rules = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
-    assert len(rules) == len(oc.RULES)
+    rows = [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| # ") and "---" not in line
+    ]
+    rules = [cells for cells in rows if cells[0].isdigit()]
+    policy = [cells for cells in rows if not cells[0].isdigit() and cells[0] != "outcome"]
+    return rules, policy
+
+
+# For each row of the docs' rules table, evidence that fits what the row says (written
+# out here), so a rule moved, dropped or judging otherwise than the docs say fails.
+DONE_20 = {"kind": "done", "step": 20}
+DOCS_RULE_CASES: dict[int, list[Evidence]] = {
+    1: [Evidence(0)],
+    2: [
+        Evidence(143, {"DONE": DONE_20, "CANCELLED": {}}),
+        Evidence(1, {"DONE": DONE_20}, ("SIGTERM",)),
+    ],
+    3: [Evidence(143, {"CANCELLED": {}})],
+    4: [Evidence(1, {}, ("SIGUSR2",), "SIGUSR2"), Evidence(1, {}, ("SIGUSR1",))],
+    5: [Evidence(143, {}, ("SIGTERM",)), Evidence(130, {}, ("SIGINT",))],
+    6: [Evidence(42, {"PREEMPTED": PREEMPTED_TERM}), Evidence(42, {"PREEMPTED": PREEMPTED_USR2})],
+    7: [Evidence(1, {"FAILED": DO_NOT_RETRY}), Evidence(78)],
+    8: [Evidence(1, {"HUNG": HUNG}), Evidence(124)],
+    9: [Evidence(1, {"KILLED": KILLED})],
+    10: [Evidence(1, {"FAILED": FAILED})],
+    11: [Evidence(42), Evidence(3)],
+    12: [Evidence(None, {"DONE": DONE_20})],
+}
+
+
+def _first_rule(evidence: Evidence) -> tuple[int, Kind]:
+    """The number (from 1) of the first of `RULES` that matches, and its outcome's kind."""
+    for number, (_name, rule) in enumerate(oc.RULES, start=1):
+        found = rule(evidence)
+        if found is not None:
+            return number, found.kind
+    raise AssertionError(f"no rule matches {evidence}")
+
+
+def test_the_docs_rules_table_is_the_classifier_row_by_row() -> None:
+    """Each numbered row of the docs is the rule of that number in `RULES`, and the
+    outcome it names is what that rule returns for evidence fitting its description."""
+    rules, _ = _docs_tables()
+    assert [int(cells[0]) for cells in rules] == list(range(1, len(oc.RULES) + 1))
+    assert sorted(DOCS_RULE_CASES) == [int(cells[0]) for cells in rules]
+    kinds = {k.value for k in Kind}
+    for number, _evidence_text, outcome_text in rules:
+        written = {w for w in re.findall(r"[a-z]+", outcome_text) if w in kinds}
+        assert written, f"rule {number}: the docs name no outcome: {outcome_text!r}"
+        judged = set()
+        for evidence in DOCS_RULE_CASES[int(number)]:
+            first, kind = _first_rule(evidence)
+            assert first == int(number), (number, evidence, first)
+            judged.add(kind.value)
+        assert judged == written, (number, outcome_text)
+    # Rule 9's crash is pinned on the node the docs say (code 128 + the signal).
+    pinned = oc.classify(DOCS_RULE_CASES[9][0])
+    assert (pinned.pinned, pinned.node, pinned.code) == (True, 1, 128 + 9)
+
+
+def test_the_docs_policy_table_is_the_policy_cell_by_cell() -> None:
+    """Each row of the docs' policy table is `POLICY`'s row of that kind: the kinds in
+    the same order, the decision, whether it restarts in place first, the exit code."""
+    _, policy = _docs_tables()
+    assert [cells[0] for cells in policy] == [k.value for k in oc.POLICY if k is not Kind.UNKNOWN]
+    for kind_text, decision_text, code_text in policy:
+        rule = oc.POLICY[Kind(kind_text)]
+        assert decision_text.split(" ")[0].strip(":,") == rule.decision.value, kind_text
+        restarts_first = "restarted in place while `restart.max_in_allocation`" in decision_text
+        assert restarts_first == rule.restart, kind_text
+        if rule.exit_code is None:
+            assert code_text == "the rank's code, else the launcher's", kind_text
+        else:
+            assert code_text == str(rule.exit_code), kind_text
+    # The failed row's pinned crash: restarted in place too, then retried like a hang.
+    failed = dict((cells[0], cells[1]) for cells in policy)["failed"]
+    assert "pinned on one node (rule 9) is then retried like a hang" in failed
+    assert (oc.PINNED_CRASH.decision, oc.PINNED_CRASH.restart) == (Decision.RETRY, True)
+    assert oc.POLICY[Kind.HUNG].decision == oc.PINNED_CRASH.decision
 
 
 def test_a_hang_that_names_no_rank_waits_for_the_node_that_does(tmp_path: Path) -> None:
