@@ -60,16 +60,42 @@ def test_both_given_and_agreeing_is_accepted():
     assert (s.sharding, s.zero_stage) == ("shard_grad_op", 2)
 
 
-def test_offload_pairs_that_work_on_cuda():
+@pytest.mark.parametrize(
+    ("strategy", "derived", "offloaded"),
+    [
+        # given → (sharding, zero_stage) derived; what the launcher's config offloads
+        ({"backend": "fsdp", "sharding": "full_shard", "offload": "params"},
+         ("full_shard", 3), {"fsdp_offload_params": True}),
+        ({"backend": "deepspeed", "zero_stage": 3, "offload": "params"},
+         ("full_shard", 3), {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+        ({"backend": "deepspeed", "zero_stage": 2, "offload": "optimizer"},
+         ("shard_grad_op", 2), {"offload_optimizer": "cpu"}),
+        ({"backend": "deepspeed", "zero_stage": 1, "offload": "optimizer"},
+         (None, 1), {"offload_optimizer": "cpu"}),
+    ],
+)  # fmt: skip
+def test_offload_pairs_that_work_on_cuda(
+    strategy: dict[str, Any], derived: tuple[str | None, int], offloaded: dict[str, Any]
+):
+    """Accepted on cuda (refused on cpu: tests/test_spec_invalid.py), kept as given, and
+    the rendered launcher config offloads exactly what was asked."""
+    from shardctl.orchestrator.accelerate_config import accelerate_config
+    from shardctl.orchestrator.dsconfig import deepspeed_config
+
     cuda = copy.deepcopy(BASE)
     cuda["resources"]["device"] = "cuda"
-    for strategy in (
-        {"backend": "fsdp", "sharding": "full_shard", "offload": "params"},
-        {"backend": "deepspeed", "zero_stage": 3, "offload": "params"},
-        {"backend": "deepspeed", "zero_stage": 2, "offload": "optimizer"},
-        {"backend": "deepspeed", "zero_stage": 1, "offload": "optimizer"},
-    ):
-        parse_spec({**cuda, "strategy": strategy})
+    spec = parse_spec({**cuda, "strategy": strategy})
+    s = spec.strategy
+    assert (s.backend, s.offload, (s.sharding, s.zero_stage)) == (
+        strategy["backend"], strategy["offload"], derived,
+    )  # fmt: skip
+    if s.backend == "fsdp":
+        fsdp = accelerate_config(spec)["fsdp_config"]
+        assert {k: fsdp[k] for k in offloaded} == offloaded
+    else:
+        zero = deepspeed_config(spec)["zero_optimization"]
+        found = {k: zero[k]["device"] for k in ("offload_optimizer", "offload_param") if k in zero}
+        assert found == offloaded
 
 
 def test_defaults_derived_once():
