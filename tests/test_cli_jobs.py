@@ -23,6 +23,7 @@ import yaml
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT, kill_group
 from helpers.train_run import tiny_spec
+from shardctl.orchestrator import outcome as oc
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.clusters.base import JobRef, JobState, JobStatus
 from shardctl.orchestrator.clusters.local import LocalCluster
@@ -35,6 +36,7 @@ from shardctl.orchestrator.progress import (
     read_progress,
     total_steps,
 )
+from shardctl.orchestrator.rundir import RunDir
 from shardctl.orchestrator.spec import load_spec
 
 SHARDCTL = [sys.executable, "-m", "shardctl.orchestrator.cli"]
@@ -94,21 +96,52 @@ def test_metrics_tail_returns_only_new_complete_lines(tmp_path: Path) -> None:
     assert [r["step"] for r in tail.poll()] == [3]
 
 
-def test_the_progress_bar_on_a_terminal(tmp_path: Path) -> None:
+def _logged_by_the_loop(run: Path, capsys: pytest.CaptureFixture[str], steps: int) -> str:
+    """What the built-in loop's rank 0 leaves for the progress reader: a real
+    `MetricsLogger` appends `steps` lines to metrics.jsonl; returns its console output."""
+    from shardctl.train.metrics import MetricsLogger
+
+    capsys.readouterr()
+    logger = MetricsLogger(run, enabled=True, total_steps=20)
+    ranks = {"step_s_min": 0.1, "step_s_median": 0.1, "step_s_max": 0.2, "slowest_rank": 1}
+    for step in range(1, steps + 1):
+        logger.log(step, loss=5.0 - step / 10, lr=1e-3, grad_norm=1.0, tokens_per_s=1234.5,
+                   ranks=ranks)  # fmt: skip
+    logger.close()
+    return capsys.readouterr().out
+
+
+def test_the_progress_reader_reads_the_line_the_loop_writes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = fake_run(tmp_path / "r", steps=20, rows=0)
+    _logged_by_the_loop(run, capsys, steps=3)
+    prog, why = read_progress(run)
+    assert why == "" and prog is not None
+    assert (prog.step, prog.total, prog.loss, prog.tokens_per_s) == (
+        3, 20, pytest.approx(4.7), pytest.approx(1234.5),
+    )  # fmt: skip
+    assert prog.time is not None and abs(prog.time - time.time()) < 600
+    assert [r["step"] for r in MetricsTail(run).poll()] == [1, 2, 3]
+
+
+def test_the_progress_bar_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
-    run = fake_run(tmp_path / "r", steps=20, rows=7)
+    run = fake_run(tmp_path / "r", steps=20, rows=0)
+    printed = _logged_by_the_loop(run, capsys, steps=7)
+    assert printed.count("slowest rank 1") == 7  # the loop's own line, as the run prints it
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=120, color_system=None)
     with ProgressDisplay(run, "r", 20, console=console) as display:
-        display.write("step      7/20  loss 4.3000  lr 1e-03  grad_norm 1.0  1,234 tok/s\n")
+        display.write(printed)
         display.write("resumed at step 5 (fr")
         display.write("om checkpoints)\nno newline at the end")
     text = buf.getvalue()
     assert "7/20" in text and "loss 4.3000" in text and "1,234 tok/s" in text and "ETA" in text
     assert "resumed at step 5 (from checkpoints)" in text
     assert "no newline at the end" in text
-    assert "grad_norm" not in text  # the per-step line is left to the bar
+    assert "grad_norm" not in text and "slowest rank" not in text  # left to the bar
 
 
 def test_submit_wait_without_a_terminal_prints_plain_lines(tmp_path: Path) -> None:
@@ -279,6 +312,37 @@ def test_status_watch_of_an_ended_job_exits_with_its_code(tmp_path: Path) -> Non
     res = invoke("status", "pre", "--watch", "-o", "json")
     assert res.exit_code == 0
     assert json.loads(res.stdout.splitlines()[-1])["state"] == "SUCCEEDED"
+
+
+# Markers as the writers of today write them (`outcome`'s `*_marker` helpers), the
+# launcher's exit code → what `status --watch` ends with and the state it shows.
+@pytest.mark.parametrize(
+    ("marker", "data", "launcher_rc", "exit_code", "shown"),
+    [
+        ("PREEMPTED", oc.preempted_marker(4, signal.SIGUSR2, "signal SIGUSR2"), 42, 42,
+         ["PREEMPTED", "(signal SIGUSR2)", "step 4/20 loss 4.6"]),
+        # The typed signal decides: the ranks saved on TERM alone, a cancel, not a preemption.
+        ("PREEMPTED", oc.preempted_marker(4, signal.SIGTERM, "signal SIGTERM"), 42, 143,
+         ["CANCELLED", "stopped by SIGTERM; checkpoint at step 4"]),
+        ("FAILED", oc.failed_marker(78, 1, "bad config"), 1, 78,
+         ["FAILED", "exit 78", "bad config"]),
+        ("FAILED", oc.failed_marker(5, 1), 1, 5, ["FAILED", "a rank exited with code 5"]),
+        ("CANCELLED", oc.cancelled_marker(), 143, 143, ["CANCELLED", "cancelled by the user"]),
+        ("DONE", oc.done_marker(20), 0, 0, ["SUCCEEDED", "finished step 20"]),
+    ],
+)  # fmt: skip
+def test_status_watch_reads_the_typed_markers(
+    tmp_path: Path, marker: str, data: dict[str, Any], launcher_rc: int, exit_code: int,
+    shown: list[str],
+) -> None:  # fmt: skip
+    run = fake_run(tmp_path / "typed", steps=20, rows=4)
+    RunDir.of(run).write_marker(marker, data)
+    (run / "local.exit").write_text(f"{launcher_rc}\n")
+    remember(JobRef("local", "9", "typed", str(run)))
+    res = invoke("status", "typed", "--watch")
+    assert res.exit_code == exit_code, res.output
+    for text in shown:
+        assert text in res.stdout, (text, res.stdout)
 
 
 # ------------------------------------------------------------ real local runs
