@@ -153,6 +153,46 @@ def test_doctor_asks_the_plugin(site: Path, tmp_path: Path) -> None:
     assert "$BQ_NODE_INDEX" in checks["node rank"]["detail"]
 
 
+def test_submit_status_and_ls_reach_the_plugin(site: Path, tmp_path: Path) -> None:
+    """The example queue submits nothing and knows no job: `submit` says so in the
+    plugin's own words, leaves no record and no run dir; a job recorded for it is
+    listed by `ls` and asked about by `status`, which get the plugin's answer."""
+    from shardctl.orchestrator.clusters.base import JobRef
+    from shardctl.orchestrator.clusters.records import jobs_dir, remember
+
+    out = shardctl(site, tmp_path, "submit", "job.yaml", "--cluster", "batchq", spec=SPEC)
+    assert (out.returncode, out.stderr) == (2, "error: batchq is an example: it submits nothing\n")
+    assert not (tmp_path / "runs").exists()  # nothing rendered for a job that never ran
+    assert list(jobs_dir().glob("*.json")) == []
+    listed = shardctl(site, tmp_path, "ls", "-o", "json")
+    assert (listed.returncode, json.loads(listed.stdout)["jobs"]) == (0, [])
+
+    remember(JobRef("batchq", "bq-17", "bq-tiny", str(tmp_path / "runs" / "bq-tiny")))
+    listed = shardctl(site, tmp_path, "ls", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)["jobs"]
+    assert (row["name"], row["cluster"], row["job_id"], row["state"], row["stale"]) == (
+        "bq-tiny", "batchq", "bq-17", "?", True,
+    )  # fmt: skip
+    # The plugin was loaded for the record and asked: the answer is its own.
+    assert row["why_stale"] == "cluster batchq did not answer: batchq is an example: it has no jobs"
+    table = shardctl(site, tmp_path, "ls")
+    assert table.returncode == 0, table.stderr
+    [line] = [ln for ln in table.stdout.splitlines() if ln.startswith("bq-tiny ")]
+    assert line.split()[:4] == ["bq-tiny", "batchq", "bq-17", "?*"]
+    assert "* bq-tiny: cluster batchq did not answer: batchq is an example" in table.stdout
+    status = shardctl(site, tmp_path, "status", "bq-tiny")
+    assert (status.returncode, status.stderr) == (
+        2,
+        "error: batchq is an example: it has no jobs\n",
+    )
+    # Without the plugin installed, the record's cluster is named as unknown.
+    listed = shardctl(None, tmp_path, "ls", "-o", "json")
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)["jobs"]
+    assert "--cluster 'batchq' is not a cluster" in row["why_stale"]
+
+
 def test_without_the_plugin_its_section_and_name_are_unknown(tmp_path: Path) -> None:
     out = shardctl(None, tmp_path, "validate", "job.yaml", spec=SPEC)
     assert out.returncode == 2
