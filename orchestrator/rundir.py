@@ -107,6 +107,14 @@ ENV_HEARTBEAT_DIR = "SHARDCTL_HEARTBEAT_DIR"
 ENV_HANG_TIMEOUT = "SHARDCTL_HANG_TIMEOUT_S"  # empty: derived (shardctl.train.watchdog)
 ENV_STARTUP_TIMEOUT = "SHARDCTL_STARTUP_TIMEOUT_S"  # empty: derived (the watchdog)
 ENV_COLLECTIVE_TIMEOUT = "SHARDCTL_COLLECTIVE_TIMEOUT_S"  # the process group's timeout
+# Kubernetes: the node watchdog turns its end into an exit code the operator acts on
+# ("kubernetes"; unset: the launcher's code as it is), and restarts a crash or a hang of
+# this node at most this many times (shardctl.train.watchdog.kubernetes_exit_code).
+ENV_EXIT_CODES = "SHARDCTL_EXIT_CODES"
+ENV_POD_RESTARTS = "SHARDCTL_POD_RESTARTS"
+# "0": an entrypoint's HF Trainer is left as transformers made it
+# (`entrypoint.hf_trainer_auto: false`; shardctl.train.hf_auto).
+ENV_HF_TRAINER_AUTO = "SHARDCTL_HF_TRAINER_AUTO"
 CONTRACT_ENV = (
     ENV_RUN_DIR, ENV_CHECKPOINT_DIR, ENV_JOB_NAME, ENV_ATTEMPT, ENV_SPEC,
     ENV_ACCELERATE_CONFIG, ENV_DEEPSPEED_CONFIG,
@@ -235,6 +243,14 @@ class RunDir:
             return int(data["step"]) if data is not None else None
         except (KeyError, TypeError, ValueError):
             return None
+
+    def done_command(self) -> list[str] | None:
+        """The command a user script's DONE records (`shardctl.train.entry`), or None."""
+        data = self.read_marker(DONE_FILE)
+        command = data.get("command") if data is not None else None
+        if isinstance(command, list) and all(isinstance(w, str) for w in command):
+            return command
+        return None
 
     def is_complete(self, steps: int) -> bool:
         step = self.done_step()

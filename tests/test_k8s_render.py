@@ -70,7 +70,7 @@ VARIANTS = {
         "k8s__image_pull_secrets": ["regcred"],
         "k8s__env_from_config_maps": ["team-env"],
         "k8s__env_from_secrets": ["wandb-key"],
-        "k8s__restart_policy": "ExitCode",
+        "k8s__restart_policy": "OnFailure",  # not the default: the chart must carry it
         "k8s__ttl_seconds_after_finished": 0,
         "k8s__active_deadline_seconds": 172800,
         "k8s__suspend": True,
@@ -361,7 +361,7 @@ def test_scheduling_and_env_refs_never_inline_secrets() -> None:
         "activeDeadlineSeconds": 172800,
     }
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
-        assert replica["restartPolicy"] == "ExitCode"
+        assert replica["restartPolicy"] == "OnFailure"
 
 
 def test_launcher_files_travel_in_the_configmap() -> None:
@@ -610,7 +610,9 @@ def test_the_admin_runtime_restarts_every_pod_and_carries_what_patches_cannot() 
         },
     }
     spec = runtime["spec"]["template"]["spec"]
-    assert spec["failurePolicy"] == {"maxRestarts": 2, "restartStrategy": "Recreate"}
+    policy = spec["failurePolicy"]
+    assert (policy["maxRestarts"], policy["restartStrategy"]) == (2, "Recreate")
+    # Its rule for exit 78 and the other stops: tests/test_k8s_policy.py.
     (rjob,) = spec["replicatedJobs"]
     assert rjob["template"]["metadata"]["labels"] == {
         "trainer.kubeflow.org/trainjob-ancestor-step": "trainer"
@@ -662,7 +664,7 @@ def test_trainjobs_the_runtime_cannot_run_are_refused(
         ({"api": "trainjob", "elastic": {"min_nodes": 1, "max_nodes": 2}},
          "elastic (Trainer v2.3 has no elastic policy in the TrainJob API)"),
         ({"api": "trainjob", "clean_pod_policy": "All"}, "clean_pod_policy"),
-        ({"api": "trainjob", "restart_policy": "ExitCode"}, "JobSet failure policy"),
+        ({"api": "trainjob", "restart_policy": "OnFailure"}, "JobSet failure policy"),
         ({"api": "trainjob", "master_port": 30000}, "29500"),
         ({"runtime": "torch-distributed"}, "k8s.runtime applies to k8s.api: trainjob only"),
         ({"api": "jobset"}, "k8s.api"),

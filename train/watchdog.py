@@ -54,18 +54,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from shardctl.orchestrator.outcome import Kind
+from shardctl.orchestrator.outcome import Decision, Evidence, Kind, classify, decide, signal_name
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_COLLECTIVE_TIMEOUT,
+    ENV_EXIT_CODES,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
     ENV_NODE_SUPERVISOR,
+    ENV_POD_RESTARTS,
     ENV_RESTART,
     ENV_RUN_DIR,
     ENV_STARTUP_TIMEOUT,
+    EXIT_FAILED,
     EXIT_HUNG,
     HUNG_FILE,
     RunDir,
@@ -486,6 +489,74 @@ def _env_seconds(name: str) -> float | None:
     return value
 
 
+# ------------------------------------------------------------- Kubernetes' codes
+# A pod's exit code is all a Kubeflow operator reads, and its `ExitCode` policy (the
+# PyTorchJob's; shardctl's TrainJob runtime fails its Job the same way) restarts
+# 128-255 and fails the job on 1-127. So on Kubernetes (`SHARDCTL_EXIT_CODES=
+# kubernetes`) the watchdog's end carries the policy's decision (`outcome.decide`):
+# finished → 0; a restart → RETRYABLE_BASE + shardctl's code (crash 1 → 129, preempted
+# 42 → 170, hung 124 → 252; a launcher killed by a signal keeps its 128 + N); a stop →
+# shardctl's code kept within 1-127 (78 stays 78). docs/guides/kubernetes.md has the table.
+RETRYABLE_BASE = 128
+RESTARTS_FILE = ".attempts/restarts-node-{node}"  # in the run dir: survives the pod
+
+
+def retryable(code: int) -> int:
+    return code if code >= RETRYABLE_BASE else RETRYABLE_BASE + code
+
+
+def permanent(code: int) -> int:
+    return code if 0 < code < RETRYABLE_BASE else EXIT_FAILED
+
+
+def kubernetes_exit_code(
+    code: int, run_dir: str | None, since: float, signals: Sequence[int], node: int,
+    bound: int, *, wait_s: float = 0.0,
+) -> int:  # fmt: skip
+    """The pod's exit code for the launcher's (or the watchdog's) `code`. A pod's
+    TERM is Kubernetes' preemption warning (a deletion, an eviction): a save it caused
+    resumes. A crash or a hang restarts while this node has restarted fewer than
+    `bound` times (counted in the run dir, on the volume); past it, it stops."""
+    names = tuple(n for n in map(signal_name, signals) if n)
+    evidence = (
+        Evidence.gather(run_dir, since, code, signals=names, warning="SIGTERM", wait_s=wait_s)
+        if run_dir
+        else Evidence(code, {}, names, "SIGTERM")
+    )
+    outcome = classify(evidence)
+    counter = Path(run_dir) / RESTARTS_FILE.format(node=node) if run_dir else None
+    restarts = _read_count(counter)
+    verdict = decide(outcome, restarts=restarts, max_restarts=bound)
+    if verdict.decision is Decision.FINISH:
+        return 0
+    if verdict.decision is Decision.RESTART:
+        _write_count(counter, restarts + 1)
+    elif not (verdict.decision is Decision.RETRY and outcome.kind is Kind.PREEMPTED):
+        # A stop, or a retry no restart is left for (a hang past the bound): the
+        # operator only restarts a pod, so past `bound` the job fails.
+        _say(f"node {node}: {verdict.summary()}; the pod exits with "
+             f"{permanent(verdict.exit_code)} (the job stops)")  # fmt: skip
+        return permanent(verdict.exit_code)
+    _say(f"node {node}: {verdict.summary()}; the pod exits with "
+         f"{retryable(verdict.exit_code)} (the operator restarts it)")  # fmt: skip
+    return retryable(verdict.exit_code)
+
+
+def _read_count(path: Path | None) -> int:
+    try:
+        return int(path.read_text().strip()) if path is not None else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def _write_count(path: Path | None, value: int) -> None:
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n")
+
+
 class Watchdog:
     def __init__(self, command: list[str]) -> None:
         self.command = command
@@ -504,12 +575,14 @@ class Watchdog:
         )
         self.monitor = Monitor(self.rule)
         self.received: list[int] = []
+        self.signals: list[int] = []  # every signal received, kept for the exit code
         self.signalled = False  # a stop was asked for: a failure then is not a hang
         self.stack_seen: dict[int, int] = {}  # bytes of each rank's stack file passed on
         self.started = time.time()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
+        self.signals.append(signum)
         self.signalled = True
 
     def run(self) -> int:
@@ -526,9 +599,16 @@ class Watchdog:
                 _say(f"cannot start {self.command[0]!r}: {err}")
                 return 127
         try:
-            return self._run(folder)
+            code = self._run(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get(ENV_EXIT_CODES) != "kubernetes":
+            return code
+        return kubernetes_exit_code(
+            code, self.run_dir, self.started, self.signals, self.node,
+            _env_int(ENV_POD_RESTARTS, 0),
+            wait_s=OTHER_NODE_WAIT_S if self.nnodes > 1 and code not in (0, EXIT_HUNG) else 0.0,
+        )  # fmt: skip
 
     def _run(self, folder: Path) -> int:
         handled = []

@@ -32,7 +32,7 @@ from ...launch import (
     launch_argv,
 )
 from ...render import common_artifacts
-from ...rundir import ENV_ATTEMPT, ENV_RUN_DIR
+from ...rundir import ENV_ATTEMPT, ENV_EXIT_CODES, ENV_POD_RESTARTS, ENV_RUN_DIR
 from ...spec import JobSpec, parse_spec
 from ..base import NodeView
 from .apis import job_kind
@@ -197,7 +197,38 @@ def runtime_env(spec: JobSpec) -> list[EnvLine]:
         EnvLine(f'{ENV_ATTEMPT}="$((previous + 1))"'),
         EnvLine(f'printf \'%s\\n\' "${{{ENV_ATTEMPT}}}" >"${{attempts}}"'),
         EnvLine(f"export {ENV_ATTEMPT}"),
+        *exit_code_lines(spec),
         *setup_lines(spec),
+    ]
+
+
+def exit_codes_decide(spec: JobSpec) -> bool:
+    """Whether the pods' exit codes carry shardctl's decision: a PyTorchJob under
+    `restartPolicy: ExitCode` (the default) and every TrainJob (its runtime's failure
+    policy reads them). Under another restart policy the launcher's code is kept."""
+    return spec.k8s.api == "trainjob" or spec.k8s.restart_policy == "ExitCode"
+
+
+def pod_restart_bound(spec: JobSpec) -> int:
+    """Restarts of a node after a crash or a hang: `k8s.backoff_limit`, counted on the
+    PVC. Without one (an emptyDir goes with the pod) nothing would keep the count or a
+    checkpoint to resume from, so a crash or a hang stops the job."""
+    return spec.k8s.backoff_limit if spec.k8s.pvc else 0
+
+
+def exit_code_lines(spec: JobSpec) -> list[EnvLine]:
+    """The node watchdog's exit code for the operator (`train.watchdog.kubernetes_exit_code`)."""
+    if not exit_codes_decide(spec):
+        return []
+    return [
+        EnvLine(
+            f"export {ENV_EXIT_CODES}=kubernetes",
+            "the pod's exit code carries the decision: 0 done, 128-255 restart, 1-127 stop",
+        ),
+        EnvLine(
+            f"export {ENV_POD_RESTARTS}={pod_restart_bound(spec)}",
+            "restarts of this node after a crash or a hang (k8s.backoff_limit; 0 without k8s.pvc)",
+        ),
     ]
 
 

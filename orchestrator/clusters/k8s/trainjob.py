@@ -64,6 +64,13 @@ TRAINER_CONTAINER = "node"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 PATCH_MANAGER = "shardctl.dev/cli"
 TORCH_MASTER_PORT = 29500
+# The pods' exit codes carry shardctl's decision (`train.watchdog.kubernetes_exit_code`):
+# 1-127 stop, as under a PyTorchJob's ExitCode policy. A pod that exits with one fails
+# its Job by the pod failure policy (reason `PodFailurePolicy`), and the JobSet rule
+# below fails the whole JobSet for it; any other failure restarts it (`maxRestarts`).
+PERMANENT_EXIT_CODES = list(range(1, 128))
+PERMANENT_RULE = "ShardctlStop"
+POD_FAILURE_POLICY_REASON = "PodFailurePolicy"  # the Job condition's reason for FailJob
 
 INSTALL_HINT = (
     "install Kubeflow Trainer v2.3 with its stock runtimes: `helm install kubeflow-trainer "
@@ -221,7 +228,9 @@ def runtime_object(spec: JobSpec, values: dict[str, Any]) -> dict[str, Any]:
     restartPolicy Never), and the JobSet then recreates every pod, up to
     `k8s.backoff_limit` times; the ranks resume from the newest complete checkpoint on
     the volume. (In-place container restarts would restart one node's ranks while the
-    others still wait in a collective.)
+    others still wait in a collective.) A pod that exits 1-127 (shardctl's stop: exit
+    78, or a crash past its restarts) fails its Job by the pod failure policy, and the
+    JobSet's rule for that reason fails the job without a restart.
     """
     k = spec.k8s
     container: dict[str, Any] = {
@@ -263,19 +272,49 @@ def runtime_object(spec: JobSpec, values: dict[str, Any]) -> dict[str, Any]:
                     "failurePolicy": {
                         "maxRestarts": k.backoff_limit,
                         "restartStrategy": "Recreate",
+                        "rules": [
+                            {
+                                "name": PERMANENT_RULE,
+                                "action": "FailJobSet",
+                                "onJobFailureReasons": [POD_FAILURE_POLICY_REASON],
+                                "targetReplicatedJobs": [TRAINER_JOB],
+                            }
+                        ],
                     },
                     "replicatedJobs": [
                         {
                             "name": TRAINER_JOB,
                             "template": {
                                 "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                                "spec": {"backoffLimit": 0, "template": {"spec": pod}},
+                                "spec": {
+                                    "backoffLimit": 0,
+                                    "podFailurePolicy": pod_failure_policy(),
+                                    # What a pod failure policy requires.
+                                    "podReplacementPolicy": "Failed",
+                                    "template": {"spec": pod},
+                                },
                             },
                         }
                     ],
                 }
             },
         },
+    }
+
+
+def pod_failure_policy() -> dict[str, Any]:
+    """A pod that exits with a permanent code fails its Job (reason `PodFailurePolicy`)."""
+    return {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": TRAINER_CONTAINER,
+                    "operator": "In",
+                    "values": list(PERMANENT_EXIT_CODES),
+                },
+            }
+        ]
     }
 
 

@@ -24,3 +24,7 @@ previous="$(cat "${attempts}" 2>/dev/null || echo -1)"
 SHARDCTL_ATTEMPT="$((previous + 1))"
 printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
 export SHARDCTL_ATTEMPT
+# the pod's exit code carries the decision: 0 done, 128-255 restart, 1-127 stop
+export SHARDCTL_EXIT_CODES=kubernetes
+# restarts of this node after a crash or a hang (k8s.backoff_limit; 0 without k8s.pvc)
+export SHARDCTL_POD_RESTARTS=3
