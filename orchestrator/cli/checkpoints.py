@@ -25,11 +25,21 @@ from .common import echo_json, handle_errors, human_size, output_option
 
 def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     """What `shardctl checkpoints` shows, as plain data."""
+    from ...train.foreign import identify, list_foreign
     from ...train.manifest import list_checkpoints, resolve_checkpoint_dir, verify
 
     folder, one = resolve_checkpoint_dir(path)
-    infos = list_checkpoints(folder.parent if one else folder)
-    if one:
+    foreign = [identify(folder)] if one else list_foreign(folder)
+    foreign_rows = [_foreign_row(f, check_hashes) for f in foreign if f is not None]
+    if one and foreign_rows:
+        infos = []
+    else:
+        infos = list_checkpoints(folder.parent if one else folder)
+        # A torchtitan-style step-N/ holds DCP's .metadata, no manifest: it is shown once,
+        # as the DCP checkpoint it is, never as an interrupted shardctl save.
+        claimed = {row["path"] for row in foreign_rows}
+        infos = [i for i in infos if i.path not in claimed]
+    if one and not foreign_rows:
         infos = [i for i in infos if Path(i.path).name == folder.name]
         if not infos:  # a folder not named step-N but holding a manifest
             from ...train.manifest import CheckpointInfo, read_manifest
@@ -52,6 +62,7 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     rows = []
     for info in infos:
         row = info.to_json()
+        row["format"] = "shardctl"
         row["status"] = "complete" if info.complete else _why_not(Path(info.path))
         row["problems"] = [] if info.complete else [info.why_incomplete]
         if check_hashes and info.complete:
@@ -59,6 +70,8 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
             row["problems"] = problems
             row["status"] = "corrupt" if problems else "verified"
         rows.append(row)
+    rows += foreign_rows
+    rows.sort(key=lambda r: (-1 if r["step"] is None else r["step"], r["path"]))
     usable = [r for r in rows if r["status"] in ("complete", "verified")]
     published = [r for r in rows if r["status"] != "incomplete"]
     # What `checkpoint.resume: auto` does with this folder (see CheckpointManager.restore).
@@ -69,6 +82,32 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
         "latest_complete": usable[-1]["path"] if usable else None,
         "resume_auto": resume,
         "verified": check_hashes,
+    }
+
+
+# Said of every checkpoint another tool wrote: its format records no hashes.
+NO_SHA256 = "no sha256 recorded (not written by shardctl): sizes and structure checked"
+
+
+def _foreign_row(found: Any, check_hashes: bool) -> dict[str, Any]:
+    """A checkpoint another tool wrote, as a row: checked for what its format proves."""
+    from ...train.foreign import size_of
+
+    status = "complete" if found.complete else "corrupt" if found.committed else "incomplete"
+    notes = [NO_SHA256] if found.complete else []
+    return {
+        "step": found.step,
+        "path": str(found.path),
+        "complete": found.complete,
+        "size_bytes": size_of(found.path),
+        "world_size": found.world_size,
+        "backend": found.backend,
+        "why_incomplete": found.problems[0] if found.problems else None,
+        "format": found.format,
+        "written_by": found.tool,
+        "status": status,
+        "problems": list(found.problems),
+        "notes": notes,
     }
 
 
@@ -114,18 +153,27 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
     if output == "json":
         echo_json(data)
     elif not rows:
-        click.echo(f"no checkpoints in {data['checkpoint_dir']}")
+        from ...train.foreign import LOOKED_FOR
+
+        click.echo(f"no checkpoints in {data['checkpoint_dir']}; looked for {LOOKED_FOR}")
     else:
-        header = f"{'STEP':>10}  {'STATUS':<10}  {'SIZE':>10}  {'WORLD':>5}  {'BACKEND':<9}  PATH"
-        click.echo(header)
+        width = max(len("FORMAT"), *(len(r["format"]) for r in rows))
+        click.echo(
+            f"{'STEP':>10}  {'STATUS':<10}  {'SIZE':>10}  {'WORLD':>5}  {'BACKEND':<9}  "
+            f"{'FORMAT':<{width}}  PATH"
+        )
         for r in rows:
             world = "-" if r["world_size"] is None else str(r["world_size"])
+            step = "-" if r["step"] is None else str(r["step"])
             click.echo(
-                f"{r['step']:>10}  {r['status']:<10}  {human_size(r['size_bytes']):>10}  "
-                f"{world:>5}  {r['backend'] or '-':<9}  {r['path']}"
+                f"{step:>10}  {r['status']:<10}  {human_size(r['size_bytes']):>10}  "
+                f"{world:>5}  {r['backend'] or '-':<9}  {r['format']:<{width}}  {r['path']}"
             )
             for problem in r["problems"]:
                 click.echo(f"{'':>12}{problem}")
+        foreign = [r for r in rows if r["format"] != "shardctl" and r["complete"]]
+        if foreign:
+            click.echo(f"note: {NO_SHA256} for the {len(foreign)} checkpoint(s) of other tools")
         latest = _resume_line(data)
         if check_hashes:
             click.echo(f"resume (auto) would use: {latest}")

@@ -38,6 +38,7 @@ from typing import Any
 from ...orchestrator.durable import storage_error
 from ...orchestrator.errors import CheckpointError, CorruptCheckpointError, UsageError
 from ...orchestrator.outclaim import output_claim
+from ..foreign import ForeignCheckpoint
 from ..storage import PosixStorage
 from .io import SourceTensor
 
@@ -89,19 +90,31 @@ def _newest_hint(checkpoint_dir: Path) -> str:
     return f"the newest complete checkpoint is {complete[-1].path}"
 
 
-def resolve_checkpoint(path: Path) -> Path:
-    """A complete step folder from a step folder, a checkpoints folder or a run folder."""
+def resolve_checkpoint(path: Path) -> Path | ForeignCheckpoint:
+    """A complete checkpoint from a step folder, a checkpoints folder or a run folder, or
+    the checkpoint another tool wrote (`train/foreign.py`)."""
     return resolve_candidates(path)[0][0]
 
 
-def resolve_candidates(path: Path) -> tuple[list[Path], bool]:
-    """(the complete step folders to try, newest first; whether one was named).
+def resolve_candidates(path: Path) -> tuple[list[Path | ForeignCheckpoint], bool]:
+    """(the complete checkpoints to try, newest first; whether one was named).
 
-    A named step folder is the only candidate; a checkpoints or run folder gives every
-    complete one, in the order resume tries them (`manifest.latest_complete`)."""
+    A named step folder (or one checkpoint of another tool's layout) is the only
+    candidate; a checkpoints or run folder gives every complete one, in the order resume
+    tries them (`manifest.latest_complete`); a folder of another tool's checkpoints (a
+    Trainer output dir) gives its complete ones, newest first."""
+    from ..foreign import LOOKED_FOR, identify, list_foreign
     from ..manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
 
     folder, one_step = resolve_checkpoint_dir(path)
+    foreign = identify(folder)
+    if foreign is not None:
+        if not foreign.complete:
+            raise CheckpointError(
+                f"{folder} is a checkpoint of {foreign.tool} ({foreign.format}) that cannot "
+                "be read: " + "; ".join(foreign.problems)
+            )
+        return [foreign], True
     if one_step:
         if folder.name.endswith(".tmp") or not (folder / MANIFEST).is_file():
             raise CheckpointError(
@@ -111,10 +124,14 @@ def resolve_candidates(path: Path) -> tuple[list[Path], bool]:
         return [folder], True
     found = list_checkpoints(folder)
     if not found:
-        raise CheckpointError(
-            f"{path} is not a checkpoint: expected a step-NNNNNNNN folder with a {MANIFEST}, "
-            "a checkpoints folder holding them, or a run folder with checkpoints/"
-        )
+        others = list_foreign(folder)
+        if not others:
+            raise CheckpointError(f"{path} is not a checkpoint: looked for {LOOKED_FOR}")
+        usable = [c for c in reversed(others) if c.complete]
+        if not usable:
+            why = "; ".join(f"{c.path.name}: {c.problems[0]}" for c in others)
+            raise CheckpointError(f"{folder} holds no complete checkpoint ({why})")
+        return list(usable), False
     complete = [c for c in found if c.complete]
     if not complete:
         why = "; ".join(f"{Path(c.path).name}: {c.why_incomplete}" for c in found)
@@ -146,6 +163,27 @@ def check_files(step_dir: Path, manifest: dict[str, Any], *, verify: bool) -> No
         raise CheckpointError(f"checkpoint {step_dir} is damaged: " + "; ".join(problems))
 
 
+def foreign_manifest(found: ForeignCheckpoint) -> tuple[dict[str, Any], list[str]]:
+    """What the consolidation needs of a manifest, for a checkpoint another tool wrote:
+    its backend and the model config beside it (`config.json`); plus notes."""
+    notes = [
+        f"{found.format} checkpoint written by {found.tool}: it records no sha256, so its "
+        "files were checked for presence and size against its own index, not hashed"
+    ]
+    hf_config: dict[str, Any] | None = None
+    if found.hf_config is None:
+        notes.append(f"no config.json in {found.path} or beside it: weights only, no config.json")
+    else:
+        try:
+            loaded = json.loads(found.hf_config.read_text(encoding="utf-8"))
+            hf_config = loaded if isinstance(loaded, dict) else None
+        except (OSError, ValueError) as exc:
+            notes.append(f"{found.hf_config} is unreadable ({exc}): weights only")
+        if hf_config is None and not notes[1:]:
+            notes.append(f"{found.hf_config} is not a JSON object: weights only")
+    return {"backend": found.backend, "model": {"hf_config": hf_config}}, notes
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -154,18 +192,28 @@ def _clean(name: str) -> str:
 
 
 def source_tensors(
-    step_dir: Path, manifest: dict[str, Any]
+    step_dir: Path, manifest: dict[str, Any], foreign: ForeignCheckpoint | None = None
 ) -> tuple[list[SourceTensor], list[str]]:
-    """Every model tensor of the checkpoint, named as in the unwrapped model; plus notes."""
+    """Every model tensor of the checkpoint, named as in the unwrapped model; plus notes.
+    `foreign`: a checkpoint another tool wrote, whose model state lies where its own
+    layout puts it (`train/foreign.py`)."""
     notes: list[str] = []
-    if manifest["backend"] == "fsdp":
-        from .dcp import dcp_tensors
+    if foreign is not None and foreign.backend == "full":
+        from .full import safetensors_tensors
 
-        tensors, shared = dcp_tensors(step_dir / "dcp"), {}
+        tensors, shared = safetensors_tensors(foreign.path), {}
+    elif manifest["backend"] == "fsdp":
+        from .dcp import dcp_model_tensors, dcp_tensors
+
+        if foreign is None:
+            tensors, shared = dcp_tensors(step_dir / "dcp"), {}
+        else:
+            tensors, shared = dcp_model_tensors(foreign.model, notes), {}
     else:
         from .zero import deepspeed_tensors
 
-        tensors, shared, notes = deepspeed_tensors(step_dir / "deepspeed")
+        where = step_dir / "deepspeed" if foreign is None else foreign.model
+        tensors, shared, notes = deepspeed_tensors(where)
     for t in tensors:
         t.name = _clean(t.name)
     by_name = {t.name: t for t in tensors}
@@ -357,10 +405,11 @@ def _consolidate_newest(
     if durable is None:
         durable = out_dir.exists()
     skipped: list[str] = []
-    for step_dir in candidates if verify else candidates[:1]:
+    for candidate in candidates if verify else candidates[:1]:
+        step_dir = candidate.path if isinstance(candidate, ForeignCheckpoint) else candidate
         try:
             result = _consolidate_one(
-                step_dir, out_dir, dtype, max_shard_bytes, progress, verify, durable
+                candidate, out_dir, dtype, max_shard_bytes, progress, verify, durable
             )
         except CorruptCheckpointError as exc:
             if named:
@@ -380,7 +429,7 @@ def _consolidate_newest(
 
 
 def _consolidate_one(
-    step_dir: Path,
+    candidate: Path | ForeignCheckpoint,
     out_dir: Path,
     dtype: str,
     max_shard_bytes: int,
@@ -392,17 +441,28 @@ def _consolidate_one(
     from .safetensors_out import out_nbytes, plan_shards, write_shards
 
     started = time.perf_counter()
-    manifest = read_manifest(step_dir)
-    check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the copy
-    hashing = VerifyAlongside(step_dir, manifest) if verify else None
+    foreign = candidate if isinstance(candidate, ForeignCheckpoint) else None
+    hashing = None
+    if foreign is None:
+        step_dir = Path(candidate)  # type: ignore[arg-type]
+        manifest = read_manifest(step_dir)
+        check_files(step_dir, manifest, verify=False)  # sizes now, sha256 alongside the copy
+        hashing = VerifyAlongside(step_dir, manifest) if verify else None
+        intro: list[str] = []
+    else:
+        # No manifest, so no sha256: what the format can prove was checked when it was
+        # recognised (every file and byte range present); the note says so.
+        step_dir = foreign.path
+        manifest, intro = foreign_manifest(foreign)
     try:
         model_meta = manifest.get("model") or {}
         hf_config = model_meta.get("hf_config")
         check = KeyCheck(hf_config, model_meta.get("state_keys")) if hf_config else None
         if check is not None:
             check.start()
-        tensors, notes = source_tensors(step_dir, manifest)
-        if not hf_config:
+        tensors, notes = source_tensors(step_dir, manifest, foreign)
+        notes = intro + notes
+        if not hf_config and foreign is None:
             notes.append("no hf_config in the manifest: weights only, no config.json")
         if not tensors:
             raise CheckpointError(f"checkpoint {step_dir} holds no model tensors")

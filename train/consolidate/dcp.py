@@ -142,13 +142,18 @@ def _fqn(key: str, planner_data: dict[str, Any]) -> tuple[str, str] | None:
     return (top, rest) if rest else None
 
 
-def dcp_tensors(dcp_dir: Path, top_key: str = MODEL_KEY) -> list[SourceTensor]:
-    """The tensors under DCP top-level key `top_key`, named by their FQN inside it."""
+def dcp_tensors(dcp_dir: Path, top_key: str | None = MODEL_KEY) -> list[SourceTensor]:
+    """The tensors under DCP top-level key `top_key`, named by their FQN inside it;
+    `top_key=None`: every tensor outside the known training state (`STATE_KEYS`), named
+    by its whole flattened key."""
     md = read_metadata(dcp_dir)
     tensors: list[SourceTensor] = []
     for key, item in md.tensors.items():
         split = _fqn(key, md.planner_data)
-        if split is None or split[0] != top_key:
+        if top_key is None:
+            if key.split(".", 1)[0] in STATE_KEYS:
+                continue
+        elif split is None or split[0] != top_key:
             continue  # other trainer state (optimizer, ...)
         chunks: list[Chunk] = []
         for offsets, sizes in item.chunks:
@@ -174,7 +179,38 @@ def dcp_tensors(dcp_dir: Path, top_key: str = MODEL_KEY) -> list[SourceTensor]:
                     f"{file}: {key} is stored as {ref.dtype}, the metadata says {item.dtype}"
                 )
             chunks.append(Chunk(ref, offsets))
-        tensors.append(_as_source(split[1], item.shape, item.dtype, chunks))
+        name = key if top_key is None or split is None else split[1]
+        tensors.append(_as_source(name, item.shape, item.dtype, chunks))
+    return tensors
+
+
+# Top-level keys of a training state beside the model's (torchtitan, plain scripts):
+# a DCP folder without a "model" key keeps its model's FQNs at the top level with these.
+STATE_KEYS = {
+    "optim", "optimizer", "optimizers", "lr_scheduler", "lr_schedulers", "scheduler",
+    "dataloader", "train_state", "rng", "rng_state", "extra_state", "step", "epoch",
+}  # fmt: skip
+
+
+def dcp_model_tensors(dcp_dir: Path, notes: list[str]) -> list[SourceTensor]:
+    """The model tensors of a DCP folder another tool wrote: those under its "model" key
+    (accelerate, `dcp.save({"model": ..., "optim": ...})`), else every tensor whose
+    top-level key is not a known piece of training state (torchtitan saves the model's
+    FQNs at the top level), named by its whole key."""
+    tensors = dcp_tensors(dcp_dir, MODEL_KEY)
+    if tensors:
+        return tensors
+    tensors = dcp_tensors(dcp_dir, None)
+    tops = sorted({key.split(".", 1)[0] for key in read_metadata(dcp_dir).tensors})
+    if not tensors:
+        raise CheckpointError(
+            f"{dcp_dir}: no model tensors: its top-level keys are {tops}; accepted: a "
+            f"'{MODEL_KEY}' key, or the model's own names at the top level"
+        )
+    notes.append(
+        f"no '{MODEL_KEY}' key in {dcp_dir.name}: every tensor outside "
+        f"{sorted(STATE_KEYS & set(tops))} was taken as the model, by its whole name"
+    )
     return tensors
 
 

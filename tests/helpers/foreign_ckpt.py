@@ -1,0 +1,162 @@
+"""Write a checkpoint the way a user's own tool writes it, for the foreign-format tests.
+
+Run under torchrun (2 CPU ranks, gloo). Trains a tiny Llama for a few steps and saves
+with the tool named by --tool, exactly through that tool's own API:
+
+- `accelerate-ds`: `Accelerator(deepspeed_plugin=...)` + `accelerator.save_state(OUT)`
+- `trainer-ds`:    the HF Trainer with `deepspeed=` (its `OUT/checkpoint-N/`)
+- `fsdp2`:         a plain FSDP2 script saving the same state twice:
+  `dcp.save({"model": ..., "optim": ...}, OUT/dcp)`, and accelerate's sharded FSDP
+  layout in `OUT/accelerate-fsdp` (`pytorch_model_fsdp_0/` holding {"model": ...},
+  `optimizer_0/` holding {"optimizer": ...}, as `accelerate.utils.save_fsdp_model` and
+  `save_fsdp_optimizer` write them; accelerate's own FSDP plugin needs a GPU).
+
+    torchrun --nproc-per-node 2 tests/helpers/foreign_ckpt.py --tool trainer-ds \
+        --zero-stage 3 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+VOCAB = 67
+
+
+def tiny_model():  # type: ignore[no-untyped-def]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)
+
+
+def batch(step: int, rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randint(0, VOCAB, (2, 16), generator=g)
+
+
+def accelerate_deepspeed(args: argparse.Namespace) -> None:
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=args.zero_stage, gradient_accumulation_steps=1)
+    plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 2
+    plugin.deepspeed_config["train_batch_size"] = 4
+    accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=args.precision)
+    model = tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for step in range(args.steps):
+        x = batch(step, accelerator.process_index)
+        loss = model(input_ids=x, labels=x).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    accelerator.save_state(args.out)
+    accelerator.wait_for_everyone()
+
+
+def trainer_deepspeed(args: argparse.Namespace) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            x = torch.randint(0, VOCAB, (16,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": x, "labels": x}
+
+    ds_config = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimization": {"stage": args.zero_stage},
+    }
+    training = TrainingArguments(
+        output_dir=args.out,
+        per_device_train_batch_size=2,
+        max_steps=args.steps,
+        save_steps=args.steps // 2,
+        deepspeed=ds_config,
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+    )
+    Trainer(model=tiny_model(), args=training, train_dataset=Tokens()).train()
+
+
+def fsdp2(args: argparse.Namespace) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = tiny_model()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(args.steps):
+        x = batch(step, rank)
+        model(input_ids=x, labels=x).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # The same trained state in both layouts, so one run serves both tests.
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=os.path.join(args.out, "dcp"))
+    accelerate = os.path.join(args.out, "accelerate-fsdp")
+    dcp.save({"model": model_sd}, checkpoint_id=os.path.join(accelerate, "pytorch_model_fsdp_0"))
+    dcp.save({"optimizer": optim_sd}, checkpoint_id=os.path.join(accelerate, "optimizer_0"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def no_shm_comm() -> None:
+    """DeepSpeed's CPU accelerator would build (30-60 s) and use its shared-memory
+    collectives; gloo is what the rest of the suite uses (as the DeepSpeed backend does)."""
+    from shardctl.train.backends.deepspeed import extensions_dir, import_deepspeed
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
+    import_deepspeed()
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tool", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--precision", default="no", choices=["no", "bf16"])
+    parser.add_argument("--steps", type=int, default=4)
+    args = parser.parse_args()
+    if args.tool == "accelerate-ds":
+        no_shm_comm()
+        accelerate_deepspeed(args)
+    elif args.tool == "trainer-ds":
+        no_shm_comm()
+        trainer_deepspeed(args)
+    else:
+        fsdp2(args)
+
+
+if __name__ == "__main__":
+    from shardctl.train.leave import leave
+
+    main()
+    leave(0)  # not the interpreter's teardown of gloo: see shardctl.train.leave
