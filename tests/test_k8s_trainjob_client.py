@@ -26,6 +26,9 @@ from test_k8s_render import BASE, make
 
 NS = BASE["k8s"]["namespace"]
 NAME = BASE["name"]
+# Trainer v2.3's stock runtime, the parts these tests install (kept here: they never skip).
+STOCK_RUNTIME = Path(__file__).resolve().parent / "data" / "k8s" / "torch-distributed-runtime.yaml"
+# Where the full reference files live when at hand (outside the project).
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "trainer-v2.3"
 
 
@@ -63,13 +66,38 @@ def install_runtime(server: KMockServer, name: str = "torch-distributed") -> Non
 
 
 def stock_runtime() -> dict[str, Any]:
-    """Trainer v2.3's stock `torch-distributed` runtime; reference data kept outside the
-    project (not copied into it, see its README), so the test skips saying so when absent."""
+    """Trainer v2.3's stock `torch-distributed` runtime, as far as these tests need it
+    (tests/data/k8s; `test_the_kept_runtime_is_trainers_own` compares it with Trainer's)."""
+    return yaml.safe_load(STOCK_RUNTIME.read_text())
+
+
+def _within(kept: Any, stock: Any, where: str = "") -> list[str]:
+    """Where `kept` says something `stock` does not (a mapping may leave keys out)."""
+    if isinstance(kept, dict) and isinstance(stock, dict):
+        found: list[str] = []
+        for key, value in kept.items():
+            here = f"{where}.{key}"
+            found += _within(value, stock[key], here) if key in stock else [here]
+        return found
+    if isinstance(kept, list) and isinstance(stock, list) and len(kept) == len(stock):
+        pairs = enumerate(zip(kept, stock, strict=True))
+        return [p for i, (a, b) in pairs for p in _within(a, b, f"{where}[{i}]")]
+    return [] if kept == stock else [where]
+
+
+def test_the_kept_runtime_is_trainers_own() -> None:
+    """The copy in tests/data is Trainer's stock file with parts left out, nothing
+    changed or added. Trainer's file is reference data outside the project."""
     path = SHARED / "torch_distributed.yaml"
     if not path.is_file():
-        pytest.skip(f"Kubeflow Trainer v2.3's stock runtime is not present at {path} "
-                    "(reference data kept outside the project; see its README)")  # fmt: skip
-    return yaml.safe_load(path.read_text())
+        pytest.skip(f"Trainer v2.3's stock runtime is not at {path} to compare the kept copy with")
+    stock = yaml.safe_load(path.read_text())
+    kept = stock_runtime()
+    assert _within(kept, stock) == []
+    assert kept["metadata"]["name"] == v2.DEFAULT_RUNTIME
+    [job] = kept["spec"]["template"]["spec"]["replicatedJobs"]
+    [container] = job["template"]["spec"]["template"]["spec"]["containers"]
+    assert (job["name"], container["name"]) == ("node", "node")
 
 
 def trainjob(**overrides: Any) -> Any:
