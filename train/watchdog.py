@@ -49,7 +49,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -57,6 +57,7 @@ from typing import Any
 from shardctl.orchestrator.outcome import Decision, Evidence, Kind, classify, decide, signal_name
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
+    CANCELLED_FILE,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_COLLECTIVE_TIMEOUT,
@@ -524,6 +525,14 @@ def kubernetes_exit_code(
         else Evidence(code, {}, names, "SIGTERM")
     )
     outcome = classify(evidence)
+    if (
+        outcome.kind is Kind.CANCELLED
+        and outcome.signal == "SIGTERM"
+        and CANCELLED_FILE not in evidence.markers
+    ):
+        # Another pod's TERM (its deletion, an eviction) made every rank of the job
+        # save: on this pod too a preemption, which resumes.
+        outcome = replace(outcome, kind=Kind.PREEMPTED)
     counter = Path(run_dir) / RESTARTS_FILE.format(node=node) if run_dir else None
     restarts = _read_count(counter)
     verdict = decide(outcome, restarts=restarts, max_restarts=bound)

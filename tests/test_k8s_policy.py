@@ -1,0 +1,244 @@
+"""Kubernetes under shardctl's policy: a pod's exit code carries the decision, and the
+rendered PyTorchJob and TrainJob make the operator act on it (exit 78 stops; a crash
+and a hang restart within `k8s.backoff_limit`; a preemption resumes).
+
+The operators are not here. What they do with a pod's code is their documented rule:
+the training operator's `ExitCode` policy restarts 128-255 and fails the job on 1-127
+(`IsRetryableExitCode`: code >= 128); shardctl's TrainJob runtime fails its Job on
+1-127 by a pod failure policy and its JobSet by the rule for that reason. The pods'
+side runs for real: the node watchdog (`python -m shardctl.train.watchdog`) with a
+stand-in launcher, as the rendered launch script starts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers.k8s_schemas import validate_pytorchjob, validate_trainer_object
+from shardctl.orchestrator.clusters.k8s import objects as render_k8s
+from shardctl.orchestrator.errors import SpecError
+from test_k8s_render import make
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT_S = 60.0  # a loaded machine starts two interpreters slowly
+
+# A stand-in launcher: exits as told, or kills itself, or writes the PREEMPTED marker
+# the ranks write (their save on SIGTERM) and exits 1 as torchrun does.
+STAND_IN = r"""
+import json, os, signal, sys, time
+run_dir = os.environ["SHARDCTL_RUN_DIR"]
+mode = sys.argv[1]
+def preempted(*_):
+    marker = {"kind": "preempted", "step": 8, "signal": "SIGTERM", "reason": "saved"}
+    with open(os.path.join(run_dir, "PREEMPTED"), "w") as f:
+        json.dump(marker, f)
+    sys.exit(1)
+if mode == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "saved":  # another pod's TERM: every rank of the job saved, this one too
+    preempted()
+if mode == "term":  # this pod is deleted: the watchdog passes TERM on
+    signal.signal(signal.SIGTERM, preempted)
+    open(os.path.join(run_dir, "ready"), "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(3)
+if mode == "failed78":  # a rank exited 78 (its FAILED marker); torchrun exits 1
+    with open(os.path.join(run_dir, "FAILED"), "w") as f:
+        json.dump({"kind": "failed", "code": 78, "rank": 1}, f)
+    sys.exit(1)
+if mode == "done":
+    with open(os.path.join(run_dir, "DONE"), "w") as f:
+        json.dump({"kind": "done", "step": 8}, f)
+    sys.exit(0)
+sys.exit(int(mode))
+"""
+
+
+def operator_restarts(code: int) -> bool:
+    """The training operator's ExitCode rule (and shardctl's TrainJob runtime's)."""
+    return code >= 128
+
+
+class Pod:
+    """One node's watchdog over the stand-in launcher, with a run dir on the "PVC"."""
+
+    def __init__(self, tmp_path: Path, *, bound: int = 2, kubernetes: bool = True) -> None:
+        self.run_dir = tmp_path / "runs" / "job"
+        self.run_dir.mkdir(parents=True)
+        self.script = tmp_path / "stand_in.py"
+        self.script.write_text(STAND_IN)
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "TMPDIR": str(tmp_path),
+            "SHARDCTL_RUN_DIR": str(self.run_dir),
+            "SHARDCTL_NODE_RANK": "0",
+            "SHARDCTL_NNODES": "1",
+            "SHARDCTL_HANG_TIMEOUT_S": "600",
+            "SHARDCTL_POD_RESTARTS": str(bound),
+        }
+        if kubernetes:
+            self.env["SHARDCTL_EXIT_CODES"] = "kubernetes"
+
+    def command(self, mode: str) -> list[str]:
+        launcher = [sys.executable, str(self.script), mode]
+        return [sys.executable, "-m", "shardctl.train.watchdog", "--", *launcher]
+
+    def run(self, mode: str) -> int:
+        """One start of the pod: the code it exits with."""
+        for name in ("PREEMPTED", "DONE", "FAILED"):
+            (self.run_dir / name).unlink(missing_ok=True)
+        done = subprocess.run(
+            self.command(mode), env=self.env, capture_output=True, text=True, timeout=WAIT_S
+        )
+        self.log = done.stderr
+        return done.returncode
+
+
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [
+        ("78", 78),  # the script said do not retry: stays permanent
+        ("failed78", 78),  # a rank said it under torchrun, which exits 1
+        ("1", 129),  # a crash within the bound: restarted
+        ("3", 131),
+        ("kill", 137),  # the launcher killed (OOM, SIGKILL): restarted
+        ("saved", 170),  # another pod's TERM: every rank saved, a preemption
+        ("124", 252),  # a hang (another node's watchdog's code passed on)
+        ("done", 0),
+    ],
+)
+def test_the_pod_exits_with_the_policy_s_decision(tmp_path: Path, mode: str, code: int) -> None:
+    pod = Pod(tmp_path)
+    assert pod.run(mode) == code, pod.log
+    assert operator_restarts(code) == (mode not in ("78", "failed78", "done"))
+
+
+def test_without_kubernetes_codes_the_launcher_s_code_is_kept(tmp_path: Path) -> None:
+    """Other clusters read the launcher's own code and the markers."""
+    pod = Pod(tmp_path, kubernetes=False)
+    assert [pod.run(mode) for mode in ("78", "1", "42", "kill")] == [78, 1, 42, 137]
+
+
+def test_a_crash_restarts_within_the_bound_then_stops(tmp_path: Path) -> None:
+    """`k8s.backoff_limit` 2: two restarts of this node (counted in the run dir, on the
+    volume, so a recreated pod sees them), then the crash's own code: the job fails."""
+    pod = Pod(tmp_path, bound=2)
+    codes = [pod.run("1") for _ in range(3)]
+    assert codes == [129, 129, 1], pod.log
+    assert [operator_restarts(c) for c in codes] == [True, True, False]
+    assert "the job stops" in pod.log
+    # A preemption is never counted against the bound: it resumes past it too.
+    assert pod.run("saved") == 170, pod.log
+
+
+def test_no_restart_without_a_volume_to_count_them(tmp_path: Path) -> None:
+    """Bound 0 (no k8s.pvc): a crash stops at once, a preemption still resumes."""
+    pod = Pod(tmp_path, bound=0)
+    assert [pod.run("1"), pod.run("kill"), pod.run("saved")] == [1, 1, 170], pod.log
+
+
+def test_a_deleted_pod_s_term_is_a_preemption_that_resumes(tmp_path: Path) -> None:
+    """The kubelet's SIGTERM reaches the watchdog, which passes it on; the ranks save
+    and the launcher exits 1: the pod exits 170, which the operator restarts."""
+    pod = Pod(tmp_path)
+    proc = subprocess.Popen(
+        pod.command("term"), env=pod.env, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (pod.run_dir / "ready").exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the stand-in never started"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=WAIT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=WAIT_S)
+    log = proc.stderr.read() if proc.stderr else ""
+    assert code == 170, log
+    assert json.loads((pod.run_dir / "PREEMPTED").read_text())["signal"] == "SIGTERM"
+
+
+# ----------------------------------------------------------------- what is rendered
+
+
+def _launch(spec: object) -> str:
+    return render_k8s.render(spec).common["launch.sh"]  # type: ignore[arg-type]
+
+
+def test_the_pytorchjob_restarts_by_exit_code_and_its_pods_carry_the_decision() -> None:
+    spec = make(k8s__backoff_limit=4)
+    job = render_k8s.pytorchjob(spec)
+    validate_pytorchjob(job)
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert {r["restartPolicy"] for r in replicas.values()} == {"ExitCode"}
+    launch = _launch(spec)
+    assert "export SHARDCTL_EXIT_CODES=kubernetes\n" in launch
+    assert "export SHARDCTL_POD_RESTARTS=4\n" in launch
+    # The watchdog is what the container runs: it maps the launcher's end.
+    assert "-m shardctl.train.watchdog -- \\\n    torchrun" in launch
+
+
+def test_without_a_pvc_a_crash_is_not_restarted() -> None:
+    launch = _launch(make(resources__nodes=1, k8s__pvc=None))
+    assert "export SHARDCTL_POD_RESTARTS=0\n" in launch
+
+
+def test_on_failure_keeps_the_launcher_s_codes() -> None:
+    spec = make(k8s__restart_policy="OnFailure")
+    assert "SHARDCTL_EXIT_CODES" not in _launch(spec)
+    job = render_k8s.pytorchjob(spec)
+    assert {r["restartPolicy"] for r in job["spec"]["pytorchReplicaSpecs"].values()} == {
+        "OnFailure"
+    }
+
+
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_a_disabled_watchdog_is_refused_where_the_codes_decide(api: str) -> None:
+    with pytest.raises(SpecError) as err:
+        render_k8s.render(make(k8s__api=api, watchdog__enabled=False))
+    (line,) = [p for p in err.value.problems if "watchdog.enabled" in p]
+    assert "exit code the operator acts on" in line and "accepted: true" in line
+
+
+def test_the_trainjob_runtime_fails_the_jobset_on_a_permanent_code() -> None:
+    spec = make(k8s__api="trainjob", k8s__runtime="shardctl-torch", k8s__backoff_limit=5)
+    rendered = render_k8s.render(spec)
+    validate_trainer_object(rendered.objects["trainjob"])
+    runtime = rendered.runtime
+    assert runtime is not None
+    validate_trainer_object(runtime)
+    jobset = runtime["spec"]["template"]["spec"]
+    (rule,) = jobset["failurePolicy"]["rules"]
+    assert rule["action"] == "FailJobSet"
+    assert rule["onJobFailureReasons"] == ["PodFailurePolicy"]  # the Job's reason for FailJob
+    assert jobset["failurePolicy"]["maxRestarts"] == 5
+    (rjob,) = jobset["replicatedJobs"]
+    assert rule["targetReplicatedJobs"] == [rjob["name"]]
+    job_spec = rjob["template"]["spec"]
+    assert job_spec["backoffLimit"] == 0 and job_spec["podReplacementPolicy"] == "Failed"
+    assert job_spec["template"]["spec"]["restartPolicy"] == "Never"
+    (pod_rule,) = job_spec["podFailurePolicy"]["rules"]
+    assert pod_rule["action"] == "FailJob"
+    on = pod_rule["onExitCodes"]
+    assert on["operator"] == "In" and on["containerName"] == "node"
+    # The API's rules: ordered, no duplicates, no 0, at most 255 values.
+    assert on["values"] == sorted(set(on["values"])) and 0 not in on["values"]
+    assert len(on["values"]) <= 255
+    permanent = set(on["values"])
+    # The same split as the PyTorchJob's ExitCode policy.
+    assert all((code in permanent) != operator_restarts(code) for code in range(1, 256))
+    assert 78 in permanent and not {129, 137, 170, 252} & permanent
+    assert "SHARDCTL_EXIT_CODES=kubernetes" in rendered.common["launch.sh"]
