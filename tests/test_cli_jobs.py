@@ -34,6 +34,7 @@ from shardctl.orchestrator.progress import (
     MetricsTail,
     ProgressDisplay,
     read_progress,
+    straggler,
     total_steps,
 )
 from shardctl.orchestrator.rundir import RunDir
@@ -99,11 +100,12 @@ def test_metrics_tail_returns_only_new_complete_lines(tmp_path: Path) -> None:
 def _logged_by_the_loop(run: Path, capsys: pytest.CaptureFixture[str], steps: int) -> str:
     """What the built-in loop's rank 0 leaves for the progress reader: a real
     `MetricsLogger` appends `steps` lines to metrics.jsonl; returns its console output."""
-    from shardctl.train.metrics import MetricsLogger
+    from shardctl.train.metrics import MetricsLogger, rank_times
 
     capsys.readouterr()
     logger = MetricsLogger(run, enabled=True, total_steps=20)
-    ranks = {"step_s_min": 0.1, "step_s_median": 0.1, "step_s_max": 0.2, "slowest_rank": 1}
+    # Two ranks: rank 1 steps in 0.2 s where rank 0 takes 0.1 s, and loads data slower.
+    ranks = rank_times([0.1, 0.2], [0.01, 0.05])
     for step in range(1, steps + 1):
         logger.log(step, loss=5.0 - step / 10, lr=1e-3, grad_norm=1.0, tokens_per_s=1234.5,
                    ranks=ranks)  # fmt: skip
@@ -115,14 +117,19 @@ def test_the_progress_reader_reads_the_line_the_loop_writes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = fake_run(tmp_path / "r", steps=20, rows=0)
-    _logged_by_the_loop(run, capsys, steps=3)
+    _logged_by_the_loop(run, capsys, steps=6)
     prog, why = read_progress(run)
     assert why == "" and prog is not None
     assert (prog.step, prog.total, prog.loss, prog.tokens_per_s) == (
-        3, 20, pytest.approx(4.7), pytest.approx(1234.5),
+        6, 20, pytest.approx(4.4), pytest.approx(1234.5),
     )  # fmt: skip
     assert prog.time is not None and abs(prog.time - time.time()) < 600
-    assert [r["step"] for r in MetricsTail(run).poll()] == [1, 2, 3]
+    assert [r["step"] for r in MetricsTail(run).poll()] == [1, 2, 3, 4, 5, 6]
+    assert straggler(run) == (
+        "rank 1 is the slowest in 6 of the last 6 logged steps (step time 0.2 s vs a "
+        "median 0.15 s); rank 1 is the slowest at loading data in 6 of the last 6 logged "
+        "steps (data time 0.05 s vs a median 0.03 s)"
+    )
 
 
 def test_the_progress_bar_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
