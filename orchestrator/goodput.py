@@ -34,6 +34,10 @@ Definitions (what `status` and `ls` show):
 - `lost_steps`: steps computed and then not kept: past the checkpoint the next
   attempt resumed from, or past the last checkpoint of a job that stopped on a fault
   (counted from the logged steps: with `log_every` > 1, up to `log_every` - 1 fewer).
+- *No progress known*: no step record belongs to any of the job's attempts (a
+  script that logs no steps: neither `api.log_metrics` nor the built-in loop wrote
+  metrics.jsonl). Then `effective` and `lost_steps` are None, never 0 % and "0 steps
+  lost": whether a restart redid the work from step 0 is unknown.
 - `recoveries`: one per fault that was restarted or requeued, its `kind` (failed,
   hung, preempted, ...) and `seconds` from the fault (the attempt's end) to the first
   step record of the attempt after it (up to now while the job is still running
@@ -63,6 +67,8 @@ from typing import Any
 from .progress import METRICS_FILE
 from .rundir import ATTEMPTS_FILE, CURRENT_ATTEMPT_FILE, LOGS_DIR
 
+# How a user's script makes its progress known (docs/guides/own-script.md).
+NO_STEPS_HINT = "a script reports its steps with shardctl.train.api.log_metrics"
 # Decisions after which the job went again (`outcome.Decision` values).
 WENT_AGAIN = ("restart", "retry")
 # Clock slack after an attempt's end when a step record is matched to it (the end is
@@ -86,7 +92,7 @@ class Goodput:
     training_s: float
     wall_s: float
     restarts: int
-    lost_steps: int
+    lost_steps: int | None  # None: no progress known (no step logged by any attempt)
     recoveries: tuple[Recovery, ...]
     notes: tuple[str, ...] = ()
 
@@ -109,11 +115,14 @@ class Goodput:
         """`goodput 87 % (10m29s of 12m03s trained; 2 restarts, 14 steps lost;
         recoveries: failed 47 s, hung 63 s)` (what `status` shows)."""
         head = f"goodput {self.percent() or '?'}"
-        parts = [f"{_duration(self.training_s)} of {_duration(self.wall_s)} trained"]
-        parts.append(
-            f"{self.restarts} restart{'s' if self.restarts != 1 else ''}, "
-            f"{self.lost_steps} step{'s' if self.lost_steps != 1 else ''} lost"
-        )
+        restarts = f"{self.restarts} restart{'s' if self.restarts != 1 else ''}"
+        if self.lost_steps is None:
+            parts = [f"no progress known: no step logged in {LOGS_DIR}/{METRICS_FILE} "
+                     f"({NO_STEPS_HINT})", restarts]  # fmt: skip
+        else:
+            parts = [f"{_duration(self.training_s)} of {_duration(self.wall_s)} trained"]
+            lost = f"{self.lost_steps} step{'s' if self.lost_steps != 1 else ''} lost"
+            parts.append(f"{restarts}, {lost}")
         if self.recoveries:
             each = ", ".join(
                 f"{r.kind} {'?' if r.seconds is None else f'{r.seconds:.0f}'} s"
@@ -375,6 +384,9 @@ def goodput(
     else:
         _assign(attempts, metrics)
     measured = _measure(attempts, resumed, restarts, running, now, notes)
+    if not any(attempt.records for attempt in attempts):
+        # Nothing says how far any attempt got: 0 % and "0 steps lost" would be false.
+        return replace(measured, effective=None, lost_steps=None)
     return measured if metrics is not None else replace(measured, effective=None)
 
 

@@ -32,6 +32,7 @@ from .rundir import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_DEEPSPEED_CONFIG,
     ENV_HANG_TIMEOUT,
+    ENV_HF_TRAINER_AUTO,
     ENV_JOB_NAME,
     ENV_RUN_DIR,
     ENV_SPEC,
@@ -178,6 +179,8 @@ def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:
     startup = "" if w.startup_timeout_s is None else str(w.startup_timeout_s)
     lines.append(export(ENV_STARTUP_TIMEOUT, startup))
     lines.append(export(ENV_COLLECTIVE_TIMEOUT, str(w.collective_timeout)))
+    if spec.entrypoint is not None and not spec.entrypoint.hf_trainer_auto:
+        lines.append(export(ENV_HF_TRAINER_AUTO, "0", "entrypoint.hf_trainer_auto: false"))
     return lines
 
 
@@ -286,6 +289,16 @@ def _workload(spec: JobSpec, spec_word: Word, module: str) -> tuple[str, list[li
         return module, [[spec_word]]
     target = [_w("script"), _w(ep.script)] if ep.script else [_w("module"), _w(ep.module or "")]
     return ENTRY_MODULE, [target, *([_w(arg)] for arg in ep.args)]
+
+
+def entry_words(spec: JobSpec) -> list[str] | None:
+    """The words every rank gives `shardctl.train.entry` (`_workload`'s, as plain
+    strings), which it records in DONE; None for the built-in loop."""
+    ep = spec.entrypoint
+    if ep is None:
+        return None
+    target = ["script", ep.script] if ep.script else ["module", ep.module or ""]
+    return [*target, *ep.args]
 
 
 def launch_argv(spec: JobSpec, spec_path: str, *, module: str = TRAIN_MODULE) -> list[str]:

@@ -11,7 +11,9 @@ The ranks and the watchdog record a typed outcome as fields of the markers
     DONE        {"kind": "done", "step"}
     PREEMPTED   {"kind": "preempted", "step", "signal": "SIGUSR2" | "SIGTERM" | null,
                  "reason"}  — the ranks saved because of that signal (null: a testing
-                 aid, or a user script's own exit 42)
+                 aid, or a user script's own exit 42); with `"saved": false` and
+                 `"rank"`, that rank got the warning with no handler of its own and
+                 nothing was saved (`train/entry.py`): still a preemption, requeued
     HUNG        {"kind": "hung", "step", "node", "rank": the rank that stopped first
                  (null: none stands out), ...}  — the node watchdog
     FAILED      {"kind": "failed", "code", "rank", "reason"?}  — a user script's own
@@ -196,6 +198,22 @@ class Outcome:
             and self.signal in NODE_SIGNALS
         )
 
+    @property
+    def saved(self) -> bool:
+        """False when a rank recorded that the stop signal found no handler to save
+        (the marker's typed `saved`); True otherwise, markers before the field too."""
+        return self.marker.get("saved") is not False
+
+    def unsaved_why(self) -> str:
+        """Which rank had no handler, for `summary` and `status` (typed fields only)."""
+        rank = _int(self.marker.get("rank"))
+        who = f"rank {rank}" if rank is not None else "a rank"
+        what = self.signal or "the stop signal"
+        return (
+            f"{who} had no handler for {what}; the next attempt starts from the "
+            "script's own last checkpoint, if it saved one"
+        )
+
     def summary(self) -> str:
         """One line for a log or `status`."""
         at = f" at step {self.step}" if self.step is not None else ""
@@ -203,6 +221,8 @@ class Outcome:
         if self.kind is Kind.DONE:
             return f"finished{at}"
         if self.kind is Kind.PREEMPTED:
+            if not self.saved:
+                return f"preempted{sig}, nothing saved: {self.unsaved_why()}"
             saved = f", checkpoint saved{at}" if self.step is not None else ", checkpoint saved"
             return f"preempted{sig}{saved}"
         if self.kind is Kind.CANCELLED:
@@ -257,6 +277,16 @@ def preempted_marker(step: int | None, signum: int | None, reason: str) -> dict[
 def failed_marker(code: int, rank: int, reason: str = "") -> dict[str, Any]:
     marker = {"kind": Kind.FAILED.value, "code": code, "rank": rank, "time": time.time()}
     return {**marker, "reason": reason} if reason else marker
+
+
+def unsaved_marker(signum: int, rank: int) -> dict[str, Any]:
+    """A rank got the stop signal `signum` while its code had no handler for it: a
+    preemption (requeued) in which nothing was saved (PREEMPTED, `"saved": false`)."""
+    name = signal_name(signum)
+    return {
+        **preempted_marker(None, signum, f"{name} reached rank {rank}, which had no handler"),
+        "saved": False, "rank": rank, "time": time.time(),
+    }  # fmt: skip
 
 
 def killed_marker(rank: int | None, node: int, host: str, signum: int) -> dict[str, Any]:
@@ -443,7 +473,10 @@ def _rule_warned(ev: Evidence) -> Outcome | None:
     if warning is None:
         return None
     saved = _saved(ev)
-    return Outcome(Kind.PREEMPTED, step=saved.step if saved else None, signal=warning)
+    return Outcome(
+        Kind.PREEMPTED, step=saved.step if saved else None, signal=warning,
+        marker=saved.marker if saved else {},
+    )  # fmt: skip
 
 
 def _rule_ended_from_outside(ev: Evidence) -> Outcome | None:
@@ -460,7 +493,10 @@ def _rule_saved(ev: Evidence) -> Outcome | None:
         return None
     if saved.signal in ENDS:  # the ranks saved on a TERM/INT alone: a cancel
         return Outcome(Kind.CANCELLED, step=saved.step, signal=saved.signal)
-    return Outcome(Kind.PREEMPTED, step=saved.step, signal=saved.signal, reason=saved.reason)
+    return Outcome(
+        Kind.PREEMPTED, step=saved.step, signal=saved.signal, reason=saved.reason,
+        marker=saved.marker,
+    )  # fmt: skip
 
 
 def _rule_do_not_retry(ev: Evidence) -> Outcome | None:

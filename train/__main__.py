@@ -71,8 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     # SIGQUIT prints every thread's stack (the watchdog asks for it on a hang).
     from .heartbeat import install_stack_dump
     from .libwarnings import show_library_warnings_once
+    from .preemption import undo_inherited_ignores
 
     install_stack_dump()
+    # A stop signal inherited ignored (Slurm's node task ignores its warning signal for
+    # the launcher) would go unnoticed until the loop installs its handlers.
+    undo_inherited_ignores()
     show_library_warnings_once(int(rank or 0))
     try:
         from shardctl.orchestrator.spec import read_job_yaml

@@ -18,7 +18,21 @@ exit 1:
   the classifier stops the run instead of retrying it, on every cluster.
 
 The markers carry the typed outcome (`kind`, `code`, `rank`, ...) that the one
-classifier, `shardctl.orchestrator.outcome`, reads.
+classifier, `shardctl.orchestrator.outcome`, reads. DONE also records the command
+(`script PATH ARGS...`), so that submitting the same command again after a success
+says the run is complete (the local cluster's `schedule`).
+
+Before the user's code, every rank:
+
+- gets back the usual action of SIGUSR2, SIGTERM and SIGINT where it inherited them
+  ignored (Slurm's node task starts the launcher with its warning signal ignored);
+- catches SIGUSR2 while the code has no handler of its own: the rank says that
+  nothing was saved (a line on stderr; PREEMPTED with `"saved": false` and its rank,
+  the first rank's only), then ends by the signal's default action. The job is a
+  preemption: it is requeued and the script starts from what it saved itself;
+- wraps transformers' `Trainer.train` once the script imports it
+  (`shardctl.train.hf_auto`): an unmodified Trainer script resumes and saves on a
+  preemption (`entrypoint.hf_trainer_auto: false` turns it off).
 
 Then the rank leaves through `shardctl.train.leave`: Python's own shutdown for
 Python code (threads joined, `atexit` hooks run), then `os._exit`, because tearing
@@ -36,7 +50,13 @@ import time
 import traceback
 from pathlib import Path
 
-from shardctl.orchestrator.outcome import done_marker, failed_marker, preempted_marker
+from shardctl.orchestrator.outcome import (
+    done_marker,
+    failed_marker,
+    preempted_marker,
+    signal_name,
+    unsaved_marker,
+)
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
     ENV_RUN_DIR,
@@ -48,8 +68,10 @@ from shardctl.orchestrator.rundir import (
 )
 
 from .heartbeat import install_stack_dump
+from .hf_auto import install as wrap_hf_trainer
 from .leave import leave
 from .libwarnings import show_library_warnings_once
+from .preemption import UnhandledWarning, undo_inherited_ignores
 
 USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
 
@@ -92,11 +114,20 @@ def run(kind: str, target: str, args: list[str]) -> int:
     return EXIT_OK
 
 
-def record(code: int, started: float, run_dir: str | None, rank: int) -> None:
-    """The markers for a rank that ended with `code` (see the module docstring)."""
+def record(
+    code: int, started: float, run_dir: str | None, rank: int, command: list[str] | None = None
+) -> None:
+    """The markers for a rank that ended with `code` (see the module docstring);
+    `command`: the words after `shardctl.train.entry`, kept in DONE."""
     if not run_dir:
         return
     folder = RunDir.of(run_dir)
+    if code == EXIT_OK and rank == 0 and command is not None:
+        # The script's own DONE (shardctl's checkpoint library records the step) is
+        # kept, with the command added.
+        done = folder.fresh_marker(DONE_FILE, started) or done_marker(None)
+        folder.write_marker(DONE_FILE, {**done, "command": command, "time": time.time()})
+        return
     if code in (EXIT_OK, EXIT_PREEMPTED):
         name = DONE_FILE if code == EXIT_OK else PREEMPTED_FILE
         marker = folder.root / name
@@ -115,6 +146,25 @@ def write_failed(folder: RunDir, started: float, marker: dict[str, object]) -> b
     return folder.write_first_marker(FAILED_FILE, dict(marker), started)
 
 
+def prepare_signals(started: float, run_dir: str | None, rank: int) -> None:
+    """No stop signal inherited ignored; SIGUSR2 without the code's own handler is said
+    and recorded before it ends the rank (see the module docstring)."""
+    undo_inherited_ignores()
+
+    def nothing_saved(signum: int) -> None:
+        print(
+            f"[rank {rank}] {signal_name(signum)} arrived and the script has no handler "
+            "for it: nothing was saved. This rank stops; the next attempt starts from "
+            "the script's own last checkpoint, if it saved one (docs/guides/own-script.md)",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        if run_dir:
+            marker = unsaved_marker(signum, rank)
+            RunDir.of(run_dir).write_first_marker(PREEMPTED_FILE, marker, started)
+
+    UnhandledWarning(nothing_saved).install()
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if len(words) < 2 or words[0] not in ("script", "module"):
@@ -126,10 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0") or 0)
     # Before the user's code: its own filters, set later, come first.
     show_library_warnings_once(rank)
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    prepare_signals(started, run_dir, rank)
+    wrap_hf_trainer()
     code = run(words[0], words[1], words[2:])
     sys.stdout.flush()
     sys.stderr.flush()
-    record(code, started, os.environ.get(ENV_RUN_DIR), rank)
+    record(code, started, run_dir, rank, words)
     return code
 
 

@@ -52,7 +52,12 @@ from transformers.utils import (
     WEIGHTS_NAME,
 )
 
-__all__ = ["PreemptionCallback", "checkpoint_problem", "last_complete_checkpoint"]
+__all__ = [
+    "PreemptionCallback",
+    "checkpoint_problem",
+    "last_complete_checkpoint",
+    "prepare_unmodified",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -271,6 +276,40 @@ def _dcp_problem(path: Path) -> str | None:
     if not (path / DCP_METADATA).is_file():
         return f"no {DCP_METADATA} (torch.distributed.checkpoint did not finish)"
     return None
+
+
+# -- an unmodified script ---------------------------------------------------------------
+
+
+def prepare_unmodified(
+    trainer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What `Trainer.train(*args, **kwargs)` gets under shardctl when the script was
+    not patched (`shardctl.train.hf_auto` calls this from the wrapped `train`):
+
+    - no `resume_from_checkpoint` given (or None): the newest complete `checkpoint-N`
+      of `trainer.args.output_dir` (`last_complete_checkpoint`), if there is one. A
+      path, True or False given by the script is kept as it is.
+    - a `PreemptionCallback` added last, unless the script added one itself.
+    """
+    if not any(isinstance(cb, PreemptionCallback) for cb in trainer.callback_handler.callbacks):
+        trainer.add_callback(PreemptionCallback())
+    given = args[0] if args else kwargs.get("resume_from_checkpoint")
+    output_dir = getattr(trainer.args, "output_dir", None)
+    if given is not None or not output_dir or getattr(trainer.args, "save_only_model", False):
+        return args, kwargs  # save_only_model: its checkpoints cannot be resumed
+    found = last_complete_checkpoint(output_dir)
+    if found is None:
+        return args, kwargs
+    if trainer.is_world_process_zero():  # one line in the log, whatever logging says
+        print(
+            f"shardctl: resuming from {found}, the newest complete checkpoint in "
+            f"{output_dir} (entrypoint.hf_trainer_auto: false turns this off)",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    if args:
+        return (found, *args[1:]), kwargs
+    return args, {**kwargs, "resume_from_checkpoint": found}
 
 
 # -- preemption -----------------------------------------------------------------------

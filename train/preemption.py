@@ -19,6 +19,14 @@ test can send each rank its own signal within one step (`shardctl.train.stop`).
 
 Which signal names a stop when ranks received different ones: `shardctl.train.stop`.
 
+Before a rank's own code runs (`shardctl.train.entry`, the built-in loop's
+`__main__`), `undo_inherited_ignores` gives SIGUSR2, SIGTERM and SIGINT back their
+usual action where the rank inherited them ignored (Slurm's node task starts the
+launcher with its warning signal ignored, so that the launcher survives it, and an
+ignored signal stays ignored across `exec`), and `UnhandledWarning` catches SIGUSR2
+for as long as the rank's code has no handler of its own: a rank that cannot save
+says so, then ends as it would have without shardctl.
+
 This module imports nothing heavy. The exit codes are defined in
 `shardctl.orchestrator.rundir` and re-exported here.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -44,12 +53,56 @@ __all__ = [
     "SIGNALS",
     "STOP_AFTER_STEP_ENV",
     "PreemptionFlag",
+    "UnhandledWarning",
+    "undo_inherited_ignores",
 ]
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 STOP_AFTER_STEP_ENV = "SHARDCTL_STOP_AFTER_STEP"
 HOLD_AT_STEP_ENV = "SHARDCTL_HOLD_AT_STEP"
 HOLD_WAIT_S = 300.0  # a test that never signals fails instead of hanging for ever
+# What a rank may inherit ignored from its launcher, and the action Python gives each
+# when it starts with it not ignored.
+INHERITED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+WARNING_SIGNAL = signal.SIGUSR2  # what every supervisor sends the ranks for a preemption
+
+
+def undo_inherited_ignores() -> list[str]:
+    """Give each of `INHERITED` that this process inherited ignored its usual action
+    (SIGINT: Python's KeyboardInterrupt; the others: the default, which ends the
+    process); the names of those changed. An ignored preemption signal would make a
+    rank without a handler carry on unaware until the cluster kills it."""
+    changed = []
+    for sig in INHERITED:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            usual = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+            signal.signal(sig, usual)
+            changed.append(sig.name)
+    return changed
+
+
+class UnhandledWarning:
+    """shardctl's handler of SIGUSR2 while the rank's own code has none.
+
+    A script that installs its own handler (shardctl's `api`, the HF callback, its
+    own `signal.signal`) replaces this one, and puts it back when it uninstalls its
+    own. When SIGUSR2 reaches this handler, nothing in the rank can save: `notice` is
+    called with the signal (to say so: a line, a marker), then the signal's default
+    action ends the rank as it would have without shardctl, and the job is requeued
+    to resume from whatever the script saved before."""
+
+    def __init__(self, notice: Callable[[int], None]) -> None:
+        self.notice = notice
+
+    def install(self) -> None:
+        signal.signal(WARNING_SIGNAL, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            self.notice(signum)
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
 
 
 class PreemptionFlag:

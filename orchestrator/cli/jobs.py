@@ -663,4 +663,7 @@ def follow_submitted(backend: Cluster, ref: JobRef, job: JobSpec, console: Any =
     st = backend.status(ref)
     detail = f": {st.detail}" if st.detail else ""
     click.echo(f"{ref.name}: {st.state.value}{detail}", err=True)
+    good = _goodput(backend, ref, st)
+    if good is not None and good.lost_steps is None:  # a script that logs no steps
+        click.echo(f"  {good.line()}", err=True)
     return job_exit_code(backend, ref, st, code)

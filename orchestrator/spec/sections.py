@@ -518,6 +518,12 @@ class Entrypoint(Section):
     code_dir: PathText | None = None
     """Kubernetes: a small folder that travels with the job's ConfigMap (the script lies
     in it); without it the script file alone travels. See `k8s.code`."""
+    hf_trainer_auto: bool = True
+    """A Hugging Face `Trainer` in the script resumes and saves on a preemption without
+    shardctl's two-line patch: when `trainer.train()` is given no
+    `resume_from_checkpoint`, it gets the newest complete `checkpoint-N` of the
+    Trainer's `output_dir`, and shardctl's `PreemptionCallback` is added unless the
+    script added it. `false` leaves the Trainer as transformers made it."""
 
     @field_validator("module")
     @classmethod

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
 from ...fence import claim_attempt, new_token
-from ...launch import PYTHON_VAR, EnvLine, export
+from ...launch import PYTHON_VAR, EnvLine, entry_words, export
 from ...launcher_output import LauncherReport, readable
 from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
 from ...proctree import Proc, alive, descendants, signal_all, start_ticks
@@ -255,9 +255,15 @@ class LocalCluster(Cluster):
             run_dir=str(run_dir.resolve()),
             extra={"cwd": os.getcwd()},
         )
-        # The built-in loop (or the checkpoint library's finish) wrote DONE for every step.
+        # The built-in loop (or the checkpoint library's finish) wrote DONE for every step;
+        # a user script's, the command it ran, and every rank exited 0.
         steps = spec.train.steps if spec.train is not None else 0
-        if RunDir(run_dir).is_complete(steps):
+        command = entry_words(spec)
+        if (
+            RunDir(run_dir).is_complete(steps)
+            if command is None
+            else RunDir(run_dir).done_command() == command and self._exit_code(run_dir) == 0
+        ):
             return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
         pid_info = self._pid(run_dir)
         if pid_info is not None and alive(*pid_info):
@@ -381,6 +387,11 @@ class LocalCluster(Cluster):
         if out.kind is Kind.PREEMPTED:
             at = f" at step {out.step}" if out.step is not None else ""
             why = f"signal {out.signal}" if out.signal else (out.reason or "no signal")
+            if not out.saved:  # a rank without a handler: nothing saved, said plainly
+                return JobStatus(
+                    JobState.PREEMPTED, native, f"preempted ({why}), nothing saved: "
+                    f"{out.unsaved_why()}; submit the spec again to resume"
+                )  # fmt: skip
             return JobStatus(
                 JobState.PREEMPTED,
                 native if rc is not None else "preempted",

@@ -1,0 +1,308 @@
+"""Scripts nobody patched for shardctl (issue 31, items 4 and 5): an unmodified Hugging
+Face Trainer script resumes and saves on a stop signal (`train/hf_auto.py`); a rank
+never keeps a stop signal its launcher ignored; a rank with no handler for the
+preemption signal says that nothing was saved, and the job is a preemption
+(requeued); `status` says "no progress known" for a script that logs no steps, never
+"0 steps lost"; a second submit of a script that succeeded says it is complete.
+
+Real torchrun, 2 CPU ranks, this machine; every process a test starts has a timeout
+and is ended by its pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from helpers.ckpt_run import child_env
+from helpers.train_run import free_port
+from shardctl.orchestrator.goodput import goodput
+from shardctl.orchestrator.outcome import Decision, Evidence, Kind, judge
+from shardctl.orchestrator.rundir import ATTEMPTS_FILE, ENV_HF_TRAINER_AUTO, PREEMPTED_FILE
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = ROOT / "tests" / "data" / "usercode"
+SHARDCTL = str(Path(sys.executable).parent / "shardctl")
+
+
+def _spec(tmp_path: Path, name: str, entrypoint: dict, **extra: object) -> Path:
+    data = {
+        "name": name,
+        "run_dir": str(tmp_path / name),
+        "resources": {"procs_per_node": 2},
+        "entrypoint": entrypoint,
+        "local": {"master_port": free_port()},
+        "restart": {"max_in_allocation": 0},  # one start per submit: its own outcome
+        **extra,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _shardctl(tmp_path: Path, *words: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [SHARDCTL, *words], capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
+        env=child_env(),
+    )  # fmt: skip
+
+
+def _wait_for(found, what: str, seconds: float, log: Path | None = None):
+    """Poll `found()` until it returns something true, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not (value := found()):
+        if time.monotonic() > deadline:
+            tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"{what}: not within {seconds} s\n{tail}")
+        time.sleep(0.2)
+    return value
+
+
+# ----------------------------------------------------------------- signals of a rank
+
+
+def _entry(tmp_path: Path, script: Path, *args: str, ignore: tuple[int, ...] = ()):
+    """`python -m shardctl.train.entry script SCRIPT ARGS` as a rank, started with the
+    signals `ignore` ignored (as Slurm's node task starts the launcher)."""
+
+    def ignored() -> None:
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+
+    env = {**child_env(), "SHARDCTL_RUN_DIR": str(tmp_path / "run"), "RANK": "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shardctl.train.entry", "script", str(script), *args],
+        env=env, cwd=tmp_path, preexec_fn=ignored, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def test_a_rank_does_not_keep_the_stop_signals_its_launcher_ignored(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import signal\n"
+        "for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):\n"
+        "    print(s.name, signal.getsignal(s) is signal.SIG_IGN)\n"
+    )
+    ignore = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    proc = _entry(tmp_path, probe, ignore=ignore)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out.split("\n")[:3] == ["SIGUSR2 False", "SIGTERM False", "SIGINT False"], out
+
+
+def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
+    tmp_path: Path,
+) -> None:
+    """SIGUSR2 inherited ignored, a script with no handler: the rank says it, records
+    PREEMPTED with `saved: false`, and ends by the signal; the classifier requeues."""
+    started = time.time()
+    proc = _entry(tmp_path, CODE / "no_handler.py", str(tmp_path), ignore=(signal.SIGUSR2,))
+    try:
+        pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
+        assert pid == proc.pid
+        os.kill(pid, signal.SIGUSR2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGUSR2, err  # ended as it would without shardctl
+    assert "SIGUSR2 arrived and the script has no handler for it: nothing was saved" in err
+    marker = json.loads((tmp_path / "run" / PREEMPTED_FILE).read_text())
+    assert (marker["kind"], marker["saved"], marker["rank"]) == ("preempted", False, 0)
+    assert (marker["signal"], marker["step"]) == ("SIGUSR2", None)
+    # What a supervisor makes of it: torchrun's exit 1 and that marker.
+    verdict = judge(Evidence.gather(tmp_path / "run", started, 1), max_retries=3)
+    assert verdict.outcome.kind is Kind.PREEMPTED and verdict.decision is Decision.RETRY
+    assert "nothing saved: rank 0 had no handler for SIGUSR2" in verdict.summary()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+@pytest.mark.slow
+def test_the_local_status_says_nothing_was_saved_and_a_success_is_complete(
+    tmp_path: Path,
+) -> None:
+    """Through `shardctl submit` on 2 ranks: SIGUSR2 to one rank of a script without a
+    handler → PREEMPTED (exit 42), `status` says nothing was saved and that no
+    progress is known (not "0 steps lost"); then the same script run to the end and
+    submitted again with the same command: complete, nothing started."""
+    spec = _spec(tmp_path, "unmod-nohandler", {"script": str(CODE / "no_handler.py"),
+                                                "args": [str(tmp_path)]})  # fmt: skip
+    job = subprocess.Popen(
+        [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=child_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        pid = int(_wait_for(lambda: _read(tmp_path / "ready-1"), "rank 1's start", 180))
+        os.kill(pid, signal.SIGUSR2)
+        out, err = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            _shardctl(tmp_path, "cancel", "unmod-nohandler", timeout=120)
+            job.kill()
+            job.wait(timeout=30)
+    assert job.returncode == 42, out[-2000:] + err[-3000:]
+    assert "nothing was saved" in _read(tmp_path / "unmod-nohandler/logs/launcher.err")
+    status = _shardctl(tmp_path, "status", "unmod-nohandler", timeout=60).stdout
+    assert "PREEMPTED" in status and "nothing saved: rank 1 had no handler for SIGUSR2" in status
+    assert "steps lost" not in status and "no progress known" in status, status
+    assert "no progress known" in err
+
+    # The same run, now to its end (exit 0 on both ranks), then the same command again.
+    done = [str(CODE / "exit_with.py"), "0"]
+    first = _shardctl(tmp_path, "submit", str(spec), "--wait", "--", *done)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = _shardctl(tmp_path, "submit", str(spec), "--wait", "--", *done)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "run complete" in again.stdout and "nothing to do" in again.stdout, again.stdout
+    # Another command is another piece of work: it runs.
+    other = _shardctl(tmp_path, "submit", str(spec), "--wait", "--", str(CODE / "exit_with.py"),
+                      "00")  # fmt: skip
+    assert other.returncode == 0 and "run complete" not in other.stdout, other.stdout
+
+
+# ----------------------------------------------------------------- goodput
+
+
+def test_goodput_of_a_script_that_logs_no_steps_is_no_progress_known(tmp_path: Path) -> None:
+    """Two attempts (a preemption, then a finish) and no metrics.jsonl: not 0 %, not
+    "0 steps lost" (the second attempt may have redone everything)."""
+    lines = [
+        {"job": "j", "start": 100.0, "end": 160.0, "kind": "preempted", "decision": "retry",
+         "checkpoint_step": None},
+        {"job": "j", "start": 161.0, "end": 250.0, "kind": "done", "decision": "finish",
+         "checkpoint_step": None},
+    ]  # fmt: skip
+    (tmp_path / ATTEMPTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in lines))
+    good = goodput(tmp_path, "j", now=300.0)
+    assert good is not None
+    assert (good.effective, good.lost_steps, good.restarts) == (None, None, 1)
+    line = good.line()
+    assert line.startswith("goodput ? (no progress known: no step logged in logs/metrics.jsonl")
+    assert "log_metrics" in line and "steps lost" not in line and "trained" not in line
+    assert good.to_json()["lost_steps"] is None
+
+
+# ----------------------------------------------------------------- the HF Trainer
+
+
+def test_the_spec_switch_reaches_the_ranks_and_turns_the_wrapping_off(tmp_path: Path) -> None:
+    from shardctl.orchestrator.launch import env_lines
+    from shardctl.orchestrator.spec import load_spec
+
+    on = _spec(tmp_path, "on", {"script": str(CODE / "no_handler.py")})
+    off = _spec(tmp_path, "off", {"script": str(CODE / "no_handler.py"),
+                                  "hf_trainer_auto": False})  # fmt: skip
+    assert load_spec(on).entrypoint.hf_trainer_auto is True
+    text = "\n".join(line.text for line in env_lines(load_spec(off), []))
+    assert f"export {ENV_HF_TRAINER_AUTO}=0" in text
+    text = "\n".join(line.text for line in env_lines(load_spec(on), []))
+    assert ENV_HF_TRAINER_AUTO not in text
+    # A rank with the switch off puts no finder on sys.meta_path (nothing is wrapped).
+    probe = (
+        "import sys; from shardctl.train import hf_auto; before = list(sys.meta_path); "
+        "hf_auto.install(); print(sys.meta_path == before)"
+    )
+    for value, unchanged in (("0", "True"), ("1", "False")):
+        env = {**child_env(), ENV_HF_TRAINER_AUTO: value}
+        done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        assert done.stdout.strip() == unchanged, done.stderr
+
+
+def test_the_two_line_patch_keeps_its_one_callback_and_its_own_resume(tmp_path: Path) -> None:
+    from shardctl.train.hf import PreemptionCallback, prepare_unmodified
+
+    class FakeTrainer:  # what prepare_unmodified reads of a Trainer
+        def __init__(self, callbacks: list) -> None:
+            self.callback_handler = SimpleNamespace(callbacks=list(callbacks))
+            self.args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
+
+        def add_callback(self, cb: object) -> None:
+            self.callback_handler.callbacks.append(cb)
+
+        def is_world_process_zero(self) -> bool:
+            return True
+
+    patched = FakeTrainer([PreemptionCallback()])
+    args, kwargs = prepare_unmodified(patched, (), {"resume_from_checkpoint": "/given"})
+    assert kwargs == {"resume_from_checkpoint": "/given"} and args == ()
+    assert len(patched.callback_handler.callbacks) == 1
+    bare = FakeTrainer([])
+    args, kwargs = prepare_unmodified(bare, (), {})  # no checkpoint-N yet: nothing to pass
+    assert kwargs == {} and args == ()
+    assert [type(cb) for cb in bare.callback_handler.callbacks] == [PreemptionCallback]
+
+
+def _complete_checkpoints(out: Path) -> list[int]:
+    from shardctl.train.hf import last_complete_checkpoint
+
+    found = last_complete_checkpoint(out)
+    return [int(Path(found).name.split("-")[1])] if found else []
+
+
+@pytest.mark.slow
+def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """`shardctl submit --wait` of a Trainer script without shardctl's lines; cancelled
+    once its first complete checkpoint-N exists: the ranks save the step they agree on;
+    the same command submitted again starts at that step, not at 0."""
+    out_dir = tmp_path / "out"
+    args = ["--output-dir", str(out_dir), "--max-steps", "60", "--save-steps", "5"]
+    spec = _spec(tmp_path, "unmod-hf", {"script": str(CODE / "hf_unmodified.py"), "args": args})
+    env = {**child_env(), "TOKENIZERS_PARALLELISM": "false"}
+    log = tmp_path / "unmod-hf" / "logs" / "launcher.err"
+    job = subprocess.Popen(
+        [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _complete_checkpoints(out_dir), "a complete checkpoint-N", 300, log)
+        cancel = _shardctl(tmp_path, "cancel", "unmod-hf", timeout=240)
+        assert cancel.returncode == 0, cancel.stderr
+        first_out, _ = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            _shardctl(tmp_path, "cancel", "unmod-hf", timeout=120)
+            job.kill()
+            job.wait(timeout=30)
+    assert "started at step 0" in first_out, first_out[-2000:]
+    # The callback shardctl added saved the step every rank agreed on, on SIGTERM.
+    marker = json.loads((tmp_path / "unmod-hf" / PREEMPTED_FILE).read_text())
+    saved = marker["step"]
+    assert isinstance(saved, int) and 5 <= saved < 60 and marker["signal"] == "SIGTERM"
+    assert _complete_checkpoints(out_dir) == [saved]
+    status = _shardctl(tmp_path, "status", "unmod-hf", timeout=60).stdout
+    assert "CANCELLED" in status and f"checkpoint at step {saved}" in status, status
+    assert "0 steps lost" not in status, status
+
+    # The same command again: it resumes from checkpoint-<saved> and runs to 60.
+    again = _shardctl(tmp_path, "submit", str(spec), "--wait", timeout=400)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    shown = again.stdout + again.stderr
+    assert f"started at step {saved}" in again.stdout, again.stdout[-3000:]
+    assert re.search(rf"shardctl: resuming from \S*checkpoint-{saved}\b", shown), shown[-3000:]
+    assert "finished at step 60" in again.stdout
+    state = json.loads((out_dir / "checkpoint-60" / "trainer_state.json").read_text())
+    assert state["global_step"] == 60
+    # The losses logged by this start: steps saved+1 … 60, none redone from step 0.
+    steps = [e["step"] for e in state["log_history"] if "loss" in e]
+    assert steps == list(range(1, 61)), steps
+    status = _shardctl(tmp_path, "status", "unmod-hf", timeout=60).stdout
+    assert "SUCCEEDED" in status and "0 steps lost" not in status, status
