@@ -284,6 +284,48 @@ def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(
         pods.kill()
 
 
+# Exits with the code written in the run dir's `exit-code`, on every rank.
+EXIT_FROM_RUN_DIR = """\
+import os, sys
+path = os.path.join(os.environ["SHARDCTL_RUN_DIR"], "exit-code")
+print(f"attempt {os.environ['SHARDCTL_ATTEMPT']} rank {os.environ['RANK']}", flush=True)
+sys.exit(int(open(path).read()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_exit_78_stops_the_pytorchjob_and_a_crash_restarts_within_the_bound(
+    tmp_path: Path,
+) -> None:
+    """Two pods of the example's PyTorchJob under restartPolicy ExitCode, with a script
+    that exits 78 on every rank: both pods exit 78, which the operator does not restart
+    (1-127). The same pods with a crash (exit 3) and `k8s.backoff_limit` 1: 131 (128 +
+    3, restarted), then 3 (the job fails). The operator itself is not here: its rule
+    is `code >= 128` (tests/test_k8s_policy.py)."""
+    script = tmp_path / "exit_from_run_dir.py"
+    script.write_text(EXIT_FROM_RUN_DIR)
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    del data["train"]
+    data["entrypoint"] = {"script": str(script)}
+    data["k8s"]["backoff_limit"] = 1
+    spec = parse_spec(data)
+    assert spec.k8s.restart_policy == "ExitCode"
+    pods = Pods(spec, tmp_path / "job")
+    run_dir = pods.runs / spec.name
+    run_dir.mkdir(parents=True)
+    try:
+        (run_dir / "exit-code").write_text("78")
+        pods.start(attempt=0)
+        assert pods.wait(timeout=240) == [78, 78], pods.tail()
+        (run_dir / "exit-code").write_text("3")
+        for attempt, codes in ((1, [131, 131]), (2, [3, 3])):
+            pods.start(attempt=attempt)
+            assert pods.wait(timeout=240) == codes, pods.tail()
+    finally:
+        pods.kill()
+
+
 HANG_TIMEOUT_S = 15
 
 
@@ -340,7 +382,8 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
         # far below the start-up allowance (900 s): the ranks were past their first step.
         codes = pods.wait(timeout=HANG_TIMEOUT_S + 120)
         took = time.monotonic() - began
-        assert codes == [EXIT_HUNG, EXIT_HUNG], pods.tail()
+        # 124 as the pods' code for the operator: a hang to restart (128 + 124).
+        assert codes == [128 + EXIT_HUNG] * 2, pods.tail()
         assert took < HANG_TIMEOUT_S + 120, took
         # Launchers and ranks ended: SIGKILLed by the watchdog before it exited, but on a
         # loaded machine a killed process can take a moment to be gone.
@@ -371,7 +414,7 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
         # of its pod were frozen first.
         assert newest <= marker["step"] and not (run_dir / "DONE").exists()
 
-        pods.start(attempt=2)  # restartPolicy OnFailure: the operator restarts both
+        pods.start(attempt=2)  # restartPolicy ExitCode: the operator restarts both
         assert pods.wait(timeout=480) == [0, 0], pods.tail()
     finally:
         for p in stopped:  # by PID (and start time): continue and end what was stopped
