@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from .precision import summary as precision_summary
 from .rundir import (
     ENV_ACCELERATE_CONFIG,
     ENV_CHECKPOINT_DIR,
@@ -141,11 +142,30 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
         # DeepSpeed guesses its accelerator from what it finds; a cpu job on a GPU
         # host (or the reverse) must not be guessed.
         env["DS_ACCELERATOR"] = spec.resources.device
-    if spec.launcher == "accelerate" and spec.resources.device == "cpu":
+    if (
+        spec.launcher == "accelerate"
+        and spec.resources.device == "cpu"
+        and spec.strategy.backend != "deepspeed"
+    ):
         # `accelerate launch` exports its config's use_cpu only for one process; with
-        # several, an `Accelerator()` without it trains each CPU rank alone.
+        # several, an `Accelerator()` without it trains each CPU rank alone. Never for
+        # DeepSpeed: with it accelerate drops DeepSpeed for DDP; the ranks' gloo group
+        # comes from `shardctl.train.accelerate_cpu` instead.
         env["ACCELERATE_USE_CPU"] = "true"
     return env
+
+
+def precision_words(spec: JobSpec) -> str:
+    """The precision `validate` reports, as the ranks will train: the built-in loop
+    resolves `auto` on the node under every launcher; a script reads the rendered
+    accelerate config or ds_config.json when it is handed one (`contract_lines`)."""
+    handed_config = spec.launcher == "accelerate" or spec.strategy.backend == "deepspeed"
+    return precision_summary(
+        spec.strategy.precision,
+        spec.resources.device,
+        builtin_loop=spec.train is not None,
+        reads_rendered=handed_config,
+    )
 
 
 def contract_lines(spec: JobSpec, spec_path: str) -> list[EnvLine]:

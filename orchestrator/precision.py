@@ -89,3 +89,26 @@ def rendered_precision(precision: str, device: str) -> ConcretePrecision:
     if precision != AUTO:
         return precision  # type: ignore[return-value]
     return "bf16-mixed" if device == "cuda" else "fp32"
+
+
+def summary(precision: str, device: str, *, builtin_loop: bool, reads_rendered: bool) -> str:
+    """What `validate` says the job trains in, as it will run.
+
+    `builtin_loop`: shardctl's loop, which resolves `auto` on the node under every
+    launcher; `reads_rendered`: a user's script is handed a rendered accelerate config
+    or ds_config.json, whose `auto` is `rendered_precision`. A script handed neither
+    (torchrun with FSDP) picks its own precision.
+    """
+    if precision != AUTO:
+        return precision
+    if builtin_loop:
+        if device == "cuda":
+            rule = "bf16-mixed on compute capability 8.0 or newer, else fp16-mixed"
+        else:
+            flags = "/".join(sorted(NATIVE_BF16_CPU_FLAGS, reverse=True))
+            rule = f"bf16-mixed on a CPU with {flags}, else fp32"
+        return f"precision auto (decided on the node: {rule})"
+    if reads_rendered:
+        rendered = rendered_precision(precision, device)
+        return f"precision auto → {rendered} in the rendered launcher configs (device {device})"
+    return "precision auto (your script trains in the precision it chooses)"

@@ -94,7 +94,8 @@ def test_hostile_args_and_the_run_contract_reach_every_rank(tmp_path: Path) -> N
 
 
 LAUNCHERS = {
-    "accelerate": {"launcher": "accelerate", "strategy": {"backend": "fsdp"}},
+    # FSDP under accelerate on CPU is refused (accelerate would run DDP): DeepSpeed.
+    "accelerate": {"launcher": "accelerate", "strategy": {"backend": "deepspeed", "zero_stage": 2}},
     "deepspeed": {"launcher": "deepspeed", "strategy": {"backend": "deepspeed"}},
 }
 
@@ -104,7 +105,7 @@ LAUNCHERS = {
 def test_accelerate_and_deepspeed_launch_your_script_with_the_rendered_config(
     tmp_path: Path, launcher: str
 ) -> None:
-    """`accelerate launch` hands an `Accelerator()` the rendered FSDP config and a
+    """`accelerate launch` hands an `Accelerator()` the rendered DeepSpeed config and a
     2-rank group; `deepspeed` hands the script ds_config.json. Hostile args intact."""
     entrypoint = {"script": str(CODE / "launcher_probe.py"), "args": HOSTILE_ARGS}
     spec = _spec(tmp_path, f"via-{launcher}", entrypoint, **LAUNCHERS[launcher])
@@ -117,13 +118,12 @@ def test_accelerate_and_deepspeed_launch_your_script_with_the_rendered_config(
         if launcher == "deepspeed":
             assert rank["zero_stage"] == 3  # strategy.sharding full_shard
             continue
-        # On CPU accelerate runs the ranks as one gloo group (its FSDP plugin is for
-        # GPUs); the FSDP settings it would apply come from the rendered config.
-        assert (rank["distributed_type"], rank["num_processes"]) == ("MULTI_CPU", 2)
-        assert "distributed_type: FSDP" in rank["config"]
+        # On CPU the ranks are one gloo group and stay DeepSpeed (no ACCELERATE_USE_CPU,
+        # with which accelerate would drop DeepSpeed for DDP).
+        assert (rank["distributed_type"], rank["num_processes"]) == ("DEEPSPEED", 2)
+        assert "distributed_type: DEEPSPEED" in rank["config"]
         env = rank["env"]
-        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
-        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and "ACCELERATE_USE_CPU" not in env
     assert "SUCCEEDED" in _status(f"via-{launcher}")
 
 

@@ -58,6 +58,8 @@ def spec_cases() -> dict[str, JobSpec]:
     cases["entrypoint-code-dir-accelerate"] = make(
         train=None,
         launcher="accelerate",
+        # A script's FSDP under accelerate needs a GPU (refused on cpu): DeepSpeed.
+        strategy={"backend": "deepspeed", "zero_stage": 2},
         entrypoint={
             "script": str(code / "train.py"),
             "code_dir": str(code),

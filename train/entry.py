@@ -32,7 +32,10 @@ Before the user's code, every rank:
   preemption: it is requeued and the script starts from what it saved itself;
 - wraps transformers' `Trainer.train` once the script imports it
   (`shardctl.train.hf_auto`): an unmodified Trainer script resumes and saves on a
-  preemption (`entrypoint.hf_trainer_auto: false` turns it off).
+  preemption (`entrypoint.hf_trainer_auto: false` turns it off);
+- on a DeepSpeed rank of `accelerate launch` on CPU, hands accelerate the gloo group
+  it cannot find itself (`shardctl.train.accelerate_cpu`), so the script's
+  `Accelerator()` runs DeepSpeed on every rank.
 
 Then the rank leaves through `shardctl.train.leave`: Python's own shutdown for
 Python code (threads joined, `atexit` hooks run), then `os._exit`, because tearing
@@ -67,6 +70,7 @@ from shardctl.orchestrator.rundir import (
     RunDir,
 )
 
+from .accelerate_cpu import install as deepspeed_on_cpu_under_accelerate
 from .heartbeat import install_stack_dump
 from .hf_auto import install as wrap_hf_trainer
 from .leave import leave
@@ -179,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = os.environ.get(ENV_RUN_DIR)
     prepare_signals(started, run_dir, rank)
     wrap_hf_trainer()
+    deepspeed_on_cpu_under_accelerate()
     code = run(words[0], words[1], words[2:])
     sys.stdout.flush()
     sys.stderr.flush()

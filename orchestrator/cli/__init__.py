@@ -81,6 +81,7 @@ def validate(
     """Validate SPEC; print the derived settings."""
     from ..clusters import get_cluster
     from ..errors import SpecError
+    from ..launch import precision_words
     from ..spec import load_spec
 
     job = load_spec(spec, overrides, cluster)
@@ -97,7 +98,7 @@ def validate(
         f"{spec}: valid — {job.name}: {job.resources.nodes} node(s) × "
         f"{job.resources.procs_per_node} proc(s) = world size {job.world_size}, "
         f"{job.launcher} → {s.backend} (sharding {s.sharding}, ZeRO stage {s.zero_stage}), "
-        f"{s.precision}, checkpoints in {job.checkpoint_dir}"
+        f"{precision_words(job)}, checkpoints in {job.checkpoint_dir}"
     )
 
 

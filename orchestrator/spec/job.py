@@ -176,6 +176,21 @@ class JobSpec(Section):
                 "launcher 'deepspeed' with strategy.backend 'fsdp': the deepspeed launcher "
                 "starts DeepSpeed engines; accepted launchers for fsdp: torchrun, accelerate"
             )
+        if (
+            self.launcher == "accelerate"
+            and s.backend == "fsdp"
+            and r.device == "cpu"
+            and self.entrypoint is not None
+        ):
+            # accelerate 1.x turns FSDP on only for GPU-like devices: on CPU a script's
+            # Accelerator() runs DDP (with autocast), not what validate would say.
+            # shardctl's own loop shards with FSDP2 itself, so it is not refused.
+            problems.append(
+                "launcher 'accelerate' with strategy.backend 'fsdp' on resources.device "
+                "'cpu': accelerate runs your script's Accelerator() as DDP there, not FSDP; "
+                "accepted on cpu: launcher: torchrun (FSDP2 in the script itself), "
+                "strategy.backend: deepspeed (runs as DeepSpeed), or resources.device: cuda"
+            )
         if self.launcher == "deepspeed" and r.device == "cpu" and r.nodes > 1:
             problems.append(
                 "launcher 'deepspeed' on resources.device 'cpu' with more than one node: "
