@@ -142,16 +142,11 @@ def backend_env(spec: JobSpec) -> dict[str, str]:
         # DeepSpeed guesses its accelerator from what it finds; a cpu job on a GPU
         # host (or the reverse) must not be guessed.
         env["DS_ACCELERATOR"] = spec.resources.device
-    if (
-        spec.launcher == "accelerate"
-        and spec.resources.device == "cpu"
-        and spec.strategy.backend != "deepspeed"
-    ):
-        # `accelerate launch` exports its config's use_cpu only for one process; with
-        # several, an `Accelerator()` without it trains each CPU rank alone. Never for
-        # DeepSpeed: with it accelerate drops DeepSpeed for DDP; the ranks' gloo group
-        # comes from `shardctl.train.accelerate_cpu` instead.
-        env["ACCELERATE_USE_CPU"] = "true"
+    # No ACCELERATE_USE_CPU under `launcher: accelerate` on cpu: with it accelerate
+    # drops DeepSpeed for DDP (a DeepSpeed rank's gloo group comes from
+    # `shardctl.train.accelerate_cpu`), and the one flavour that would read it, a
+    # script's FSDP, is refused on cpu (spec `_cross_checks`); the built-in loop
+    # never builds an Accelerator.
     return env
 
 
