@@ -11,6 +11,7 @@ on 2 CPU ranks through `shardctl submit`.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -55,6 +56,39 @@ def test_a_deepspeed_job_under_accelerate_on_cpu_does_not_export_accelerate_use_
     # With ACCELERATE_USE_CPU=true accelerate 1.x drops DeepSpeed and wraps DDP.
     env = backend_env(_script_spec("accelerate", DS2))
     assert "ACCELERATE_USE_CPU" not in env and env["DS_ACCELERATOR"] == "cpu"
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`code` in a fresh interpreter whose environment has no launcher variables."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "DS_"))}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        clean.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**clean, **env},
+    )  # fmt: skip
+
+
+def test_outside_a_deepspeed_cpu_rank_of_accelerate_the_hook_imports_nothing() -> None:
+    # entry.py runs before every script: it stays torch-free there.
+    code = (
+        "import sys\nfrom shardctl.train import accelerate_cpu\naccelerate_cpu.install()\n"
+        "print(sorted(m for m in ('torch', 'accelerate') if m in sys.modules))"
+    )
+    for env in ({}, {"ACCELERATE_USE_DEEPSPEED": "true", "DS_ACCELERATOR": "cuda"}):
+        res = _python(code, **env)
+        assert res.returncode == 0 and res.stdout.strip() == "[]", res.stderr
+
+
+def test_a_scripts_cpu_true_under_a_deepspeed_config_is_said() -> None:
+    """accelerate drops DeepSpeed for `cpu=True` whatever shardctl does: rank 0 says so."""
+    code = (
+        "from shardctl.train import accelerate_cpu\naccelerate_cpu.install()\n"
+        "from accelerate.state import PartialState\nPartialState(cpu=True)\n"
+    )
+    res = _python(code, ACCELERATE_USE_DEEPSPEED="true", DS_ACCELERATOR="cpu")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Accelerator(cpu=True)" in res.stderr and "drop DeepSpeed" in res.stderr
 
 
 @pytest.mark.slow

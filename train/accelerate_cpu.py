@@ -6,7 +6,8 @@ accelerate 1.x has two ways to go wrong there, and shardctl's launch avoids both
 - With `ACCELERATE_USE_CPU=true` (or `Accelerator(cpu=True)`) it drops DeepSpeed and
   wraps the model in DDP: the first `save_state` then fails on
   `'DistributedDataParallel' object has no attribute 'save_checkpoint'`. shardctl
-  does not export it for a DeepSpeed job (`orchestrator/launch.backend_env`).
+  does not export it (`orchestrator/launch.backend_env`); a script's own `cpu=True`
+  is said on rank 0.
 - Without it, on a host with no GPU, `PartialState` finds no communication backend:
   DeepSpeed still starts its own group of all the ranks, but accelerate records one
   process, so every rank is "process 0", reads the whole dataset and writes rank 0's
