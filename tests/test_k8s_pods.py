@@ -182,7 +182,9 @@ def test_deleted_pods_restart_and_resume_from_the_volume(tmp_path: Path, example
             assert time.monotonic() < deadline, "no checkpoint in time:\n" + pods.tail()
             assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
             time.sleep(0.5)
-        pods.delete()
+        # A deleted pod's TERM is Kubernetes' preemption: every pod exits 170 (128 +
+        # 42), a code the ExitCode policy restarts.
+        assert pods.delete() == [170, 170], pods.tail()
         saved = _complete_steps(checkpoints)
         assert saved and saved[-1] < 60, pods.tail()
         assert not (pods.runs / spec.name / "DONE").exists()
