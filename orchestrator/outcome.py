@@ -731,6 +731,47 @@ def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
     return None
 
 
+# A Hugging Face Trainer's checkpoint (`checkpoint-N/`): rank 0 writes
+# `trainer_state.json` last of its files (`shardctl.train.hf`). The Trainer's
+# `output_dir` is where the HF callback records it in the run dir, as JSON
+# `{"output_dir"}`: a script may put its checkpoints anywhere.
+_TRAINER_FOLDER = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_COMMIT = "trainer_state.json"
+TRAINER_OUTPUT_FILE = "trainer-output.json"
+
+
+def newest_trainer_checkpoint(output_dir: str | Path) -> tuple[int, float] | None:
+    """The newest Trainer `checkpoint-N` of `output_dir` whose `trainer_state.json`
+    reads and says step N, as (N, when that file was written); None when none does."""
+    root = Path(output_dir)
+    try:
+        found = [(int(m.group(1)), e) for e in root.iterdir()
+                 if (m := _TRAINER_FOLDER.match(e.name))]  # fmt: skip
+    except OSError:
+        return None
+    for step, folder in sorted(found, reverse=True):
+        state_file = folder / TRAINER_COMMIT
+        try:
+            state = json.loads(state_file.read_text())
+            if isinstance(state, dict) and state.get("global_step") == step:
+                return step, state_file.stat().st_mtime
+        except (OSError, ValueError):
+            continue  # a save that never finished
+    return None
+
+
+def _newest_of_run(run_dir: str | Path, checkpoint_dir: Path) -> tuple[int, float] | None:
+    """The newest complete checkpoint a run's attempts left: shardctl's `step-N` or a
+    Trainer's `checkpoint-N` in the checkpoint dir, or in the Trainer's recorded
+    `output_dir`."""
+    found = [newest_checkpoint(checkpoint_dir), newest_trainer_checkpoint(checkpoint_dir)]
+    recorded = RunDir.of(run_dir).read_marker(TRAINER_OUTPUT_FILE) or {}
+    output_dir = recorded.get("output_dir")
+    if isinstance(output_dir, str) and output_dir and Path(output_dir) != checkpoint_dir:
+        found.append(newest_trainer_checkpoint(output_dir))
+    return max((f for f in found if f is not None), default=None)
+
+
 @dataclass(frozen=True)
 class Progress:
     """This attempt's progress: the newest complete checkpoint step now, whether it
@@ -748,9 +789,10 @@ def attempt_progress(
     """This attempt's `Progress`. The attempts before it come from `attempts.jsonl`
     (those of `job` only: a new submission starts over). Progress: a newer complete
     checkpoint than the previous attempt of the job recorded; for the job's first
-    attempt, one whose manifest was written at or after `since` (a second of slack)."""
+    attempt, one whose manifest was written at or after `since` (a second of slack).
+    A Trainer's `checkpoint-N` counts as well (`_newest_of_run`)."""
     ckpt = Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / CHECKPOINTS_DIR
-    newest = newest_checkpoint(ckpt)
+    newest = _newest_of_run(run_dir, ckpt)
     before = [e for e in _attempts(run_dir) if e.get("job") == job]
     if newest is None:
         advanced = False

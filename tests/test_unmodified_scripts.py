@@ -198,6 +198,24 @@ def test_goodput_of_a_script_that_logs_no_steps_is_no_progress_known(tmp_path: P
     assert good.to_json()["lost_steps"] is None
 
 
+def test_a_trainers_new_checkpoint_is_progress_for_the_requeue_rule(tmp_path: Path) -> None:
+    """A requeued Trainer script that saved a new checkpoint-N made progress
+    (`outcome.attempt_progress`), wherever its output_dir is; a torn one is not."""
+    from shardctl.orchestrator.outcome import TRAINER_OUTPUT_FILE, attempt_progress
+
+    run_dir, out = tmp_path / "run", tmp_path / "elsewhere"
+    for step, state in ((5, {"global_step": 5}), (10, None)):  # checkpoint-10: torn
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        if state is not None:
+            (out / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps(state))
+    run_dir.mkdir()
+    before = attempt_progress(run_dir, run_dir / "checkpoints", None, "j")
+    assert (before.step, before.advanced) == (None, False)  # output_dir not known yet
+    (run_dir / TRAINER_OUTPUT_FILE).write_text(json.dumps({"output_dir": str(out)}))
+    found = attempt_progress(run_dir, run_dir / "checkpoints", None, "j")
+    assert (found.step, found.advanced, found.stalled) == (5, True, 0)
+
+
 # ----------------------------------------------------------------- the HF Trainer
 
 
@@ -290,6 +308,9 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     assert _complete_checkpoints(out_dir) == [saved]
     status = _shardctl(tmp_path, "status", "unmod-hf", timeout=60).stdout
     assert "CANCELLED" in status and f"checkpoint at step {saved}" in status, status
+    # The callback recorded where the checkpoints go: the requeue rule sees them.
+    recorded = json.loads((tmp_path / "unmod-hf" / "trainer-output.json").read_text())
+    assert recorded == {"output_dir": str(out_dir)}
     assert "0 steps lost" not in status, status
 
     # The same command again: it resumes from checkpoint-<saved> and runs to 60.

@@ -36,7 +36,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from shardctl.orchestrator.outcome import preempted_marker
+from shardctl.orchestrator.outcome import TRAINER_OUTPUT_FILE, preempted_marker
 from shardctl.orchestrator.rundir import ENV_RUN_DIR, EXIT_PREEMPTED, PREEMPTED_FILE, RunDir
 from shardctl.train import heartbeat
 from shardctl.train import stop as stop_rule
@@ -349,6 +349,7 @@ class PreemptionCallback(TrainerCallback):
             self._installed = True
         if state.is_world_process_zero:  # this start supersedes the last preemption
             self._marker_dir(args).preempted_file.unlink(missing_ok=True)
+            self._record_output_dir(args)
         heartbeat.beat(state.global_step, "step")
 
     def on_prediction_step(self, args, state, control, **kwargs):
@@ -409,6 +410,15 @@ class PreemptionCallback(TrainerCallback):
         signum, self._flag.signum = self._flag.signum, None
         if signum is not None:  # came after the last step's agreement: not held back
             signal.raise_signal(signum)
+
+    def _record_output_dir(self, args) -> None:
+        """Where this Trainer's checkpoints go, for the supervisors' progress rule
+        (`outcome.attempt_progress`: a requeue that saved a new checkpoint-N is
+        progress); only in a run dir (under shardctl)."""
+        run_dir = self.run_dir or os.environ.get(ENV_RUN_DIR)
+        if run_dir and args.output_dir:
+            where = {"output_dir": os.path.abspath(args.output_dir)}
+            RunDir.of(run_dir).write_marker(TRAINER_OUTPUT_FILE, where)
 
     def _marker_dir(self, args) -> RunDir:
         return RunDir.of(self.run_dir or os.environ.get(ENV_RUN_DIR) or args.output_dir)
