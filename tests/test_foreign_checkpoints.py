@@ -218,3 +218,149 @@ def test_consolidate_equals_torchs_dcp_to_torch_save(made, tmp_path, layout) -> 
     dcp_to_torch_save(dcp_dir, tmp_path / "ref.pt")
     want = torch.load(tmp_path / "ref.pt", weights_only=True)["model"]
     _assert_equal(want, load_file(tmp_path / "model" / "model.safetensors"))
+
+
+# ------------------------------------------------------------------------ conversion
+
+RESUME = Path(__file__).parent / "helpers" / "foreign_resume.py"
+
+
+def _resume(mode: str, ckpt: Path, losses: Path, *extra: str) -> dict[int, float]:
+    res = run(torchrun_argv(2, RESUME, "--mode", mode, "--ckpt", str(ckpt),
+                            "--losses", str(losses), *extra), timeout=400)  # fmt: skip
+    assert res.returncode == 0, res.stdout[-6000:]
+    return {int(k): v for k, v in json.loads(losses.read_text()).items()}
+
+
+def convert(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, ["convert", *args])
+
+
+def test_accelerate_deepspeed_to_fsdp_and_back_resumes_where_it_stopped(tmp_path) -> None:
+    """The seed's story: trained with accelerate on DeepSpeed ZeRO-2, continued on FSDP,
+    and back. Steps 0-3 are trained and saved by accelerate; the uninterrupted run's
+    losses of steps 4-5 are the reference.
+
+    The FSDP side loads the converted folder exactly as accelerate's FSDP2 loader does
+    (a plain FSDP2 model: accelerate's FSDP plugin needs a GPU). Its first loss is the
+    reference's bit for bit (same weights); the next one differs in the last bits only,
+    because FSDP2's gradient reduce-scatter and Adam kernel are not DeepSpeed's. Back on
+    DeepSpeed, `accelerator.load_state` continues bit for bit."""
+    ds = tmp_path / "checkpoint_0"
+    ref = _resume("uninterrupted", ds, tmp_path / "ref.json")
+    res = convert(str(ds), "--to", "fsdp", "--out", str(tmp_path / "fsdp"))
+    assert res.exit_code == 0, res.output
+    assert "laid out for accelerate" in res.output and "carried: random_states_0.pkl" in res.output
+    assert (tmp_path / "fsdp" / "pytorch_model_fsdp_0" / ".metadata").is_file()
+    assert (tmp_path / "fsdp" / "optimizer_0" / ".metadata").is_file()
+    [row] = _rows(tmp_path / "fsdp")
+    assert (row["format"], row["status"]) == ("accelerate+fsdp", "complete")
+    on_fsdp = _resume("accelerate-fsdp-layout", tmp_path / "fsdp", tmp_path / "fsdp.json")
+    assert on_fsdp[4] == ref[4]
+    assert on_fsdp[5] == pytest.approx(ref[5], rel=1e-5)
+
+    res = convert(str(tmp_path / "fsdp"), "--to", "deepspeed", "--out", str(tmp_path / "back"))
+    assert res.exit_code == 2 and "--world-size is required" in res.output
+    res = convert(str(tmp_path / "fsdp"), "--to", "deepspeed", "--world-size", "2",
+                  "--zero-stage", "2", "--out", str(tmp_path / "back"))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "back" / "latest").read_text() == "pytorch_model"
+    assert _resume("accelerate-ds", tmp_path / "back", tmp_path / "back.json") == ref
+
+
+def test_a_trainer_checkpoint_goes_to_fsdp_and_back_and_the_trainer_resumes_it(
+    made, tmp_path
+) -> None:
+    """checkpoint-2 of the Trainer's ZeRO-2 run → FSDP (trainer layout: its state,
+    scheduler and RNG files carried) → DeepSpeed again; `Trainer.train(
+    resume_from_checkpoint=...)` takes it and logs the uninterrupted run's losses."""
+    src = made["trainer-z2"] / "checkpoint-2"
+    res = convert(str(src), "--to", "fsdp", "--out", str(tmp_path / "checkpoint-2-fsdp"))
+    assert res.exit_code == 0, res.output
+    fsdp = tmp_path / "checkpoint-2-fsdp"
+    for name in ("trainer_state.json", "scheduler.pt", "training_args.bin", "config.json"):
+        assert (fsdp / name).read_bytes() == (src / name).read_bytes(), name
+    [row] = _rows(fsdp)
+    assert (row["format"], row["step"]) == ("trainer+fsdp", 2)
+    back = tmp_path / "checkpoint-2"
+    res = convert(str(fsdp), "--to", "deepspeed", "--world-size", "2", "--zero-stage", "2",
+                  "--out", str(back))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert (back / "latest").read_text() == "global_step2"
+    _torchrun(tmp_path / "resumed", [*MAKERS["trainer-z2"], "--resume", str(back)])
+    resumed = json.loads((tmp_path / "resumed" / "log.json").read_text())
+    state = json.loads((made["trainer-z2"] / "checkpoint-4" / "trainer_state.json").read_text())
+    uninterrupted = {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
+    # The log history goes on from the carried trainer_state.json (steps 1-2).
+    assert {int(k): v for k, v in resumed.items()} == uninterrupted
+
+
+def test_a_plain_dcp_checkpoint_goes_to_deepspeed_with_the_same_weights(made, tmp_path) -> None:
+    src = made["fsdp2"] / "dcp"
+    res = convert(str(src), "--to", "deepspeed", "--world-size", "2", "--out", str(tmp_path / "ds"))
+    assert res.exit_code == 0, res.output
+    [row] = _rows(tmp_path / "ds")
+    assert (row["format"], row["backend"], row["world_size"]) == ("deepspeed", "deepspeed", 2)
+    assert consolidate(src, tmp_path / "a").exit_code == 0
+    assert consolidate(tmp_path / "ds", tmp_path / "b").exit_code == 0
+    a = load_file(tmp_path / "a" / "model.safetensors")
+    _assert_equal(a, load_file(tmp_path / "b" / "model.safetensors"))
+    _assert_equal(_zero_to_fp32(tmp_path / "ds"), a)
+
+
+def test_conversion_refusals_are_one_line(made, tmp_path) -> None:
+    res = convert(str(made["fsdp2"] / "dcp"), "--to", "fsdp", "--out", str(tmp_path / "x"))
+    assert res.exit_code == 2 and "already an FSDP checkpoint" in res.output
+    res = convert(str(made["accelerate-z2"]), "--to", "fsdp", "--layout", "bogus",
+                  "--out", str(tmp_path / "x"))  # fmt: skip
+    assert res.exit_code == 2 and "bogus" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "x").exists()
+
+
+def test_the_built_in_loop_resumes_another_tools_checkpoint_after_convert(made, tmp_path) -> None:
+    """checkpoint.resume names the command when given another tool's folder; converted
+    with --layout shardctl, the loop resumes its model and optimizer at its step."""
+    from helpers.train_run import tiny_spec, train
+
+    src = made["trainer-z2"] / "checkpoint-4"
+    spec = tiny_spec(tmp_path, "direct", checkpoint={"resume": str(src)},
+                     strategy={"precision": "fp32"}, train={"steps": 6})  # fmt: skip
+    res = train(spec)
+    assert res.returncode != 0
+    assert "is a trainer+deepspeed checkpoint" in res.stdout, res.stdout[-4000:]
+    assert "--to fsdp --layout shardctl" in res.stdout and "(not retried: exit 78)" in res.stdout
+
+    conv = tmp_path / "as-shardctl"
+    res = convert(str(src), "--to", "fsdp", "--layout", "shardctl", "--out", str(conv))
+    assert res.exit_code == 0, res.output
+    assert _rows(conv)[0]["format"] == "shardctl"
+    spec = tiny_spec(tmp_path, "resumed", checkpoint={"resume": str(conv)},
+                     strategy={"precision": "fp32"}, train={"steps": 6})  # fmt: skip
+    res = train(spec)
+    assert res.returncode == 0, res.stdout[-4000:]
+    assert "converted from another tool's checkpoint" in res.stdout
+    metrics = [json.loads(line) for line in (tmp_path / "resumed" / "logs" / "metrics.jsonl")
+               .read_text().splitlines() if '"step"' in line]  # fmt: skip
+    assert sorted({m["step"] for m in metrics}) == [5, 6]
+
+
+def test_an_unsharded_trainer_checkpoint_is_listed_consolidated_and_not_converted(tmp_path) -> None:
+    """The Trainer in one process without DeepSpeed: model.safetensors + optimizer.pt."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "trainer"
+    proc = subprocess.run([sys.executable, str(HELPER), "--tool", "trainer", "--out", str(out)],
+                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = _rows(out)
+    assert [(r["format"], r["step"], r["backend"]) for r in rows] == [
+        ("trainer", 2, "full"), ("trainer", 4, "full"),
+    ]  # fmt: skip
+    res = consolidate(out, tmp_path / "model")
+    assert res.exit_code == 0, res.output
+    _assert_equal(load_file(out / "checkpoint-4" / "model.safetensors"),
+                  load_file(tmp_path / "model" / "model.safetensors"))  # fmt: skip
+    res = convert(str(out / "checkpoint-4"), "--to", "deepspeed", "--world-size", "2",
+                  "--out", str(tmp_path / "x"))  # fmt: skip
+    assert res.exit_code == 2 and "unsharded save" in res.output

@@ -557,6 +557,18 @@ class CheckpointManager:
                 f"checkpoint.resume {str(path)!r}: a .tmp folder is a save that never "
                 "finished; choose a complete step-NNNNNNNN folder"
             )
+        from .foreign import identify
+
+        found = identify(path)
+        if found is not None:
+            backend = self.state_io.backend
+            size = f" --world-size {self.world_size}" if backend == "deepspeed" else ""
+            raise CheckpointError(
+                f"checkpoint.resume {str(path)!r} is a {found.format} checkpoint written by "
+                f"{found.tool}; the built-in loop resumes shardctl's layout: `shardctl convert "
+                f"{path} --to {backend}{size} --layout shardctl --out NEW_FOLDER`, then "
+                "checkpoint.resume: NEW_FOLDER"
+            )
         read_manifest(path)  # raises with the reason when incomplete
         return path
 
@@ -576,7 +588,26 @@ class CheckpointManager:
         self.state_io.load(path, manifest, self.group)
         # A converted checkpoint keeps its source's trainer files (one per source rank).
         trainer_ws = int(manifest.get("train_state_world_size") or manifest["world_size"])
+        if not (path / TRAINER_DIR).is_dir() and manifest.get("converted_from"):
+            self._start_without_trainer_state(path, trainer, int(manifest["step"]))
+            return
         self._load_trainer_state(path, trainer, trainer_ws)
+
+    def _start_without_trainer_state(self, path: Path, trainer: Stateful | None, step: int) -> None:
+        """A checkpoint converted from another tool's (`convert --layout shardctl`) holds
+        the model and optimizer but not the loop's data position and RNG streams: the
+        run goes on from its step with the data from its start and RNG seeded by step."""
+        if self.rank == 0:
+            log.warning(
+                "%s was converted from another tool's checkpoint: model and optimizer state "
+                "restored at step %d; it holds no data position or RNG state, so the data "
+                "starts from its beginning",
+                path,
+                step,
+            )
+        hook = getattr(trainer, "start_at", None)
+        if hook is not None:
+            hook(step)
 
     def _load_trainer_state(self, path: Path, trainer: Stateful | None, old_ws: int) -> None:
         if trainer is None:

@@ -106,6 +106,14 @@ class TrainerState:
         self.data.load_state_dict(state["data"])
         restore_rng(state["rng"])
 
+    def start_at(self, step: int) -> None:
+        """Resume at `step` without saved trainer state (a converted foreign checkpoint):
+        the data from its start, this rank's RNG seeded as a reshard seeds it."""
+        from .checkpoint import reseed_rng
+
+        self.step = step
+        reseed_rng(self.seed, step, self.rank)
+
     def reshard(self, old_world_size: int, new_world_size: int) -> None:
         # The data position is global, so only the per-rank RNG streams need rebuilding.
         from .checkpoint import reseed_rng

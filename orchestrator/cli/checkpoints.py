@@ -175,7 +175,12 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
         if foreign:
             click.echo(f"note: {NO_SHA256} for the {len(foreign)} checkpoint(s) of other tools")
         latest = _resume_line(data)
-        if check_hashes:
+        newest = next((r for r in rows if r["path"] == data["latest_complete"]), None)
+        if newest is not None and newest["format"] != "shardctl":
+            click.echo(
+                f"newest complete: {latest} ({newest['format']}: sizes and structure checked)"
+            )
+        elif check_hashes:
             click.echo(f"resume (auto) would use: {latest}")
         else:
             click.echo(f"newest complete: {latest} (sizes checked; --verify checks sha256)")

@@ -82,6 +82,14 @@ STDIN = "-"
     "start a ZeRO engine and save them (memory grows with the model).",
 )
 @click.option(
+    "--layout",
+    type=click.Choice(["source", "accelerate", "trainer", "plain", "shardctl"]),
+    default=None,
+    help="Checkpoint of another tool: whose layout the output has (default: source, the "
+    "tool that wrote it: accelerate's save_state folder, the Trainer's checkpoint-N, or a "
+    "plain DCP / DeepSpeed folder).",
+)
+@click.option(
     "--verify/--no-verify",
     default=None,
     help="Checkpoint: check every source file's sha256 against its manifest while "
@@ -109,6 +117,7 @@ def convert_cmd(
     precision: str | None,
     allow_downcast: bool,
     ds_writer: str | None,
+    layout: str | None,
     verify: bool | None,
     output: str,
 ) -> None:
@@ -127,6 +136,13 @@ def convert_cmd(
     Resume it with the other backend and checkpoint.resume: its path.
 
     \b
+    A checkpoint accelerate, the HF Trainer, DeepSpeed or a DCP script wrote is
+    converted laid out for the same tool (optimizer state included; --layout picks
+    another), e.g. an accelerate save_state folder under DeepSpeed → one that
+    accelerator.load_state reads under FSDP:
+    shardctl convert ckpt/checkpoint_3 --to fsdp --out ckpt/checkpoint_3-fsdp
+
+    \b
     Follows Accelerate's "FSDP vs DeepSpeed" mapping: FULL_SHARD↔ZeRO-3,
     SHARD_GRAD_OP↔2, NO_SHARD↔0, HYBRID_SHARD↔3 (+hpZ), offload, RAM-efficient
     loading ⇄ zero3_init_flag, state dict type ⇄ zero3_save_16bit_model,
@@ -139,6 +155,7 @@ def convert_cmd(
         "--precision": precision,
         "--allow-downcast": allow_downcast or None,
         "--ds-writer": ds_writer,
+        "--layout": layout,
         "--verify/--no-verify": verify,
     }
     if str(config) != STDIN and config.is_dir():
@@ -148,7 +165,7 @@ def convert_cmd(
                 "are for accelerate configs (a checkpoint conversion never replaces anything)"
             )
         _convert_checkpoint(config, to, out, world_size, zero_stage, precision, allow_downcast,
-                            verify is not False, output, ds_writer)  # fmt: skip
+                            verify is not False, output, ds_writer, layout)  # fmt: skip
         return
     given = [name for name, value in checkpoint_options.items() if value is not None]
     if given:
@@ -260,6 +277,7 @@ def _convert_checkpoint(
     verify: bool,
     output: str,
     ds_writer: str | None = None,
+    layout: str | None = None,
 ) -> None:
     from ...train.portable import convert_checkpoint, describe
     from ..outclaim import output_claim
@@ -281,6 +299,7 @@ def _convert_checkpoint(
             allow_downcast=allow_downcast,
             verify=verify,
             **({"ds_writer": ds_writer} if ds_writer is not None else {}),
+            **({"layout": layout} if layout is not None else {}),
         )
     if output == "json":
         echo_json(report.to_json())

@@ -5,6 +5,8 @@ with the tool named by --tool, exactly through that tool's own API:
 
 - `accelerate-ds`: `Accelerator(deepspeed_plugin=...)` + `accelerator.save_state(OUT)`
 - `trainer-ds`:    the HF Trainer with `deepspeed=` (its `OUT/checkpoint-N/`)
+- `trainer`:       the HF Trainer in one process without DeepSpeed (run it with python,
+  not torchrun): `checkpoint-N/` with `model.safetensors` and `optimizer.pt`
 - `fsdp2`:         a plain FSDP2 script saving the same state twice:
   `dcp.save({"model": ..., "optim": ...}, OUT/dcp)`, and accelerate's sharded FSDP
   layout in `OUT/accelerate-fsdp` (`pytorch_model_fsdp_0/` holding {"model": ...},
@@ -18,24 +20,27 @@ with the tool named by --tool, exactly through that tool's own API:
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-VOCAB = 67
+VOCAB = 256
 
 
 def tiny_model():  # type: ignore[no-untyped-def]
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # train_run.TINY_LLAMA's shape, so the built-in loop can resume a conversion of it.
     config = LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
-        intermediate_size=72,
+        intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=4,
         max_position_embeddings=64,
     )
     torch.manual_seed(0)
@@ -59,7 +64,7 @@ def accelerate_deepspeed(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     for step in range(args.steps):
-        x = batch(step, accelerator.process_index)
+        x = batch(step, dist.get_rank())
         loss = model(input_ids=x, labels=x).loss
         accelerator.backward(loss)
         optimizer.step()
@@ -68,7 +73,7 @@ def accelerate_deepspeed(args: argparse.Namespace) -> None:
     accelerator.wait_for_everyone()
 
 
-def trainer_deepspeed(args: argparse.Namespace) -> None:
+def trainer(args: argparse.Namespace) -> None:
     from transformers import Trainer, TrainingArguments
 
     class Tokens(torch.utils.data.Dataset):
@@ -84,18 +89,27 @@ def trainer_deepspeed(args: argparse.Namespace) -> None:
         "gradient_accumulation_steps": "auto",
         "zero_optimization": {"stage": args.zero_stage},
     }
+    if args.tool == "trainer":  # one process, no DeepSpeed: model.safetensors + optimizer.pt
+        ds_config = None
     training = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=2,
         max_steps=args.steps,
         save_steps=args.steps // 2,
+        logging_steps=1,
         deepspeed=ds_config,
         report_to=[],
         dataloader_num_workers=0,
         seed=0,
         disable_tqdm=True,
     )
-    Trainer(model=tiny_model(), args=training, train_dataset=Tokens()).train()
+    trainer = Trainer(model=tiny_model(), args=training, train_dataset=Tokens())
+    # --resume: the Trainer's own resume (its DeepSpeed loader, trainer state, scheduler
+    # and RNG files); the losses it logs go to OUT/log.json.
+    trainer.train(resume_from_checkpoint=args.resume)
+    if args.resume and (not dist.is_initialized() or dist.get_rank() == 0):
+        losses = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+        (Path(args.out) / "log.json").write_text(json.dumps(losses))
 
 
 def fsdp2(args: argparse.Namespace) -> None:
@@ -144,13 +158,16 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--precision", default="no", choices=["no", "bf16"])
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--resume", default=None)
     args = parser.parse_args()
     if args.tool == "accelerate-ds":
         no_shm_comm()
         accelerate_deepspeed(args)
     elif args.tool == "trainer-ds":
         no_shm_comm()
-        trainer_deepspeed(args)
+        trainer(args)
+    elif args.tool == "trainer":
+        trainer(args)
     else:
         fsdp2(args)
 

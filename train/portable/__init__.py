@@ -67,6 +67,7 @@ class ConvertReport:
     seconds: float
     notes: list[str] = field(default_factory=list)
     writer: str | None = None  # to DeepSpeed: "direct" (zero_out) or "engine" (ds_out)
+    layout: str = "shardctl"  # whose layout the output has (foreign_io.LAYOUTS)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -84,6 +85,7 @@ def convert_checkpoint(
     verify: bool = True,
     ds_writer: str = "direct",
     sub_group_size: int | None = None,
+    layout: str = "source",
 ) -> ConvertReport:
     """Convert the complete checkpoint `source` (a step folder, or a checkpoints/run
     folder: its newest complete one) to backend `to`, published at `out`.
@@ -91,12 +93,34 @@ def convert_checkpoint(
     To DeepSpeed, `ds_writer` "direct" writes the ZeRO files in this process (the
     engine way when the direct writer cannot: a note says why), "engine" has N CPU
     ranks' ZeRO engine write them; `sub_group_size` is ZeRO-3's when the run that
-    resumes does not use DeepSpeed's default."""
+    resumes does not use DeepSpeed's default.
+
+    A checkpoint another tool wrote (accelerate, the Trainer, DeepSpeed, a DCP script)
+    is written in `layout` (default: the source tool's; `foreign_io.LAYOUTS`)."""
     from ..consolidate import check_files, read_manifest, resolve_checkpoint
+    from ..foreign import ForeignCheckpoint
     from .state import read_state
 
     t0 = time.perf_counter()
     step_dir = resolve_checkpoint(Path(source))
+    if isinstance(step_dir, ForeignCheckpoint):
+        from .foreign_io import convert_foreign
+
+        if ds_writer != "direct" or sub_group_size is not None or allow_downcast:
+            raise UsageError(
+                "--ds-writer, sub_group_size and --allow-downcast are for shardctl's own "
+                f"checkpoints; {step_dir.path} is a {step_dir.format} checkpoint"
+            )
+        return convert_foreign(
+            step_dir, to, Path(out), layout=layout, world_size=world_size,
+            zero_stage=zero_stage, precision=precision,
+        )  # fmt: skip
+    if layout not in ("source", "shardctl"):
+        raise UsageError(
+            f"--layout {layout}: {step_dir} is a shardctl checkpoint, written in shardctl's "
+            "layout (other layouts are for checkpoints of accelerate, the Trainer, DeepSpeed "
+            "or DCP)"
+        )
     manifest = read_manifest(step_dir)
     _check_request(step_dir, manifest, to, world_size, zero_stage, precision)
     if ds_writer not in DS_WRITERS:
@@ -376,6 +400,14 @@ def _manifest(
     }
 
 
+# How the tool a layout is for loads the converted folder.
+_LOAD_WITH = {
+    "accelerate": "accelerator.load_state(OUT) under the new backend's plugin",
+    "trainer": "trainer.train(resume_from_checkpoint=OUT) under the new backend",
+    "plain": "dcp.load / engine.load_checkpoint(OUT) in your script",
+}
+
+
 def describe(report: ConvertReport) -> list[str]:
     """The lines `shardctl convert` prints."""
     where = (
@@ -390,6 +422,9 @@ def describe(report: ConvertReport) -> list[str]:
         f"{report.seconds:.1f} s",
     ]
     lines += [f"  note: {n}" for n in report.notes]
+    if report.layout != "shardctl":
+        lines.append(f"  laid out for {report.layout}: {_LOAD_WITH[report.layout]}")
+        return lines
     backend = "deepspeed" if report.backend == "deepspeed" else "fsdp"
     lines.append(
         f"  resume it: strategy.backend: {backend} and checkpoint.resume: {report.out}"

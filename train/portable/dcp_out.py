@@ -39,24 +39,28 @@ DCP_VERSION = "1.0.0"  # torch.distributed.checkpoint's CURRENT_DCP_VERSION (tes
 _MD = "torch.distributed.checkpoint.metadata"
 
 
-def _items(state: PortableState) -> list[tuple[str, tuple, Any]]:
-    """(flat key, its path in the nested state dict, a SourceTensor / step / value)."""
+def _items(
+    state: PortableState, model_key: str | None = "model", optim_key: str | None = "optim"
+) -> list[tuple[str, tuple, Any]]:
+    """(flat key, its path in the nested state dict, a SourceTensor / step / value).
+    A key of None leaves that part out (accelerate keeps model and optimizer in two
+    DCP folders: `{"model": ...}` and `{"optimizer": ...}`)."""
     items: list[tuple[str, tuple, Any]] = []
+    o = optim_key
     for i, (hyper, names) in enumerate(zip(state.hyper, state.groups, strict=True)):
+        if o is None:
+            break
         for key, value in {**hyper, "params": list(names)}.items():
-            items.append(
-                (f"optim.param_groups.{i}.{key}", ("optim", "param_groups", i, key), value)
-            )
-    for name, src in [*state.master.items(), *state.buffers.items()]:
-        items.append((f"model.{name}", ("model", name), src))
-    for name in state.names:
+            items.append((f"{o}.param_groups.{i}.{key}", (o, "param_groups", i, key), value))
+    if model_key is not None:
+        for name, src in [*state.master.items(), *state.buffers.items()]:
+            items.append((f"{model_key}.{name}", (model_key, name), src))
+    for name in state.names if o is not None else []:
         for kind in MOMENTS:
             src = state.moments[kind][name]
-            items.append((f"optim.state.{name}.{kind}", ("optim", "state", name, kind), src))
+            items.append((f"{o}.state.{name}.{kind}", (o, "state", name, kind), src))
         # Adam keeps its step as a float32 scalar tensor per parameter.
-        items.append(
-            (f"optim.state.{name}.step", ("optim", "state", name, "step"), state.steps[name])
-        )
+        items.append((f"{o}.state.{name}.step", (o, "state", name, "step"), state.steps[name]))
     return items
 
 
@@ -80,18 +84,25 @@ def _tensor_md(dtype: str, shape: tuple[int, ...]) -> NewObj:
     )
 
 
-def write_dcp(state: PortableState, out_dir: Path, dtype: str | None = None) -> dict[str, str]:
+def write_dcp(
+    state: PortableState,
+    out_dir: Path,
+    dtype: str | None = None,
+    model_key: str | None = "model",
+    optim_key: str | None = "optim",
+) -> dict[str, str]:
     """`out_dir` (created) gets `.metadata` and one `.distcp` file; returns their sha256
-    by name. Floating tensors are written as `dtype` when given, else as stored."""
+    by name. Floating tensors are written as `dtype` when given, else as stored.
+    `model_key`/`optim_key`: the top-level keys of the two parts (None: left out)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    items = _items(state)
+    items = _items(state, model_key, optim_key)
     if all(_plain(v) for _key, _path, v in items if not isinstance(v, SourceTensor)):
         try:
-            return _write_direct(items, out_dir, dtype)
+            return _write_direct(items, out_dir, dtype, optim_key)
         except TooLarge:  # a record needs ZIP64
             for name in (DATA_FILE, METADATA_FILE):
                 (out_dir / name).unlink(missing_ok=True)
-    write_dcp_with_torch(state, out_dir, dtype)
+    write_dcp_with_torch(state, out_dir, dtype, model_key, optim_key)
     return {}
 
 
@@ -106,7 +117,9 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str | None):
+def _write_direct(
+    items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str | None, optim_key: str | None
+):
     out = HashedFile(out_dir / DATA_FILE)
     entries: list[tuple[Any, Any]] = []  # (MetadataIndex, _StorageInfo)
     state_md: dict[str, Any] = {}
@@ -124,7 +137,7 @@ def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str
                 state_md[key] = _tensor_md(target, value.shape)
                 offset: Any = Reduce(Global("torch", "Size"), ((0,) * len(value.shape),))
                 index = {"fqn": key, "offset": offset, "index": 0}
-            elif key.startswith("optim.state."):  # a step count
+            elif optim_key is not None and key.startswith(f"{optim_key}.state."):  # a step
                 where = tensor_record(out, "float32", (), [struct.pack("<f", float(value))])
                 state_md[key] = _tensor_md("float32", ())
                 index = {"fqn": key, "offset": Reduce(Global("torch", "Size"), ((),)), "index": 0}
@@ -158,7 +171,13 @@ def _write_direct(items: list[tuple[str, tuple, Any]], out_dir: Path, dtype: str
     return {DATA_FILE: digest, METADATA_FILE: hashlib.sha256(raw).hexdigest()}
 
 
-def write_dcp_with_torch(state: PortableState, out_dir: Path, dtype: str | None) -> None:
+def write_dcp_with_torch(
+    state: PortableState,
+    out_dir: Path,
+    dtype: str | None,
+    model_key: str | None = "model",
+    optim_key: str | None = "optim",
+) -> None:
     """The same folder, written by DCP itself (records of 4 GiB or more need ZIP64)."""
     import torch
     import torch.distributed.checkpoint as dcp
@@ -172,11 +191,12 @@ def write_dcp_with_torch(state: PortableState, out_dir: Path, dtype: str | None)
         out = src.out_dtype(dtype) if dtype else src.dtype
         return torch.empty(src.shape, dtype=_torch_dtype(out), device="meta")
 
-    model = {n: placeholder(f"model.{n}", t) for n, t in state.master.items()}
-    model.update({n: placeholder(f"model.{n}", t) for n, t in state.buffers.items()})
+    m, o = model_key or "model", optim_key or "optim"
+    model = {n: placeholder(f"{m}.{n}", t) for n, t in state.master.items()}
+    model.update({n: placeholder(f"{m}.{n}", t) for n, t in state.buffers.items()})
     optim_state: dict[str, Any] = {}
     for name in state.names:
-        entry = {k: placeholder(f"optim.state.{name}.{k}", state.moments[k][name]) for k in MOMENTS}
+        entry = {k: placeholder(f"{o}.state.{name}.{k}", state.moments[k][name]) for k in MOMENTS}
         # Adam keeps its step as a float32 scalar tensor per parameter.
         entry["step"] = torch.tensor(state.steps[name], dtype=torch.float32)
         optim_state[name] = entry
@@ -184,7 +204,11 @@ def write_dcp_with_torch(state: PortableState, out_dir: Path, dtype: str | None)
         {**hyper, "params": list(names)}
         for hyper, names in zip(state.hyper, state.groups, strict=True)
     ]
-    state_dict = {"model": model, "optim": {"state": optim_state, "param_groups": groups}}
+    state_dict: dict[str, Any] = {}
+    if model_key is not None:
+        state_dict[model_key] = model
+    if optim_key is not None:
+        state_dict[optim_key] = {"state": optim_state, "param_groups": groups}
 
     class _ReadOnDemand(DefaultSavePlanner):
         def resolve_data(self, write_item: Any) -> Any:

@@ -136,17 +136,28 @@ def _refuse_model_parallel(ds_dir: Path) -> None:
 
 
 def _from_dcp(dcp_dir: Path, manifest: dict[str, Any]) -> PortableState:
+    return from_dcp(dcp_dir, int(manifest["world_size"]))
+
+
+def from_dcp(
+    dcp_dir: Path, world_size: int, optim_dir: Path | None = None, optim_key: str = "optim"
+) -> PortableState:
+    """The portable view of a DCP save of an FSDP run: the model under "model" in
+    `dcp_dir`, the optimizer (`get_optimizer_state_dict`'s layout) under `optim_key` in
+    `optim_dir` (default: the same folder; accelerate keeps it in `optimizer_0/` under
+    "optimizer")."""
     from ..consolidate.dcp import dcp_tensors
 
+    optim_dir = dcp_dir if optim_dir is None else optim_dir
     model = {t.name: t for t in dcp_tensors(dcp_dir, "model")}
-    optim = {t.name: t for t in dcp_tensors(dcp_dir, "optim")}
+    optim = {t.name: t for t in dcp_tensors(optim_dir, optim_key)}
     for t in (*model.values(), *optim.values()):
         if t.chunks and not _is_dim0(t):
             raise CheckpointError(
                 f"{dcp_dir}: {t.name} is split along a dimension other than 0 (tensor "
                 "parallel or a custom placement); only FSDP (dim-0) shards convert"
             )
-    groups, hyper = _dcp_param_groups(dcp_dir)
+    groups, hyper = _dcp_param_groups(optim_dir, optim_key)
     names = [n for g in groups for n in g]
     missing = [n for n in names if n not in model]
     if missing:
@@ -159,7 +170,7 @@ def _from_dcp(dcp_dir: Path, manifest: dict[str, Any]) -> PortableState:
             if found is None:
                 held = sorted(k.rsplit(".", 1)[-1] for k in optim if k.startswith(f"state.{name}."))
                 raise CheckpointError(
-                    f"{dcp_dir}: {name} has no {kind!r} optimizer state (it holds "
+                    f"{optim_dir}: {name} has no {kind!r} optimizer state (it holds "
                     f"{held or 'none'}); only Adam/AdamW state (exp_avg, exp_avg_sq, step) "
                     "converts — a run saved before its first optimizer step has none"
                 )
@@ -171,7 +182,7 @@ def _from_dcp(dcp_dir: Path, manifest: dict[str, Any]) -> PortableState:
     buffers = {n: t for n, t in others.items() if n not in shared}
     return PortableState(
         backend="fsdp",
-        world_size=int(manifest["world_size"]),
+        world_size=world_size,
         zero_stage=None,
         groups=groups,
         hyper=hyper,
@@ -221,7 +232,9 @@ def _is_dim0(t: SourceTensor) -> bool:
     return all(all(o == 0 for o in c.offsets[1:]) for c in t.chunks)
 
 
-def _dcp_param_groups(dcp_dir: Path) -> tuple[list[list[str]], list[dict[str, Any]]]:
+def _dcp_param_groups(
+    dcp_dir: Path, optim_key: str = "optim"
+) -> tuple[list[list[str]], list[dict[str, Any]]]:
     """The optimizer's param groups (names in order + hyperparameters), stored by DCP as
     small pickled entries — read through DCP itself, without a process group."""
     import warnings
@@ -234,14 +247,17 @@ def _dcp_param_groups(dcp_dir: Path) -> tuple[list[list[str]], list[dict[str, An
     keys = {
         k
         for k, v in md.state_dict_metadata.items()
-        if isinstance(v, BytesStorageMetadata) and k.startswith("optim.param_groups.")
+        if isinstance(v, BytesStorageMetadata) and k.startswith(f"{optim_key}.param_groups.")
     }
     if not keys:
-        raise CheckpointError(f"{dcp_dir}: no optimizer param groups (not a shardctl FSDP save?)")
+        raise CheckpointError(
+            f"{dcp_dir}: no optimizer param groups under {optim_key!r} (an FSDP save of the "
+            "model alone, or not an FSDP save)"
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process"
         loaded = _load_state_dict_from_keys(keys, checkpoint_id=str(dcp_dir))
-    groups_raw = loaded["optim"]["param_groups"]
+    groups_raw = loaded[optim_key]["param_groups"]
     groups = [list(g["params"]) for g in groups_raw]
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups_raw]
     return groups, hyper

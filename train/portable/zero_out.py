@@ -123,17 +123,18 @@ class Target:
         return "bfloat16" if self.precision == "bf16-mixed" else "float32"
 
 
-def write_zero(state: PortableState, out: Path, target: Target) -> dict[str, str]:
-    """`out/deepspeed/` (created) with every file of the target engine's checkpoint, and
+def write_zero(state: PortableState, out: Path, target: Target, tag: str = TAG) -> dict[str, str]:
+    """`out/<tag>/` (created) with every file of the target engine's checkpoint, and
     `latest` + the recovery scripts in `out`; returns the sha256 of the written state
-    files by path relative to `out`."""
-    ds_dir = out / TAG
+    files by path relative to `out`. The tag is the folder the loader asks for: shardctl's
+    `deepspeed`, accelerate's `pytorch_model`, the Trainer's `global_stepN`."""
+    ds_dir = out / tag
     ds_dir.mkdir(parents=True, exist_ok=False)
     writer = _Writer(state, target)
     hashes: dict[str, str] = {}
     for name, obj in writer.files():
-        hashes[f"{TAG}/{name}"] = save_file(ds_dir / name, obj)
-    (out / "latest").write_text(TAG)
+        hashes[f"{tag}/{name}"] = save_file(ds_dir / name, obj)
+    (out / "latest").write_text(tag)
     _copy_recovery_scripts(out)
     return hashes
 
