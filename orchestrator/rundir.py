@@ -12,10 +12,16 @@ A run directory (`spec.run_dir`, default `runs/<name>` beside the spec file) hol
                                        points elsewhere (a scratch file system)
     model/                             the consolidated full state dict
     DONE                               JSON {"kind": "done", "step"}: every step
-                                       ran, final save exists
+                                       ran, final save exists (a user script's: its
+                                       "command" too, shardctl.train.entry)
     PREEMPTED                          JSON {"kind": "preempted", "step", "signal",
                                        "reason"}: saved on a signal; submit again
-                                       (or requeue) to resume
+                                       (or requeue) to resume. With "saved": false
+                                       and "rank": that rank had no handler for the
+                                       signal, nothing was saved (still requeued)
+    trainer-output.json                JSON {"output_dir"}: where an HF Trainer
+                                       script's checkpoint-N folders go (its callback;
+                                       outcome.attempt_progress)
     HUNG                               JSON {"kind": "hung", "step", "node", "rank",
                                        "ranks", ...}: the node watchdog found no rank
                                        advancing and ended the ranks
