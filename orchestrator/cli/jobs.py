@@ -210,7 +210,7 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
                         echo_json(data)
                 else:
                     click.echo(_status_line(ref, st, prog))
-                    if code is not None:
+                    if code is not None and last is None:  # once: it does not change
                         click.echo(f"  {code}")
                     if slow is not None:
                         click.echo(f"  straggler: {slow}")
