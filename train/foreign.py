@@ -189,7 +189,7 @@ def _deepspeed(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
         except (OSError, UnicodeDecodeError) as exc:
             tag = ""
             problems.append(f"{latest}: unreadable ({exc})")
-        if tag and "/" not in tag and (folder / tag).is_dir():
+        if tag and "/" not in tag and tag not in (".", "..") and (folder / tag).is_dir():
             tag_dir = folder / tag
         elif tag:
             problems.append(f"{latest} names the tag {tag!r}, but {folder / tag} is not a folder")

@@ -176,7 +176,10 @@ def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
             click.echo(f"note: {NO_SHA256} for the {len(foreign)} checkpoint(s) of other tools")
         latest = _resume_line(data)
         newest = next((r for r in rows if r["path"] == data["latest_complete"]), None)
-        if newest is not None and newest["format"] != "shardctl":
+        if all(r["format"] != "shardctl" for r in rows) and newest is None:
+            # What `resume` would do is about shardctl's own checkpoints only.
+            click.echo("newest complete: none")
+        elif newest is not None and newest["format"] != "shardctl":
             click.echo(
                 f"newest complete: {latest} ({newest['format']}: sizes and structure checked)"
             )

@@ -111,7 +111,7 @@ def resolve_candidates(path: Path) -> tuple[list[Path | ForeignCheckpoint], bool
     if foreign is not None:
         if not foreign.complete:
             raise CheckpointError(
-                f"{folder} is a checkpoint of {foreign.tool} ({foreign.format}) that cannot "
+                f"the {foreign.format} checkpoint {folder} (written by {foreign.tool}) cannot "
                 "be read: " + "; ".join(foreign.problems)
             )
         return [foreign], True
