@@ -282,7 +282,9 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     once its first complete checkpoint-N exists: the ranks save the step they agree on;
     the same command submitted again starts at that step, not at 0."""
     out_dir = tmp_path / "out"
-    args = ["--output-dir", str(out_dir), "--max-steps", "60", "--save-steps", "5"]
+    # Paced (0.2 s a step): the cancel lands before step 60 on a quiet machine too.
+    args = ["--output-dir", str(out_dir), "--max-steps", "60", "--save-steps", "5",
+            "--pause", "0.2"]  # fmt: skip
     spec = _spec(tmp_path, "unmod-hf", {"script": str(CODE / "hf_unmodified.py"), "args": args})
     env = {**child_env(), "TOKENIZERS_PARALLELISM": "false"}
     log = tmp_path / "unmod-hf" / "logs" / "launcher.err"
@@ -327,3 +329,6 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     assert steps == list(range(1, 61)), steps
     status = _shardctl(tmp_path, "status", "unmod-hf", timeout=60).stdout
     assert "SUCCEEDED" in status and "0 steps lost" not in status, status
+    # Once more, the same command: the run is complete, nothing starts.
+    third = _shardctl(tmp_path, "submit", str(spec), "--wait", timeout=120)
+    assert third.returncode == 0 and "run complete" in third.stdout, third.stdout

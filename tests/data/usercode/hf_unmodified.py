@@ -6,6 +6,7 @@ Every rank prints `started at step N` when training begins (the Trainer's step).
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -31,11 +32,18 @@ class Blocks(torch.utils.data.Dataset):
 
 
 class SayWhereItStarts(TrainerCallback):
-    """Not about resuming: it only prints the step training began at."""
+    """Not about resuming: it prints the step training began at, and paces the steps
+    (`--pause` seconds each) so that a test's cancel lands before the last step."""
+
+    def __init__(self, pause: float) -> None:
+        self.pause = pause
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             print(f"started at step {state.global_step}", flush=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.pause)
 
 
 def main() -> None:
@@ -43,6 +51,7 @@ def main() -> None:
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--save-steps", type=int, default=5)
+    p.add_argument("--pause", type=float, default=0.0, help="seconds after each step")
     args = p.parse_args()
     files = sorted(Path(os.__file__).parent.glob("*.py"))[:20]
     data = Blocks(b"".join(f.read_bytes() for f in files)[: 1 << 19], 32)
@@ -65,7 +74,7 @@ def main() -> None:
     )
     trainer = Trainer(
         model=GPT2LMHeadModel(config), args=training_args, train_dataset=data,
-        callbacks=[SayWhereItStarts()],
+        callbacks=[SayWhereItStarts(args.pause)],
     )  # fmt: skip
     result = trainer.train()
     if trainer.is_world_process_zero():
