@@ -24,6 +24,7 @@ import pytest
 import yaml
 from helpers.ckpt_run import child_env
 from helpers.train_run import free_port
+from shardctl.orchestrator import proctree
 from shardctl.orchestrator.goodput import goodput
 from shardctl.orchestrator.outcome import Decision, Evidence, Kind, judge
 from shardctl.orchestrator.rundir import ATTEMPTS_FILE, ENV_HF_TRAINER_AUTO, PREEMPTED_FILE
@@ -109,6 +110,9 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     try:
         pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
         assert pid == proc.pid
+        # Slurm's node task and the watchdog pass USR2 on only to a rank that catches
+        # it (`proctree.forward_to_catchers`): this one does, though its code does not.
+        assert proctree.catches(pid, signal.SIGUSR2)
         os.kill(pid, signal.SIGUSR2)
         _, err = proc.communicate(timeout=60)
     finally:
