@@ -475,3 +475,38 @@ def test_names_not_matching_the_recorded_names_are_refused(tmp_path):
     _record_state_keys(step, model)
     with pytest.raises(CheckpointError, match=r"missing \['model.norm.weight'\].*model.extra"):
         consolidate(step, tmp_path / "model")
+
+
+def test_a_newer_damaged_or_unfinished_checkpoint_is_named_when_an_older_one_is_used(
+    run_dir, tmp_path
+):
+    """step-3 lost a file its manifest lists (damaged: not complete), step-4 never
+    finished (.tmp): the model comes from step 2 and the notes say why each newer one
+    was skipped (the docs promise it)."""
+    import shutil
+
+    ckpts = tmp_path / "run" / "checkpoints"
+    shutil.copytree(run_dir / "checkpoints", ckpts)
+    shutil.copytree(ckpts / "step-00000002", ckpts / "step-00000003")
+    manifest = json.loads((ckpts / "step-00000003" / "manifest.json").read_text())
+    manifest["step"] = 3
+    (ckpts / "step-00000003" / "manifest.json").write_text(json.dumps(manifest))
+    next((ckpts / "step-00000003" / "dcp").glob("*.distcp")).unlink()
+    result = consolidate(tmp_path / "run", tmp_path / "m")
+    assert result.checkpoint == ckpts / "step-00000002"
+    assert any(n.startswith("skipped step-00000003: ") and "missing" in n for n in result.notes)
+    assert any(n.startswith("skipped step-00000003.tmp: ") for n in result.notes)
+    assert "used step-00000002, the newest that resume would take" in result.notes
+
+
+def test_config_json_names_the_architecture_a_serving_engine_dispatches_on(tmp_path):
+    """A config built directly (LlamaConfig(...).to_dict()) has architectures None;
+    vLLM and TGI pick the model class from it, so the consolidated config names it."""
+    from shardctl.train.consolidate import _write_config
+
+    _write_config({"model_type": "llama", "architectures": None, "vocab_size": 8}, "fp32", tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "LlamaForCausalLM"
+    ]
+    _write_config({"model_type": "no-such-model", "architectures": None}, "fp32", tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] is None

@@ -325,10 +325,27 @@ def _storage(out_dir: Path, durable: bool) -> PosixStorage:
     return PosixStorage(out_dir.parent, durable=durable, staging_marker=_MARKER)
 
 
+def causal_lm_class(model_type: Any) -> str | None:
+    """transformers' causal-LM class name for a config's model_type (None: unknown)."""
+    if not isinstance(model_type, str):
+        return None
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return None
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+
+
 def _write_config(hf_config: dict[str, Any], dtype: str, out: Path) -> None:
     """config.json as `config.to_dict()` recorded it, with the dtype written; plus the
     generation_config.json that save_pretrained derives from the same config."""
     config = dict(hf_config)
+    if not config.get("architectures"):
+        # Serving engines (vLLM, TGI) pick the model class from it; save_pretrained
+        # writes it, a config built directly (LlamaConfig(...)) has None.
+        architecture = causal_lm_class(config.get("model_type"))
+        if architecture is not None:
+            config["architectures"] = [architecture]
     # transformers ≥ 5 calls it `dtype`, older releases `torch_dtype`: keep the one used.
     keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]
     for key in keys:
@@ -404,7 +421,9 @@ def _consolidate_newest(
     _check_out(out_dir, force)  # before any reading: refuse early and cheaply
     if durable is None:
         durable = out_dir.exists()
-    skipped: list[str] = []
+    # Newer checkpoints that resume would skip too (damaged or unfinished) are named, as
+    # the ones that fail verification below are: never an older model without a word.
+    skipped: list[str] = [] if named else _newer_incomplete(checkpoint, candidates)
     for candidate in candidates if verify else candidates[:1]:
         step_dir = candidate.path if isinstance(candidate, ForeignCheckpoint) else candidate
         try:
@@ -420,12 +439,28 @@ def _consolidate_newest(
             continue
         notes = [*skipped, *result.notes]
         if skipped:
-            notes.insert(len(skipped), f"used {step_dir.name}, as resume would")
+            notes.insert(len(skipped), f"used {step_dir.name}, the newest that resume would take")
         return dataclasses.replace(result, notes=notes, seconds=time.perf_counter() - started)
     raise CheckpointError(
         f"every complete checkpoint in {Path(checkpoint)} failed verification against its "
         "manifest (resume would skip them all); nothing was written:\n  " + "\n  ".join(skipped)
     )
+
+
+def _newer_incomplete(checkpoint: Path, candidates: list[Any]) -> list[str]:
+    """'step-N: why' for every checkpoint newer than the newest complete one that is not
+    complete (a damaged manifest, a missing file, a save that never finished)."""
+    from ..manifest import list_checkpoints, resolve_checkpoint_dir
+
+    if not candidates or isinstance(candidates[0], ForeignCheckpoint):
+        return []
+    folder, _one = resolve_checkpoint_dir(checkpoint)
+    newest = Path(candidates[0]).name
+    return [
+        f"skipped {Path(c.path).name}: {c.why_incomplete}"
+        for c in list_checkpoints(folder)
+        if not c.complete and Path(c.path).name > newest
+    ]
 
 
 def _consolidate_one(
