@@ -271,6 +271,44 @@ def test_the_two_line_patch_keeps_its_one_callback_and_its_own_resume(tmp_path: 
     assert [type(cb) for cb in bare.callback_handler.callbacks] == [PreemptionCallback]
 
 
+def test_a_complete_checkpoint_is_passed_to_the_first_train_only(tmp_path: Path) -> None:
+    import shardctl.train.hf as hf
+
+    class FakeTrainer:
+        def __init__(self) -> None:
+            self.callback_handler = SimpleNamespace(callbacks=[])
+            self.args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
+
+        def add_callback(self, cb: object) -> None:
+            self.callback_handler.callbacks.append(cb)
+
+        def is_world_process_zero(self) -> bool:
+            return True
+
+    ckpt = tmp_path / "checkpoint-3"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    (ckpt / "model.safetensors").write_bytes(b"\x02" + bytes(7) + b"{}")  # empty, whole
+    import zipfile
+
+    with zipfile.ZipFile(ckpt / "optimizer.pt", "w") as z:
+        z.writestr("x", "y")
+    torn = tmp_path / "checkpoint-4"  # newer, but its save never finished
+    torn.mkdir()
+    assert hf.checkpoint_problem(ckpt) is None
+    hf._first_train = True  # as in a fresh rank
+    try:
+        # A search trial is left alone, and it counts as the first train().
+        assert hf.prepare_unmodified(FakeTrainer(), (None, "trial"), {}) == ((None, "trial"), {})
+        hf._first_train = True
+        args, kwargs = hf.prepare_unmodified(FakeTrainer(), (None,), {})
+        assert args == (str(ckpt),) and kwargs == {}
+        # A second train() in the same process starts where the script says.
+        assert hf.prepare_unmodified(FakeTrainer(), (), {}) == ((), {})
+    finally:
+        hf._first_train = True
+
+
 def _complete_checkpoints(out: Path) -> list[int]:
     from shardctl.train.hf import last_complete_checkpoint
 

@@ -280,6 +280,10 @@ def _dcp_problem(path: Path) -> str | None:
 
 # -- an unmodified script ---------------------------------------------------------------
 
+# Whether no `train()` of this process has been prepared yet: a later one (a second
+# training in the same script) starts where the script says, not from a checkpoint.
+_first_train = True
+
 
 def prepare_unmodified(
     trainer: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -289,15 +293,22 @@ def prepare_unmodified(
 
     - no `resume_from_checkpoint` given (or None): the newest complete `checkpoint-N`
       of `trainer.args.output_dir` (`last_complete_checkpoint`), if there is one. A
-      path, True or False given by the script is kept as it is.
+      path, True or False given by the script is kept as it is. Only the process's
+      first `train()` (a job's restart starts there); not in a hyperparameter
+      search (`trial`), not with `save_only_model` (such checkpoints cannot resume).
     - a `PreemptionCallback` added last, unless the script added one itself.
     """
+    global _first_train
+    first, _first_train = _first_train, False
     if not any(isinstance(cb, PreemptionCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(PreemptionCallback())
     given = args[0] if args else kwargs.get("resume_from_checkpoint")
+    trial = args[1] if len(args) > 1 else kwargs.get("trial")
     output_dir = getattr(trainer.args, "output_dir", None)
-    if given is not None or not output_dir or getattr(trainer.args, "save_only_model", False):
-        return args, kwargs  # save_only_model: its checkpoints cannot be resumed
+    if not first or given is not None or trial is not None or not output_dir:
+        return args, kwargs
+    if getattr(trainer.args, "save_only_model", False):
+        return args, kwargs
     found = last_complete_checkpoint(output_dir)
     if found is None:
         return args, kwargs
