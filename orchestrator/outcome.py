@@ -79,7 +79,10 @@ from .rundir import (
     HUNG_FILE,
     KILLED_FILE,
     PREEMPTED_FILE,
+    TOKEN_FIELD,
     RunDir,
+    attempt_token,
+    belongs_to_attempt,
 )
 
 # The markers an attempt may leave, in the order they are read.
@@ -352,6 +355,9 @@ class Evidence:
     # The name of the signal the cluster warns with (Slurm: `slurm.signal`); the
     # names of WARNINGS count as warnings too.
     warning: str | None = None
+    # The attempt's token (fence.py): a marker carrying another token is not this
+    # attempt's, and a DONE carrying this one was written by this attempt's ranks.
+    token: str | None = None
 
     @classmethod
     def gather(
@@ -365,10 +371,13 @@ class Evidence:
         wait_s: float = 0.0,
         culprit_wait_s: float = 0.0,
         killed_wait_s: float = 0.0,
+        token: str | None = None,
     ) -> Evidence:
-        """Read this attempt's markers (written at or after `since`; None: every marker
-        there). With `wait_s`, a failed launcher that nothing explains yet waits that
-        long for PREEMPTED, HUNG or FAILED: rank 0 (which writes them) may run on
+        """Read this attempt's markers: those carrying its `token` (None: this process's
+        `SHARDCTL_ATTEMPT_TOKEN`, if any), and those without a token written at or after
+        `since` (`rundir.belongs_to_attempt`; `since` None: every marker there). With
+        `wait_s`, a failed launcher that nothing explains yet waits that long for
+        PREEMPTED, HUNG or FAILED: rank 0 (which writes them) may run on
         another node and end a moment later. With `culprit_wait_s` (a job of several
         nodes), a HUNG that names no rank waits that long for one that does: every
         node's watchdog sees the same idle time, and the one whose rank stopped first
@@ -377,9 +386,11 @@ class Evidence:
         node whose rank was killed writes it once its launcher has reported, and this
         node's ranks may have lost their peer and ended first."""
         folder = RunDir.of(run_dir)
+        token = token or attempt_token()
 
         def read() -> Evidence:
-            return cls(exit_code, _read_markers(folder, since), tuple(signals), warning)
+            markers = _read_markers(folder, since, token)
+            return cls(exit_code, markers, tuple(signals), warning, token)
 
         evidence = read()
         waits = (
@@ -413,18 +424,29 @@ class Evidence:
         data = self.markers.get(name)
         return from_marker(name, data) if data is not None else None
 
+    def done_by_this_attempt(self) -> bool:
+        """A DONE that carries this attempt's token: its ranks wrote it (never a time
+        match: another attempt may have ended in the same second)."""
+        done = self.markers.get(DONE_FILE)
+        return bool(self.token) and done is not None and done.get(TOKEN_FIELD) == self.token
+
     def warned(self) -> str | None:
         """The warning signal the supervisor received, if any."""
         return next((s for s in self.signals if s == self.warning or s in WARNINGS), None)
 
 
-def _read_markers(folder: RunDir, since: float | None) -> dict[str, dict[str, Any]]:
+def _read_markers(
+    folder: RunDir, since: float | None, token: str | None
+) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name in MARKER_FILES:
-        data = folder.read_marker(name) if since is None else folder.fresh_marker(name, since)
+        data = (
+            folder.read_marker(name) if since is None else folder.fresh_marker(name, since, token)
+        )
         if data is None and (folder.root / name).exists() and name == CANCELLED_FILE:
             # `cancel` wrote a timestamp, not JSON, before the typed markers.
-            stale = since is not None and (folder.root / name).stat().st_mtime < since - 1.0
+            mtime = (folder.root / name).stat().st_mtime
+            stale = since is not None and not belongs_to_attempt(None, mtime, since, None)
             data = None if stale else {}
         if data is not None:
             found[name] = data
@@ -454,6 +476,19 @@ def _rule_finished_before_the_stop(ev: Evidence) -> Outcome | None:
     if CANCELLED_FILE not in ev.markers and not ev.signals:
         return None
     return Outcome(Kind.DONE, step=done.step)
+
+
+def _rule_done_then_launcher_failed(ev: Evidence) -> Outcome | None:
+    # This attempt's ranks wrote DONE (its token, not a time), none failed or hung, and
+    # a launcher still ended non-zero: the work is complete. Another node's launcher
+    # that held the rendezvous store finished first and took the store with it, which
+    # fails torchrun's shutdown on the nodes still leaving.
+    if not ev.done_by_this_attempt() or ev.exit_code in (None, EXIT_OK):
+        return None
+    if any(name in ev.markers for name in (FAILED_FILE, HUNG_FILE, KILLED_FILE)):
+        return None
+    done = ev.outcome_of(DONE_FILE)
+    return Outcome(Kind.DONE, step=done.step if done else None)
 
 
 def _rule_cancel_asked(ev: Evidence) -> Outcome | None:
@@ -559,6 +594,11 @@ RULES: tuple[tuple[str, Callable[[Evidence], Outcome | None]], ...] = (
     ("a HUNG marker, or exit code 124", _rule_hung),
     ("a KILLED marker: a rank killed on its node (pinned there)", _rule_rank_killed),
     ("a FAILED marker (a rank's own non-zero exit)", _rule_rank_failed),
+    (
+        "this attempt's DONE (its token), no FAILED/HUNG/KILLED, a launcher's non-zero "
+        "exit: the work was complete",
+        _rule_done_then_launcher_failed,
+    ),
     ("any other exit code (42 without PREEMPTED included)", _rule_exit_code),
     ("no exit code recorded, a DONE marker", _rule_done_marker),
 )
@@ -868,6 +908,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=0)
     p.add_argument("--max-retries", type=int, default=None)
     p.add_argument("--wait", type=float, default=0.0, help="seconds to wait for markers")
+    p.add_argument(
+        "--token", default=None,
+        help="the attempt's token (default: SHARDCTL_ATTEMPT_TOKEN): its markers only",
+    )  # fmt: skip
     p.add_argument("--write", default=None, help="also write the verdict here (JSON)")
     p.add_argument(
         "--job", default=None,
@@ -883,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     evidence = Evidence.gather(
         args.run_dir, args.since, args.exit_code,
-        signals=args.signal, warning=args.warning, wait_s=args.wait,
+        signals=args.signal, warning=args.warning, wait_s=args.wait, token=args.token,
     )  # fmt: skip
     progress = None
     if args.job:

@@ -31,7 +31,9 @@ A run directory (`spec.run_dir`, default `runs/<name>` beside the spec file) hol
     CANCELLED                          JSON {"kind": "cancelled"}: `shardctl cancel`
                                        (local)
     CURRENT_ATTEMPT                    JSON {"token", ...}: the attempt whose ranks may
-                                       publish checkpoints (shardctl.orchestrator.fence)
+                                       publish checkpoints (shardctl.orchestrator.fence);
+                                       every marker above carries its writer's
+                                       "token" (see below)
     .submit.claim                      held by one `shardctl submit` while it checks
                                        for a live job and submits (cli, clusters/owner)
     attempts.jsonl                     one line per attempt a retrying supervisor
@@ -47,6 +49,15 @@ A run directory (`spec.run_dir`, default `runs/<name>` beside the spec file) hol
 
 The typed fields (`kind` and its own) are what supervisors decide on, through
 `shardctl.orchestrator.outcome`; `reason` is for people.
+
+Evidence belongs to the attempt that wrote it: every marker written through
+`RunDir.write_marker`/`write_first_marker` by a process of a fenced attempt carries
+that attempt's token (`"token"`, from `SHARDCTL_ATTEMPT_TOKEN`; fence.py), and a
+reader that knows its attempt's token takes a marker as this attempt's only when the
+token is the same, however close in time two attempts are. A marker without a token
+(written by an earlier version, or by a writer outside any fenced attempt: a script
+run by hand, Kubernetes, the standalone job.sbatch) and a reader without one fall
+back to the marker's file time (`belongs_to_attempt`).
 
 Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
 `EXIT_FAILED`, `EXIT_SPEC` (bad input), `EXIT_DO_NOT_RETRY` (a user script's
@@ -194,18 +205,22 @@ class RunDir:
     # -- markers ------------------------------------------------------------------
 
     def write_marker(self, name: str, data: dict[str, Any]) -> None:
-        """Write a marker (DONE, PREEMPTED) atomically: readers never see half of one."""
+        """Write a marker (DONE, PREEMPTED) atomically: readers never see half of one.
+        It carries this process's attempt token (`stamped`)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.root / name, json.dumps(data) + "\n", durable=False)
+        write_text_atomic(self.root / name, json.dumps(stamped(data)) + "\n", durable=False)
 
-    def write_first_marker(self, name: str, data: dict[str, Any], since: float) -> bool:
-        """Write marker `name` unless a writer of this attempt (started at `since`) was
-        first: the first to fail names the cause, the others keep it (O_EXCL). An
-        earlier attempt's marker is replaced. True when this call wrote it; False also
-        when the run dir is unwritable."""
+    def write_first_marker(
+        self, name: str, data: dict[str, Any], since: float, token: str | None = None
+    ) -> bool:
+        """Write marker `name` unless a writer of this attempt (its token: `token`, else
+        this process's; started at `since`) was first: the first to fail names the
+        cause, the others keep it (O_EXCL). An earlier attempt's marker is replaced.
+        True when this call wrote it; False also when the run dir is unwritable."""
         path = self.root / name
+        data = stamped(data, token)
         try:
-            if path.exists() and path.stat().st_mtime < since - 1.0:
+            if path.exists() and not self._belongs(name, since, data.get(TOKEN_FIELD)):
                 path.unlink()  # an earlier attempt's
             self.root.mkdir(parents=True, exist_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -215,6 +230,14 @@ class RunDir:
             f.write(json.dumps(data) + "\n")
         return True
 
+    def _belongs(self, name: str, since: float, token: str | None) -> bool:
+        """Whether marker `name`, as it is now, is the attempt's (`belongs_to_attempt`)."""
+        try:
+            mtime = (self.root / name).stat().st_mtime
+        except OSError:
+            return False
+        return belongs_to_attempt(self.read_marker(name), mtime, since, token)
+
     def read_marker(self, name: str) -> dict[str, Any] | None:
         """A marker's JSON object, or None when it is absent or unreadable."""
         try:
@@ -223,21 +246,26 @@ class RunDir:
             return None
         return data if isinstance(data, dict) else None
 
-    def fresh_marker(self, name: str, since: float) -> dict[str, Any] | None:
-        """A marker written at or after `since` (an attempt's start; a second of clock
-        slack for a shared file system), else None — an earlier attempt's is stale."""
+    def fresh_marker(
+        self, name: str, since: float, token: str | None = None
+    ) -> dict[str, Any] | None:
+        """The marker when it is this attempt's (`belongs_to_attempt`: its token is
+        `token`, else this process's; without tokens, written at or after `since`),
+        else None — an earlier attempt's is stale."""
         try:
-            if (self.root / name).stat().st_mtime < since - 1.0:
-                return None
+            mtime = (self.root / name).stat().st_mtime
         except OSError:
             return None
-        return self.read_marker(name)
+        data = self.read_marker(name)
+        return data if belongs_to_attempt(data, mtime, since, token or attempt_token()) else None
 
-    def wait_for_marker(self, name: str, since: float, seconds: float) -> dict[str, Any] | None:
+    def wait_for_marker(
+        self, name: str, since: float, seconds: float, token: str | None = None
+    ) -> dict[str, Any] | None:
         """`fresh_marker`, polled for up to `seconds` (another node may still write it)."""
         deadline = time.monotonic() + seconds
         while True:
-            found = self.fresh_marker(name, since)
+            found = self.fresh_marker(name, since, token)
             if found is not None or time.monotonic() >= deadline:
                 return found
             time.sleep(0.5)
@@ -261,6 +289,40 @@ class RunDir:
     def is_complete(self, steps: int) -> bool:
         step = self.done_step()
         return step is not None and step >= steps
+
+
+# The field of a marker that names the attempt whose process wrote it (its token).
+TOKEN_FIELD = "token"
+# An attempt's start and a marker's file time may differ by this much on a shared
+# file system (clock skew): the time rule for markers without a token.
+CLOCK_SLACK_S = 1.0
+
+
+def attempt_token() -> str | None:
+    """This process's attempt token (`SHARDCTL_ATTEMPT_TOKEN`), None outside one."""
+    return os.environ.get(ENV_ATTEMPT_TOKEN) or None
+
+
+def stamped(data: dict[str, Any], token: str | None = None) -> dict[str, Any]:
+    """`data` with the writer's attempt token (`token`, else this process's) in
+    `TOKEN_FIELD`, unless it names one already or there is none."""
+    token = token or attempt_token()
+    if token is None or isinstance(data.get(TOKEN_FIELD), str):
+        return data
+    return {**data, TOKEN_FIELD: token}
+
+
+def belongs_to_attempt(
+    data: dict[str, Any] | None, mtime: float, since: float, token: str | None
+) -> bool:
+    """Whether a marker (`data`, file time `mtime`) is evidence of the attempt whose
+    token is `token` and which started at `since`. Both tokens known: they must be
+    equal, whatever the times (two attempts may start in the same second). A marker
+    without a token, or a reader without one: written at or after `since`."""
+    written_by = data.get(TOKEN_FIELD) if data is not None else None
+    if token and isinstance(written_by, str) and written_by:
+        return written_by == token
+    return mtime >= since - CLOCK_SLACK_S
 
 
 def default_run_dir(name: str) -> str:

@@ -377,8 +377,13 @@ DOCS_RULE_CASES: dict[int, list[Evidence]] = {
     8: [Evidence(1, {"HUNG": HUNG}), Evidence(124)],
     9: [Evidence(1, {"KILLED": KILLED})],
     10: [Evidence(1, {"FAILED": FAILED})],
-    11: [Evidence(42), Evidence(3)],
-    12: [Evidence(None, {"DONE": DONE_20})],
+    11: [Evidence(1, {"DONE": {**DONE_20, "token": "t-1"}}, token="t-1")],
+    12: [
+        Evidence(42),
+        Evidence(3),
+        Evidence(1, {"DONE": {**DONE_20, "token": "t-0"}}, token="t-1"),
+    ],
+    13: [Evidence(None, {"DONE": DONE_20})],
 }
 
 

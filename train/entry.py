@@ -134,8 +134,8 @@ def record(
         return
     if code in (EXIT_OK, EXIT_PREEMPTED):
         name = DONE_FILE if code == EXIT_OK else PREEMPTED_FILE
-        marker = folder.root / name
-        fresh = marker.exists() and marker.stat().st_mtime >= started - 1.0
+        # This attempt's own (its token; rundir.belongs_to_attempt), not an earlier one's.
+        fresh = folder.fresh_marker(name, started) is not None
         if rank == 0 and not fresh:
             # The script's own 42 names no signal: a preemption it handled itself.
             data = done_marker(None) if code == EXIT_OK else preempted_marker(None, None, "exit 42")

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
-from ...fence import claim_attempt, new_token
+from ...fence import claim_attempt, current_attempt, new_token
 from ...launch import PYTHON_VAR, EnvLine, entry_words, export
 from ...launcher_output import LauncherReport, readable
 from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
@@ -362,7 +362,10 @@ class LocalCluster(Cluster):
         # Markers older than this start are an earlier start's (schedule removes all
         # but DONE, which a longer run of the same spec leaves behind).
         started = _mtime(run_dir / PID_FILE)
-        return judge(Evidence.gather(run_dir, started, self._exit_code(run_dir)))
+        # The last round's markers are those of the run's current token (fence.py).
+        current = current_attempt(run_dir) or {}
+        token = current.get("token") if isinstance(current.get("token"), str) else None
+        return judge(Evidence.gather(run_dir, started, self._exit_code(run_dir), token=token))
 
     def attempts_job(self, ref: JobRef) -> str:
         # The supervisor judges each submit's restarts as `local-<attempt>` (schedule).

@@ -872,7 +872,9 @@ class NodeTask:
         round's)."""
         if node != 0 and _round_decision(self.run_dir, job_id, restarts, round_, 0.0):
             return
-        said = record_killed(self.run_dir, node, log, started)
+        said = record_killed(
+            self.run_dir, node, log, started, token=_token(job_id, restarts, round_)
+        )
         if said:
             _say(f"node {node}: {said}")
 
@@ -934,6 +936,8 @@ class NodeTask:
         retry (requeue) within `max_requeues`. `RESTARTED`: run the launcher again."""
         evidence = Evidence.gather(
             self.run_dir, started, rc,
+            # This round's markers: those its ranks and nodes wrote, by token.
+            token=_token(job_id, restarts, round_),
             signals=[signal.Signals(s).name for s in received],
             warning=preempt_sig.name,
             # Global rank 0 (which writes the markers) may run on another node, and this

@@ -63,10 +63,13 @@ def _read_from(path: str, offset: int) -> str:
         return ""
 
 
-def record_killed(run_dir: str, node: int, log: tuple[str, int] | None, started: float) -> str:
+def record_killed(
+    run_dir: str, node: int, log: tuple[str, int] | None, started: float, token: str | None = None
+) -> str:
     """Pin a killed rank on this node when this attempt's part of `log` reports one:
-    write KILLED (the first of this attempt wins) and return a line for the node's log;
-    "" when nothing was killed here or another node's KILLED came first."""
+    write KILLED, carrying the attempt's `token` (the first of this attempt wins), and
+    return a line for the node's log; "" when nothing was killed here or another
+    node's KILLED came first."""
     if log is None:
         return ""
     found = killed_rank(_read_from(*log))
@@ -76,7 +79,7 @@ def record_killed(run_dir: str, node: int, log: tuple[str, int] | None, started:
     # Slurm's name for this node (several emulated nodes can share one host).
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     marker = killed_marker(rank, node, host, signum)
-    if not RunDir.of(run_dir).write_first_marker(KILLED_FILE, marker, started):
+    if not RunDir.of(run_dir).write_first_marker(KILLED_FILE, marker, started, token):
         return ""  # another node was first, or the run dir is unwritable
     who = f"rank {rank}" if rank is not None else "a rank"
     return f"{who} was killed by {signal.Signals(signum).name} on this node ({host})"

@@ -1,0 +1,212 @@
+"""Evidence belongs to the attempt that wrote it, never to the one nearest in time.
+
+Two races a busy machine measured (issue 32, item 8), each forced here:
+
+- two attempts in the same second: the first attempt's FAILED (or PREEMPTED) marker,
+  with the same file time as the second attempt's start, was read as the second's.
+  Every marker now carries its writer's attempt token (`SHARDCTL_ATTEMPT_TOKEN`) and
+  a judge that knows its token reads only that token's markers; markers without one
+  (older versions) are still read by their time;
+- a node whose launcher fails once another node finished: node 1's torchrun lost the
+  rendezvous store that lived on node 0 after node 0's ranks wrote DONE, and the node
+  task raised (the job did not end SUCCEEDED). A DONE of this attempt's token, with no
+  FAILED, HUNG or KILLED, is the run's end whatever the launcher's code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from shardctl.orchestrator.clusters.base import JobRef, JobState
+from shardctl.orchestrator.clusters.local import EXIT_FILE, PID_FILE, LocalCluster
+from shardctl.orchestrator.fence import claim_attempt
+from shardctl.orchestrator.outcome import Evidence, Kind, classify, failed_marker
+from shardctl.orchestrator.rundir import (
+    DONE_FILE,
+    ENV_ATTEMPT_TOKEN,
+    EXIT_PREEMPTED,
+    FAILED_FILE,
+    PREEMPTED_FILE,
+    RunDir,
+)
+from shardctl.train import entry
+
+FIRST, SECOND = "local-codes-0-aaaa1111", "local-codes-1-bbbb2222"
+
+
+def _as_attempt(monkeypatch: pytest.MonkeyPatch, token: str) -> None:
+    """This test process acts as a rank (or supervisor) of the attempt `token`."""
+    monkeypatch.setenv(ENV_ATTEMPT_TOKEN, token)
+
+
+def _same_second(path: Path, when: float) -> None:
+    """Give the marker the file time of the next attempt's start: the two attempts
+    ran in the same second, so no time rule can tell them apart."""
+    os.utime(path, (when, when))
+
+
+def test_the_first_attempts_failed_in_the_same_second_is_not_the_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _as_attempt(monkeypatch, FIRST)
+    assert entry.write_failed(RunDir.of(tmp_path), time.time(), failed_marker(3, 1))
+    second_started = time.time()
+    _same_second(tmp_path / FAILED_FILE, second_started)
+    _as_attempt(monkeypatch, SECOND)
+    # The second attempt's launcher ended with torchrun's 1 and no rank wrote anything.
+    evidence = Evidence.gather(tmp_path, second_started, 1)
+    assert FAILED_FILE not in evidence.markers
+    out = classify(evidence)
+    assert (out.kind, out.code, out.rank) == (Kind.FAILED, 1, None)
+    # A rank of the second attempt that fails names its own cause: the first attempt's
+    # marker is replaced, not kept as if a rank of this attempt had been first.
+    assert entry.write_failed(RunDir.of(tmp_path), second_started, failed_marker(5, 0))
+    out = classify(Evidence.gather(tmp_path, second_started, 1))
+    assert (out.kind, out.code, out.rank) == (Kind.FAILED, 5, 0)
+    assert json.loads((tmp_path / FAILED_FILE).read_text())["token"] == SECOND
+
+
+def test_a_scripts_exit_42_is_this_attempts_preemption_not_the_last_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = RunDir.of(tmp_path)
+    _as_attempt(monkeypatch, FIRST)
+    folder.write_marker(
+        PREEMPTED_FILE, {"kind": "preempted", "step": 10, "signal": "SIGUSR2", "reason": "x"}
+    )
+    second_started = time.time()
+    _same_second(tmp_path / PREEMPTED_FILE, second_started)
+    _as_attempt(monkeypatch, SECOND)
+    entry.record(EXIT_PREEMPTED, second_started, str(tmp_path), 0)
+    written = json.loads((tmp_path / PREEMPTED_FILE).read_text())
+    assert written["token"] == SECOND and written["reason"] == "exit 42"
+    out = classify(Evidence.gather(tmp_path, second_started, 1))
+    assert (out.kind, out.step, out.signal) == (Kind.PREEMPTED, None, None)
+
+
+def test_a_marker_without_a_token_is_still_read_by_its_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run dir an older version wrote: its markers name no token."""
+    _as_attempt(monkeypatch, SECOND)
+    started = time.time()
+    (tmp_path / FAILED_FILE).write_text('{"kind": "failed", "code": 3, "rank": 1}\n')
+    _same_second(tmp_path / FAILED_FILE, started)
+    assert classify(Evidence.gather(tmp_path, started, 1)).code == 3
+    _same_second(tmp_path / FAILED_FILE, started - 5.0)  # an earlier attempt's
+    assert FAILED_FILE not in Evidence.gather(tmp_path, started, 1).markers
+
+
+def test_local_status_judges_the_current_attempts_markers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`status` (and `submit --wait`'s exit code) of a start whose ranks wrote nothing
+    while the start before it, in the same second, left FAILED code 3."""
+    _as_attempt(monkeypatch, FIRST)
+    assert entry.write_failed(RunDir.of(tmp_path), time.time(), failed_marker(3, 1))
+    monkeypatch.delenv(ENV_ATTEMPT_TOKEN)  # `status` runs outside any attempt
+    claim_attempt(tmp_path, SECOND, cluster="local", attempt=1)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=60)
+    (tmp_path / PID_FILE).write_text(f"{gone.pid} 0\n")
+    (tmp_path / EXIT_FILE).write_text("1\n")
+    _same_second(tmp_path / FAILED_FILE, (tmp_path / PID_FILE).stat().st_mtime)
+    ref = JobRef(cluster="local", job_id=str(gone.pid), name="codes", run_dir=str(tmp_path))
+    st = LocalCluster().status(ref)
+    assert st.state is JobState.FAILED and st.native_state == "exit 1", st
+    assert LocalCluster().exit_code(ref) == 1
+
+
+def test_a_done_of_this_attempt_then_a_failed_launcher_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _as_attempt(monkeypatch, SECOND)
+    started = time.time()
+    RunDir.of(tmp_path).write_marker(DONE_FILE, {"kind": "done", "step": 600})
+    out = classify(Evidence.gather(tmp_path, started, 1))
+    assert (out.kind, out.step) == (Kind.DONE, 600)
+    # An earlier attempt's DONE, written in the same second, is not this one's.
+    (tmp_path / DONE_FILE).write_text(json.dumps({"kind": "done", "step": 600, "token": FIRST}))
+    _same_second(tmp_path / DONE_FILE, started)
+    assert classify(Evidence.gather(tmp_path, started, 1)).kind is Kind.FAILED
+    # A rank of this attempt that failed after DONE still fails the run.
+    RunDir.of(tmp_path).write_marker(DONE_FILE, {"kind": "done", "step": 600})
+    entry.write_failed(RunDir.of(tmp_path), started, failed_marker(3, 1))
+    assert classify(Evidence.gather(tmp_path, started, 1)).code == 3
+    # A DONE without a token (an older version's) keeps today's reading: a failure.
+    (tmp_path / FAILED_FILE).unlink()
+    (tmp_path / DONE_FILE).write_text(json.dumps({"kind": "done", "step": 600}))
+    assert classify(Evidence.gather(tmp_path, started, 1)).kind is Kind.FAILED
+
+
+# ------------------------------------------------- a node whose launcher ends after DONE
+
+# Node 1's stand-in torchrun: its ranks finished, then it waits for the run's end
+# (node 0's ranks write DONE) and fails as torchrun does once the rendezvous store
+# that lived on node 0 is gone. It says when it is running, so the test writes DONE
+# while this launcher is still up.
+NODE1_LAUNCHER = """#!/bin/bash
+echo "${SHARDCTL_ATTEMPT_TOKEN}" > "${FAKE_RUN}/node1-running"
+deadline=$((SECONDS + 60))
+while [ ! -e "${FAKE_RUN}/DONE" ] && [ "${SECONDS}" -lt "${deadline}" ]; do sleep 0.1; done
+echo "torch.distributed.DistNetworkError: failed to recv, got 0 bytes" >&2
+exit 1
+"""
+
+TASK = """
+import sys
+from shardctl.orchestrator.clusters.slurm import NodeTask
+task = NodeTask(command=["bash", sys.argv[1]], run_dir=sys.argv[2], max_requeues=10)
+try:
+    print("RESULT", task(), flush=True)
+except RuntimeError as exc:
+    print("ERROR", exc, flush=True)
+"""
+
+
+def _wait_for(path: Path, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never came"
+        time.sleep(0.05)
+    return path.read_text().strip()
+
+
+def test_a_node_whose_launcher_fails_after_this_attempts_done_finished(
+    tmp_path: Path,
+) -> None:
+    launch = tmp_path / "launch.sh"
+    launch.write_text(NODE1_LAUNCHER)
+    env = {
+        **os.environ, "SLURM_NODEID": "1", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "2",
+        "SLURM_JOB_NUM_NODES": "2", "FAKE_RUN": str(tmp_path),
+    }  # fmt: skip
+    env.pop(ENV_ATTEMPT_TOKEN, None)
+    # An earlier requeue's DONE-less end left FAILED: not this attempt's either.
+    (tmp_path / FAILED_FILE).write_text(
+        json.dumps({"kind": "failed", "code": 3, "rank": 1, "token": "slurm-7-1"})
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", TASK, str(launch), str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        token = _wait_for(tmp_path / "node1-running", 60)
+        assert token == "slurm-7-2"  # every node derives the attempt's token
+        _same_second(tmp_path / FAILED_FILE, time.time())
+        # Node 0's rank 0 finishes the run: DONE, with the attempt's token.
+        (tmp_path / DONE_FILE).write_text(
+            json.dumps({"kind": "done", "step": 600, "token": token}) + "\n"
+        )
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert "RESULT finished" in out, out
