@@ -354,7 +354,7 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     assert "CANCELLED" in status and f"checkpoint at step {saved}" in status, status
     # The callback recorded where the checkpoints go: the requeue rule sees them.
     recorded = json.loads((tmp_path / "unmod-hf" / "trainer-output.json").read_text())
-    assert recorded == {"output_dir": str(out_dir)}
+    assert recorded["output_dir"] == str(out_dir)
     assert "0 steps lost" not in status, status
 
     # The same command again: it resumes from checkpoint-<saved> and runs to 60.
