@@ -210,3 +210,17 @@ def test_a_node_whose_launcher_fails_after_this_attempts_done_finished(
             proc.kill()
             proc.wait(timeout=30)
     assert "RESULT finished" in out, out
+
+
+def test_a_local_cancel_is_evidence_of_the_current_attempt(tmp_path: Path) -> None:
+    claim_attempt(tmp_path, SECOND, cluster="local", attempt=1)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (tmp_path / PID_FILE).write_text(f"{sleeper.pid}\n")
+        ref = JobRef(cluster="local", job_id=str(sleeper.pid), name="c", run_dir=str(tmp_path))
+        LocalCluster().cancel(ref, grace_s=20)
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=30)
+    marker = json.loads((tmp_path / "CANCELLED").read_text())
+    assert (marker["kind"], marker["token"]) == ("cancelled", SECOND)

@@ -461,7 +461,12 @@ class LocalCluster(Cluster):
             )
         grace = CANCEL_GRACE_S if grace_s is None else grace_s
         pid, ticks = pid_info
-        RunDir(run_dir).write_marker(CANCELLED_FILE, cancelled_marker())
+        # The cancel is evidence of the run's current attempt (its token), not a time.
+        token = (current_attempt(run_dir) or {}).get("token")
+        marker = cancelled_marker()
+        RunDir(run_dir).write_marker(
+            CANCELLED_FILE, {**marker, "token": token} if isinstance(token, str) else marker
+        )
         # Collected before signalling: once a parent exits, its children are re-parented
         # and no longer look like ours.
         procs = [Proc(pid, ticks), *descendants(pid)]
