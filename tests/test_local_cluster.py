@@ -189,7 +189,7 @@ def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> 
     # The rank's clear error, then one line for torchrun's 40-line report (kept in the file).
     assert "Traceback" not in shown and "ChildFailedError" not in shown, shown[-3000:]
     err = tmp_path / "bad" / "logs" / "launcher.err"
-    assert "[shardctl] the launcher reports rank " in shown and "ended first (exit 1)" in shown
+    assert "[shardctl] the launcher reports rank " in shown and "ended first (exit 78)" in shown
     assert f"its full report is in {err}" in shown and "ChildFailedError" in err.read_text()
 
 
