@@ -90,6 +90,23 @@ def test_a_scripts_exit_42_is_this_attempts_preemption_not_the_last_ones(
     assert (out.kind, out.step, out.signal) == (Kind.PREEMPTED, None, None)
 
 
+def test_exit_42_of_a_rank_other_than_0_is_a_preemption_when_rank_0_was_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 exits 42 first; torchrun then stops rank 0 (TERM) before it records
+    anything, and reports its own 1. The run saved for a preemption: not FAILED."""
+    _as_attempt(monkeypatch, SECOND)
+    started = time.time()
+    entry.record(EXIT_PREEMPTED, started, str(tmp_path), 1)
+    out = classify(Evidence.gather(tmp_path, started, 1))
+    assert (out.kind, out.signal) == (Kind.PREEMPTED, None)
+    # The checkpoint library's marker (rank 0, with the step) is never replaced.
+    library = {"kind": "preempted", "step": 40, "signal": "SIGUSR2", "reason": "saved"}
+    RunDir.of(tmp_path).write_marker(PREEMPTED_FILE, library)
+    entry.record(EXIT_PREEMPTED, started, str(tmp_path), 1)
+    assert classify(Evidence.gather(tmp_path, started, 1)).step == 40
+
+
 def test_a_marker_without_a_token_is_still_read_by_its_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

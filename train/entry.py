@@ -9,9 +9,10 @@ exit 1:
 
 - exit 0: rank 0 writes `<run dir>/DONE` unless the code (or shardctl's checkpoint
   library, which records the step) already wrote one during this attempt;
-- exit 42 (`EXIT_PREEMPTED`): the code saved and stopped for a preemption. Rank 0
-  writes `<run dir>/PREEMPTED` unless the code (or shardctl's checkpoint library)
-  already wrote one during this attempt;
+- exit 42 (`EXIT_PREEMPTED`): the code saved and stopped for a preemption. The first
+  rank to exit 42 writes `<run dir>/PREEMPTED` unless the code (or shardctl's
+  checkpoint library) already wrote one during this attempt (torchrun stops the
+  other ranks once one ends: rank 0 may never get to write it);
 - anything else: the first rank to fail writes `<run dir>/FAILED` with its code, so
   `status` says "FAILED, exit 3" rather than the launcher's 1. Code 78
   (`EXIT_DO_NOT_RETRY`, `shardctl.train.api.permanent_failure`) is a permanent error:
@@ -132,14 +133,18 @@ def record(
         done = folder.fresh_marker(DONE_FILE, started) or done_marker(None)
         folder.write_marker(DONE_FILE, {**done, "command": command, "time": time.time()})
         return
-    if code in (EXIT_OK, EXIT_PREEMPTED):
-        name = DONE_FILE if code == EXIT_OK else PREEMPTED_FILE
+    if code == EXIT_PREEMPTED:
+        # The first rank to exit 42, not rank 0 alone: once one rank ends, torchrun
+        # stops the others, and rank 0 may be stopped before it gets here. The marker
+        # of this attempt (its token) already there is kept (the checkpoint library's
+        # names the step); the script's own 42 names no signal.
+        marker = {**preempted_marker(None, None, "exit 42"), "time": time.time()}
+        folder.write_first_marker(PREEMPTED_FILE, marker, started)
+        return
+    if code == EXIT_OK:
         # This attempt's own (its token; rundir.belongs_to_attempt), not an earlier one's.
-        fresh = folder.fresh_marker(name, started) is not None
-        if rank == 0 and not fresh:
-            # The script's own 42 names no signal: a preemption it handled itself.
-            data = done_marker(None) if code == EXIT_OK else preempted_marker(None, None, "exit 42")
-            folder.write_marker(name, {**data, "time": time.time()})
+        if rank == 0 and folder.fresh_marker(DONE_FILE, started) is None:
+            folder.write_marker(DONE_FILE, {**done_marker(None), "time": time.time()})
         return
     write_failed(folder, started, failed_marker(code, rank, _failure_reason or ""))
 
