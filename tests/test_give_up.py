@@ -189,7 +189,7 @@ def test_node_task_stops_the_third_attempt_without_progress_and_status_says_why(
     # `status` of the FAILED job names the reason the node task recorded.
     info = {"JobState": "FAILED", "Restarts": "2", "NodeList": "n[1-2]", "Reason": "None"}
     monkeypatch.setattr(backend, "_require_slurm", lambda: None)
-    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
     st = backend.SlurmCluster().status(JobRef("slurm", "7", "loops", str(tmp_path)))
     assert st.state is JobState.FAILED
     assert st.detail.endswith("stopped: no new checkpoint in 3 attempts (last at step 20)")
@@ -210,7 +210,7 @@ def test_node_task_never_requeues_a_script_that_said_do_not_retry(
     assert _requeues(tmp_path) == 0
     info = {"JobState": "FAILED", "Restarts": "0", "NodeList": "n1", "Reason": "None"}
     monkeypatch.setattr(backend, "_require_slurm", lambda: None)
-    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
     st = backend.SlurmCluster().status(JobRef("slurm", "7", "gives-up", str(tmp_path)))
     assert "the script said do not retry (rank 1 exited with code 78): bad config" in st.detail
 

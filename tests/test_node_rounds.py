@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shardctl.orchestrator.clusters.slurm import _ack_round, _wait_for_acks
+from shardctl.orchestrator.clusters.slurm.rounds import ack_round, wait_for_acks
 
 LAUNCH = """#!/usr/bin/env bash
 # Round 0: stuck (a child that never ends, as a rank waiting in a rendezvous would).
@@ -104,17 +104,17 @@ def test_node_0_waits_for_every_node_to_end_the_round_bounded(tmp_path: Path) ->
     def acknowledge() -> None:
         for node in (1, 2, 3):
             time.sleep(0.3)
-            _ack_round(run_dir, "9", 1, 2, node)
+            ack_round(run_dir, "9", 1, 2, node)
 
     writer = threading.Thread(target=acknowledge)
     writer.start()
     try:
-        assert _wait_for_acks(run_dir, "9", 1, 2, nodes=4, wait_s=60) == []
+        assert wait_for_acks(run_dir, "9", 1, 2, nodes=4, wait_s=60) == []
     finally:
         writer.join()
     # Its acknowledgements are cleaned up; another round's are not counted.
     assert not list((tmp_path / "rounds").glob("9-1-r2.*"))
-    _ack_round(run_dir, "9", 1, 3, 1)
+    ack_round(run_dir, "9", 1, 3, 1)
     started = time.monotonic()
-    assert _wait_for_acks(run_dir, "9", 1, 2, nodes=3, wait_s=1.0) == [1, 2]
+    assert wait_for_acks(run_dir, "9", 1, 2, nodes=3, wait_s=1.0) == [1, 2]
     assert time.monotonic() - started >= 1.0

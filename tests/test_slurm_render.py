@@ -533,7 +533,7 @@ def test_status_says_the_last_attempt_hung(tmp_path, monkeypatch):
 
     info = {"JobState": "RUNNING", "Restarts": "1", "NodeList": "n[1-2]", "Reason": "None"}
     monkeypatch.setattr(backend, "_require_slurm", lambda: None)
-    monkeypatch.setattr(backend, "_scontrol_job", lambda job_id: info)
+    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
     ref = JobRef("slurm", "5", "hangs", str(tmp_path))
     report = tmp_path / "logs" / "hang-attempt0-node1.txt"
     (tmp_path / "HUNG").write_text(json.dumps({**HUNG, "report": str(report)}))

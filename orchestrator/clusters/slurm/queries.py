@@ -1,4 +1,5 @@
-"""What Slurm says of many jobs at once, for `shardctl ls` (`SlurmCluster.status_many`).
+"""What Slurm says of many jobs at once, for `shardctl ls` (`SlurmCluster.status_many`),
+and of one (`scontrol_job`, for `status` and the node task).
 
 `status` asks about one job: `scontrol show job -o ID` (the controller, which keeps a
 job for MinJobAge after it ends), else `sacct -j ID` (the accounting database). With
@@ -100,3 +101,17 @@ def accounting_lines(job_ids: Iterable[str]) -> dict[str, str]:
         for job_id, rest in parse_accounting(proc.stdout).items():
             found.setdefault(job_id, rest)
     return found
+
+
+def scontrol_job(job_id: str) -> dict[str, str] | None:
+    """`status`'s question about one job: its fields as the controller holds them
+    (`scontrol show job -o ID`), or None when the controller no longer holds it."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ClusterError(f"status of job {job_id}: {exc}") from None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return scontrol_fields(proc.stdout)

@@ -1,0 +1,174 @@
+"""A run's attempts ledger and the progress it judges, torch-free.
+
+The no-progress rule of `outcome.decide` needs to know, for each attempt, whether it
+published a new complete checkpoint. Here: the newest complete checkpoint of a run,
+read from folder names and commit files without importing `train/` (shardctl's
+`step-N/` with its manifest, or a Hugging Face Trainer's `checkpoint-N/` with its
+`trainer_state.json`), the attempt's `Progress`, and the run dir's `attempts.jsonl`,
+one line per judged attempt (`record_attempt`), which `status` reads for why a job
+stopped (`last_attempt`) and `goodput.py` for the timeline. `outcome` imports this
+module; it imports only `rundir`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RunDir
+
+if TYPE_CHECKING:
+    from .outcome import Verdict
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+_STEP_FOLDER = re.compile(r"^step-(\d{8})$")
+# The file a checkpoint's save writes last into its folder: its commit marker
+# (`shardctl.train.storage.COMMIT_MARKER`, read here by name: no `train/` import).
+CHECKPOINT_COMMIT = "manifest.json"
+
+
+def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
+    """The newest complete checkpoint under `checkpoint_dir` as (step, when its
+    manifest was written), read from folder names and manifests without torch;
+    None when there is none."""
+    root = Path(checkpoint_dir)
+    try:
+        names = sorted((e.name for e in root.iterdir()), reverse=True)
+    except OSError:
+        return None
+    for name in names:
+        match = _STEP_FOLDER.match(name)
+        if match is None:
+            continue
+        try:
+            return int(match.group(1)), (root / name / CHECKPOINT_COMMIT).stat().st_mtime
+        except OSError:
+            continue  # no manifest: a save that never finished
+    return None
+
+
+# A Hugging Face Trainer's checkpoint (`checkpoint-N/`): rank 0 writes
+# `trainer_state.json` last of its files (`shardctl.train.hf`). The Trainer's
+# `output_dir` is where the HF callback records it in the run dir, as JSON
+# `{"output_dir"}`: a script may put its checkpoints anywhere.
+_TRAINER_FOLDER = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_COMMIT = "trainer_state.json"
+TRAINER_OUTPUT_FILE = "trainer-output.json"
+
+
+def newest_trainer_checkpoint(output_dir: str | Path) -> tuple[int, float] | None:
+    """The newest Trainer `checkpoint-N` of `output_dir` whose `trainer_state.json`
+    reads and says step N, as (N, when that file was written); None when none does."""
+    root = Path(output_dir)
+    try:
+        found = [(int(m.group(1)), e) for e in root.iterdir()
+                 if (m := _TRAINER_FOLDER.match(e.name))]  # fmt: skip
+    except OSError:
+        return None
+    for step, folder in sorted(found, reverse=True):
+        state_file = folder / TRAINER_COMMIT
+        try:
+            state = json.loads(state_file.read_text())
+            if isinstance(state, dict) and state.get("global_step") == step:
+                return step, state_file.stat().st_mtime
+        except (OSError, ValueError):
+            continue  # a save that never finished
+    return None
+
+
+def _newest_of_run(run_dir: str | Path, checkpoint_dir: Path) -> tuple[int, float] | None:
+    """The newest complete checkpoint a run's attempts left: shardctl's `step-N` or a
+    Trainer's `checkpoint-N` in the checkpoint dir, or in the Trainer's recorded
+    `output_dir`."""
+    found = [newest_checkpoint(checkpoint_dir), newest_trainer_checkpoint(checkpoint_dir)]
+    recorded = RunDir.of(run_dir).read_marker(TRAINER_OUTPUT_FILE) or {}
+    output_dir = recorded.get("output_dir")
+    if isinstance(output_dir, str) and output_dir and Path(output_dir) != checkpoint_dir:
+        found.append(newest_trainer_checkpoint(output_dir))
+    return max((f for f in found if f is not None), default=None)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """This attempt's progress: the newest complete checkpoint step now, whether it
+    was published during the attempt, and how many attempts in a row (this one
+    included) of the same job published none."""
+
+    step: int | None
+    advanced: bool
+    stalled: int
+
+
+def attempt_progress(
+    run_dir: str | Path, checkpoint_dir: str | Path | None, since: float | None, job: str
+) -> Progress:
+    """This attempt's `Progress`. The attempts before it come from `attempts.jsonl`
+    (those of `job` only: a new submission starts over). Progress: a newer complete
+    checkpoint than the previous attempt of the job recorded; for the job's first
+    attempt, one whose manifest was written at or after `since` (a second of slack).
+    A Trainer's `checkpoint-N` counts as well (`_newest_of_run`)."""
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / CHECKPOINTS_DIR
+    newest = _newest_of_run(run_dir, ckpt)
+    before = [e for e in _attempts(run_dir) if e.get("job") == job]
+    if newest is None:
+        advanced = False
+    elif before:
+        previous = _int(before[-1].get("checkpoint_step"))
+        advanced = previous is None or newest[0] > previous
+    else:
+        advanced = since is None or newest[1] >= since - 1.0
+    stalled = 0
+    if not advanced:
+        stalled = 1
+        for entry in reversed(before):
+            if entry.get("advanced") is not False:
+                break
+            stalled += 1
+    return Progress(newest[0] if newest else None, advanced, stalled)
+
+
+def _attempts(run_dir: str | Path) -> list[dict[str, Any]]:
+    try:
+        lines = (Path(run_dir) / ATTEMPTS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    entries = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash: the others still count
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
+
+
+def last_attempt(run_dir: str | Path, job: str) -> dict[str, Any] | None:
+    """The newest line of `attempts.jsonl` for `job` (what `status` shows), or None."""
+    return next((e for e in reversed(_attempts(run_dir)) if e.get("job") == job), None)
+
+
+def record_attempt(
+    run_dir: str | Path, job: str, verdict: Verdict, progress: Progress, since: float | None = None
+) -> None:
+    """Append this attempt to `attempts.jsonl` (one short line, one write): its
+    timeline for `goodput.py` (`start`: `since`, the attempt's start; `end`: now, when
+    it was judged; `time`, the same, read by lines written before `end` existed)."""
+    now = time.time()
+    entry = {
+        "job": job, "attempt": verdict.retries, "restart": verdict.restarts,
+        "start": since, "end": now, "time": now,
+        "kind": verdict.outcome.kind.value, "decision": verdict.decision.value,
+        "checkpoint_step": progress.step, "advanced": progress.advanced,
+        "summary": verdict.summary(),
+    }  # fmt: skip
+    with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
