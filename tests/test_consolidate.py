@@ -510,3 +510,9 @@ def test_config_json_names_the_architecture_a_serving_engine_dispatches_on(tmp_p
     ]
     _write_config({"model_type": "no-such-model", "architectures": None}, "fp32", tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] is None
+    import transformers  # noqa: F401  (imported already: other model types are looked up)
+
+    _write_config({"model_type": "gpt2", "architectures": None}, "fp32", tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "GPT2LMHeadModel"
+    ]

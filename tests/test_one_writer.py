@@ -39,7 +39,7 @@ while not go.exists() and time.monotonic() < deadline:
 """
 
 
-def _spec(tmp_path: Path, name: str, run: str = "run") -> Path:
+def _spec(tmp_path: Path, name: str, run: str = "run", *extra: str) -> Path:
     script = tmp_path / "hold.py"
     script.write_text(HOLD)
     data = {
@@ -48,7 +48,7 @@ def _spec(tmp_path: Path, name: str, run: str = "run") -> Path:
         "resources": {"procs_per_node": 1},
         "entrypoint": {
             "script": str(script),
-            "args": [str(tmp_path / "ready"), str(tmp_path / "go")],
+            "args": [str(tmp_path / "ready"), str(tmp_path / "go"), *extra],
         },
         "local": {"master_port": free_port()},
     }
@@ -106,7 +106,12 @@ def test_a_live_run_refuses_a_second_submit_naming_it_until_it_ended(
         (tmp_path / "go").write_text("go\n")
         _wait(lambda: _ended(first), "the job to end")
         assert LocalCluster().status(first).state is JobState.SUCCEEDED
-        res = _submit(str(spec))  # ended: the run dir is free again
+        # The same command again: the run succeeded, there is nothing to do.
+        res = _submit(str(spec))
+        assert res.exit_code == 0 and "run complete" in res.output, res.output
+        assert recall("one").job_id == first.job_id
+        # Ended: the run dir is free again for another command.
+        res = _submit(str(_spec(tmp_path, "one", "run", "again")))
         assert res.exit_code == 0, res.output
         refs.append(recall("one"))
         assert refs[1].job_id != first.job_id

@@ -325,9 +325,22 @@ def _storage(out_dir: Path, durable: bool) -> PosixStorage:
     return PosixStorage(out_dir.parent, durable=durable, staging_marker=_MARKER)
 
 
+# The models the built-in loop builds from a config (`llama:`): named without importing
+# transformers, which a consolidation of recorded names otherwise never needs.
+_CAUSAL_LM = {"llama": "LlamaForCausalLM"}
+
+
 def causal_lm_class(model_type: Any) -> str | None:
-    """transformers' causal-LM class name for a config's model_type (None: unknown)."""
+    """transformers' causal-LM class name for a config's model_type (None: unknown).
+    Other model types are looked up in transformers only when it is imported already
+    (the name check imported it): seconds of import for one word are not spent."""
+    import sys
+
     if not isinstance(model_type, str):
+        return None
+    if model_type in _CAUSAL_LM:
+        return _CAUSAL_LM[model_type]
+    if "transformers" not in sys.modules:
         return None
     try:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
