@@ -714,3 +714,22 @@ def test_a_second_submit_of_a_live_run_is_refused_naming_the_slurm_job(
     finally:
         go.write_text("go\n")
     assert _finished(ref) is JobState.SUCCEEDED, SlurmCluster().logs(ref, tail=40)
+
+
+def test_a_script_without_a_usr2_handler_says_nothing_was_saved_and_requeues(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    """A plain script with no handler and no resume code on 2 nodes, preempted with
+    `scancel --signal=USR2`: its ranks do not keep an ignored SIGUSR2, each says that
+    nothing was saved, and the job is a preemption — requeued, run again, COMPLETED."""
+    spec = _own_spec("own-nohandler", "tests/data/usercode/no_handler_once.py", [str(tmp_path)])
+    ref = _submitted(tmp_path, spec)
+    _wait(ref, lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 180,
+          "both ranks to start")  # fmt: skip
+    subprocess.run(["scancel", "--signal=USR2", ref.job_id], check=True, timeout=30)
+    cluster = SlurmCluster()
+    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 120, "the requeue")
+    assert _finished(ref) is JobState.SUCCEEDED, cluster.logs(ref, tail=40)
+    logs = cluster.logs(ref)
+    assert "nothing was saved" in logs, logs
+    assert (Path(ref.run_dir) / "DONE").is_file()
