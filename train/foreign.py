@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import struct
 import zipfile
@@ -439,12 +438,3 @@ def list_foreign(folder: Path) -> list[ForeignCheckpoint]:
                     found.append(hit)
     found.sort(key=lambda c: (-1 if c.step is None else c.step, str(c.path)))
     return found
-
-
-def size_of(folder: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += (Path(dirpath) / name).stat().st_size
-    return total

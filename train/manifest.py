@@ -181,7 +181,8 @@ def _check_entry(path: Path, rel: str, entry: Any) -> None:
             )
 
 
-def _dir_size(path: Path) -> int:
+def dir_size(path: Path) -> int:
+    """Bytes of every file under `path` (a checkpoint folder, any tool's)."""
     total = 0
     for dirpath, _dirs, files in os.walk(path):
         for name in files:
@@ -223,7 +224,7 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[CheckpointInfo]:
                 step=step,
                 path=str(entry),
                 complete=why is None,
-                size_bytes=_dir_size(entry),
+                size_bytes=dir_size(entry),
                 world_size=world_size,
                 backend=backend,
                 why_incomplete=why,

@@ -91,7 +91,7 @@ NO_SHA256 = "no sha256 recorded (not written by shardctl): sizes and structure c
 
 def _foreign_row(found: Any, check_hashes: bool) -> dict[str, Any]:
     """A checkpoint another tool wrote, as a row: checked for what its format proves."""
-    from ...train.foreign import size_of
+    from ...train.manifest import dir_size
 
     status = "complete" if found.complete else "corrupt" if found.committed else "incomplete"
     notes = [NO_SHA256] if found.complete else []
@@ -99,7 +99,7 @@ def _foreign_row(found: Any, check_hashes: bool) -> dict[str, Any]:
         "step": found.step,
         "path": str(found.path),
         "complete": found.complete,
-        "size_bytes": size_of(found.path),
+        "size_bytes": dir_size(found.path),
         "world_size": found.world_size,
         "backend": found.backend,
         "why_incomplete": found.problems[0] if found.problems else None,
