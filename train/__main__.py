@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -74,9 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     from .preemption import undo_inherited_ignores
 
     install_stack_dump()
-    # A stop signal inherited ignored (Slurm's node task ignores its warning signal for
-    # the launcher) would go unnoticed until the loop installs its handlers.
-    undo_inherited_ignores()
+    # TERM and INT inherited ignored would make the rank deaf to its launcher's stop.
+    # SIGUSR2 stays ignored until the loop installs its handler a few seconds on: the
+    # node task sends the warning again once the ranks catch it, so one that lands
+    # while the model is still being built is saved at the first step, not fatal (a
+    # time-limit warning during start-up ended the first attempt with nothing saved).
+    undo_inherited_ignores((signal.SIGTERM, signal.SIGINT))
     show_library_warnings_once(int(rank or 0))
     try:
         from shardctl.orchestrator.spec import read_job_yaml

@@ -67,13 +67,13 @@ INHERITED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 WARNING_SIGNAL = signal.SIGUSR2  # what every supervisor sends the ranks for a preemption
 
 
-def undo_inherited_ignores() -> list[str]:
-    """Give each of `INHERITED` that this process inherited ignored its usual action
+def undo_inherited_ignores(signals: tuple[signal.Signals, ...] = INHERITED) -> list[str]:
+    """Give each of `signals` that this process inherited ignored its usual action
     (SIGINT: Python's KeyboardInterrupt; the others: the default, which ends the
     process); the names of those changed. An ignored preemption signal would make a
     rank without a handler carry on unaware until the cluster kills it."""
     changed = []
-    for sig in INHERITED:
+    for sig in signals:
         if signal.getsignal(sig) is signal.SIG_IGN:
             usual = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
             signal.signal(sig, usual)
