@@ -127,7 +127,7 @@ def identify(folder: Path) -> ForeignCheckpoint | None:
     if (folder / DCP_METADATA).is_file() or any(folder.glob("*.distcp")):
         return _dcp(folder, folder, "dcp", False, None)
     if any(folder.glob("*_model_states.pt")):  # a DeepSpeed tag folder named directly
-        return _deepspeed_tag(folder, folder, "deepspeed", _step_from_name(folder.name), False)
+        return _deepspeed_tag(folder, folder, "deepspeed", _step_from_name(folder.name))
     has_weights = (folder / SAFETENSORS).is_file() or (folder / SAFETENSORS_INDEX).is_file()
     if has_weights and (trainer or accelerate or (folder / "optimizer.bin").is_file()):
         return _full(folder, "trainer" if trainer else "accelerate", trainer)
@@ -203,13 +203,11 @@ def _deepspeed(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
     if step is None:
         m = _GLOBAL_STEP.match(tag_dir.name)
         step = int(m.group(1)) if m else None
-    found = _deepspeed_tag(folder, tag_dir, fmt, step, trainer)
+    found = _deepspeed_tag(folder, tag_dir, fmt, step)
     return _with(found, problems=tuple(problems) + found.problems, committed=latest.is_file())
 
 
-def _deepspeed_tag(
-    folder: Path, tag_dir: Path, fmt: str, step: int | None, trainer: bool
-) -> ForeignCheckpoint:
+def _deepspeed_tag(folder: Path, tag_dir: Path, fmt: str, step: int | None) -> ForeignCheckpoint:
     """Check one DeepSpeed tag folder: the model-states file says the data-parallel
     world size and the ZeRO stage; every rank's files must be there and whole."""
     problems: list[str] = []
