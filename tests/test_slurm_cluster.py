@@ -149,14 +149,19 @@ def _submitted(tmp_path: Path, spec: dict[str, Any]) -> JobRef:
 def _wait(ref: JobRef, until: Any, timeout: float, what: str) -> Any:
     """Poll every 0.5 s until `until()` is truthy; on time-out cancel the job and fail."""
     deadline = time.monotonic() + timeout
+    problem = f"timed out after {timeout:.0f}s waiting for {what}"
     while time.monotonic() < deadline:
-        found = until()
+        try:
+            found = until()
+        except AssertionError as wrong:  # what was found can never become what is waited for
+            problem = f"waiting for {what}: {wrong}"
+            break
         if found:
             return found
         time.sleep(0.5)
     logs = SlurmCluster().logs(ref, tail=30)
     SlurmCluster().cancel(ref)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs}")
+    pytest.fail(f"{problem}\n{logs}")
 
 
 def _finished(ref: JobRef, timeout: float = 240) -> JobState:
@@ -234,11 +239,14 @@ def _assert_loads_in_transformers(run_dir: Path) -> dict[str, Any]:
 
 
 def _marker_step(run_dir: Path) -> int | None:
-    """The step rank 0 saved on preemption (its PREEMPTED marker), once written."""
+    """The step rank 0 saved on preemption (its PREEMPTED marker), once written; an
+    AssertionError when the marker says a rank stopped with nothing saved."""
     try:
-        return int(json.loads((run_dir / "PREEMPTED").read_text())["step"])
-    except (OSError, ValueError, KeyError):
+        marker = json.loads((run_dir / "PREEMPTED").read_text())
+    except (OSError, ValueError):
         return None
+    assert marker.get("saved", True), f"PREEMPTED says nothing was saved: {marker}"
+    return int(marker["step"])
 
 
 def _last_checkpoint(run_dir: Path) -> int | None:

@@ -70,7 +70,9 @@ def _wait_for(found, what: str, seconds: float, log: Path | None = None):
 # ----------------------------------------------------------------- signals of a rank
 
 
-def _entry(tmp_path: Path, script: Path, *args: str, ignore: tuple[int, ...] = ()):
+def _entry(
+    tmp_path: Path, script: Path, *args: str, ignore: tuple[int, ...] = (), stderr=subprocess.PIPE
+):
     """`python -m shardctl.train.entry script SCRIPT ARGS` as a rank, started with the
     signals `ignore` ignored (as Slurm's node task starts the launcher)."""
 
@@ -82,7 +84,7 @@ def _entry(tmp_path: Path, script: Path, *args: str, ignore: tuple[int, ...] = (
     return subprocess.Popen(
         [sys.executable, "-m", "shardctl.train.entry", "script", str(script), *args],
         env=env, cwd=tmp_path, preexec_fn=ignored, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        stderr=stderr, text=True,
     )  # fmt: skip
 
 
@@ -128,6 +130,41 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     verdict = judge(Evidence.gather(tmp_path / "run", started, 1), max_retries=3)
     assert verdict.outcome.kind is Kind.PREEMPTED and verdict.decision is Decision.RETRY
     assert "nothing saved: rank 0 had no handler for SIGUSR2" in verdict.summary()
+
+
+def test_a_trainer_script_holds_an_early_warning_and_saves_at_its_first_step(
+    tmp_path: Path,
+) -> None:
+    """An unmodified Trainer script whose rank gets SIGUSR2 once the Trainer is built
+    but before `train()` (a time-limit warning during a slow start-up): the rank holds
+    it for the callback shardctl adds, which saves checkpoint-1 and exits 42; without
+    the hold the rank died of the signal with nothing saved (CI, a Slurm time limit)."""
+    out_dir, err_log = tmp_path / "out", tmp_path / "rank.err"
+    args = ["--output-dir", str(out_dir), "--max-steps", "20", "--save-steps", "100",
+            "--hold-before-train", str(tmp_path)]  # fmt: skip
+    with err_log.open("w") as err_file:
+        proc = _entry(tmp_path, CODE / "hf_unmodified.py", *args, ignore=(signal.SIGUSR2,),
+                      stderr=err_file)  # fmt: skip
+        try:
+            pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the Trainer", 180))
+            assert pid == proc.pid and proctree.catches(pid, signal.SIGUSR2)
+            os.kill(pid, signal.SIGUSR2)
+            held = "SIGUSR2 arrived before the Trainer began training"
+            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
+                      "the rank's word on the signal", 60, err_log)  # fmt: skip
+            (tmp_path / "go").touch()
+            out, _ = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    err = err_log.read_text()
+    assert proc.returncode == 42, err[-3000:]
+    assert held in err and "nothing was saved" not in err, err[-3000:]
+    assert "started at step 0" in out and "finished" not in out, out
+    marker = json.loads((tmp_path / "run" / PREEMPTED_FILE).read_text())
+    assert (marker["step"], marker["signal"]) == (1, "SIGUSR2"), marker
+    assert _complete_checkpoints(out_dir) == [1]
 
 
 def _read(path: Path) -> str:

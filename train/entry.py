@@ -30,7 +30,10 @@ Before the user's code, every rank:
 - catches SIGUSR2 while the code has no handler of its own: the rank says that
   nothing was saved (a line on stderr; PREEMPTED with `"saved": false` and its rank,
   the first rank's only), then ends by the signal's default action. The job is a
-  preemption: it is requeued and the script starts from what it saved itself;
+  preemption: it is requeued and the script starts from what it saved itself. A
+  Trainer script's rank (transformers' Trainer imported, or `shardctl.train.hf`)
+  holds the signal instead until shardctl's callback installs its handler at
+  `on_train_begin`, which takes it: that rank saves at its first step;
 - wraps transformers' `Trainer.train` once the script imports it
   (`shardctl.train.hf_auto`): an unmodified Trainer script resumes and saves on a
   preemption (`entrypoint.hf_trainer_auto: false` turns it off);
@@ -171,7 +174,14 @@ def prepare_signals(started: float, run_dir: str | None, rank: int) -> None:
             marker = unsaved_marker(signum, rank)
             RunDir.of(run_dir).write_first_marker(PREEMPTED_FILE, marker, started)
 
-    UnhandledWarning(nothing_saved).install()
+    def held(signum: int) -> None:
+        print(
+            f"[rank {rank}] {signal_name(signum)} arrived before the Trainer began "
+            "training: it is held for shardctl's callback, which saves at the first step",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+
+    UnhandledWarning(nothing_saved, held).install()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from shardctl.orchestrator.outcome import TRAINER_OUTPUT_FILE, preempted_marker
 from shardctl.orchestrator.rundir import ENV_RUN_DIR, EXIT_PREEMPTED, PREEMPTED_FILE, RunDir
 from shardctl.train import heartbeat
 from shardctl.train import stop as stop_rule
-from shardctl.train.preemption import SIGNALS, PreemptionFlag
+from shardctl.train.preemption import SIGNALS, PreemptionFlag, expect_handler
 from transformers.trainer_callback import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import (
@@ -347,14 +347,16 @@ class PreemptionCallback(TrainerCallback):
         self.run_dir = run_dir
         self.exit_code = exit_code
         self._flag = PreemptionFlag()
+        expect_handler()  # a warning before on_train_begin waits for it (entry's rank)
         self._installed = False
         self._stopping_at: int | None = None  # the step being saved because of a stop
         self._reason = ""
         self._signum: int | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # Installed here, not in __init__: a signal while the model and data are
-        # still being built has nothing to save and keeps its usual effect.
+        # Installed here, not in __init__: nothing can be saved before the training
+        # begins. Under shardctl's entry a warning that came earlier was held for this
+        # handler (`expect_handler`), which takes it: the ranks save at the first step.
         if not self._installed:
             self._flag.install()
             self._installed = True

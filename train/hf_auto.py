@@ -7,7 +7,9 @@ imports nothing of transformers: it puts a finder on `sys.meta_path` that waits 
 pays one string comparison per import) and then wraps `Trainer.train`. The wrapper
 (`shardctl.train.hf.prepare_unmodified`) passes the newest complete `checkpoint-N`
 of the Trainer's `output_dir` when the script gives no `resume_from_checkpoint`, and
-adds shardctl's `PreemptionCallback` unless the script added one.
+adds shardctl's `PreemptionCallback` unless the script added one. From the moment
+the script looks for `transformers.trainer`, a preemption warning is held for that
+callback (`shardctl.train.preemption.expect_handler`): it saves at the first step.
 
 `entrypoint.hf_trainer_auto: false` in the spec (rendered as
 `SHARDCTL_HF_TRAINER_AUTO=0`) leaves the Trainer as transformers made it.
@@ -28,6 +30,8 @@ from typing import Any
 
 from shardctl.orchestrator.rundir import ENV_HF_TRAINER_AUTO
 
+from .preemption import expect_handler
+
 TRAINER_MODULE = "transformers.trainer"
 # Set on the wrapper, so that a second install (a module reloaded) wraps once.
 WRAPPED = "_shardctl_hf_trainer_auto"
@@ -45,6 +49,7 @@ def install() -> None:
         return
     loaded = sys.modules.get(TRAINER_MODULE)
     if loaded is not None:
+        expect_handler()
         wrap_trainer(loaded)
     elif not any(isinstance(f, _TrainerFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _TrainerFinder())
@@ -81,6 +86,10 @@ class _TrainerFinder(importlib.abc.MetaPathFinder):
         if fullname != TRAINER_MODULE:
             return None
         sys.meta_path.remove(self)  # once: the module is imported once
+        # A Trainer script: the callback the wrapper adds installs a handler when the
+        # training begins; a warning before that (its import, the model, the data) is
+        # held for it rather than ending the rank with nothing saved.
+        expect_handler()
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
             spec = find(fullname, path, target) if find is not None else None

@@ -25,7 +25,10 @@ usual action where the rank inherited them ignored (Slurm's node task starts the
 launcher with its warning signal ignored, so that the launcher survives it, and an
 ignored signal stays ignored across `exec`), and `UnhandledWarning` catches SIGUSR2
 for as long as the rank's code has no handler of its own: a rank that cannot save
-says so, then ends as it would have without shardctl.
+says so, then ends as it would have without shardctl. A rank whose code will install
+shardctl's handler later (a Hugging Face Trainer script: the callback comes at
+`on_train_begin`; `expect_handler`) holds the signal instead, and that handler takes
+it when installed: the run stops and saves at its first step.
 
 This module imports nothing heavy. The exit codes are defined in
 `shardctl.orchestrator.rundir` and re-exported here.
@@ -54,6 +57,7 @@ __all__ = [
     "STOP_AFTER_STEP_ENV",
     "PreemptionFlag",
     "UnhandledWarning",
+    "expect_handler",
     "undo_inherited_ignores",
 ]
 
@@ -81,23 +85,57 @@ def undo_inherited_ignores(signals: tuple[signal.Signals, ...] = INHERITED) -> l
     return changed
 
 
+# A warning that arrived while a handler of shardctl's was known to be on its way (see
+# `expect_handler`); the first `PreemptionFlag` installed in this process takes it.
+_expecting_handler = False
+_held_signal: int | None = None
+
+
+def expect_handler() -> None:
+    """Say that this rank's code will install a `PreemptionFlag` (the Trainer callback
+    at `on_train_begin`): until it does, `UnhandledWarning` holds SIGUSR2 for it
+    instead of ending the rank, so a warning that lands while the model and data are
+    still being built is saved at the first step rather than losing the attempt."""
+    global _expecting_handler
+    _expecting_handler = True
+
+
+def _take_held_signal() -> int | None:
+    """The warning held for the first handler, once (the expectation is met then: a
+    warning between two trainings has nobody coming for it)."""
+    global _expecting_handler, _held_signal
+    held, _held_signal, _expecting_handler = _held_signal, None, False
+    return held
+
+
 class UnhandledWarning:
     """shardctl's handler of SIGUSR2 while the rank's own code has none.
 
     A script that installs its own handler (shardctl's `api`, the HF callback, its
     own `signal.signal`) replaces this one, and puts it back when it uninstalls its
-    own. When SIGUSR2 reaches this handler, nothing in the rank can save: `notice` is
-    called with the signal (to say so: a line, a marker), then the signal's default
-    action ends the rank as it would have without shardctl, and the job is requeued
-    to resume from whatever the script saved before."""
+    own. When SIGUSR2 reaches this handler and a handler of shardctl's is expected
+    (`expect_handler`), the signal is held for it and `held` is called with it (to say
+    so). Otherwise nothing in the rank can save: `notice` is called with the signal
+    (to say so: a line, a marker), then the signal's default action ends the rank as
+    it would have without shardctl, and the job is requeued to resume from whatever
+    the script saved before."""
 
-    def __init__(self, notice: Callable[[int], None]) -> None:
+    def __init__(
+        self, notice: Callable[[int], None], held: Callable[[int], None] | None = None
+    ) -> None:
         self.notice = notice
+        self.held = held
 
     def install(self) -> None:
         signal.signal(WARNING_SIGNAL, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        global _held_signal
+        if _expecting_handler:
+            _held_signal = signum
+            if self.held is not None:
+                self.held(signum)
+            return
         try:
             self.notice(signum)
         finally:
@@ -120,6 +158,9 @@ class PreemptionFlag:
     def install(self) -> None:
         for sig in SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        held = _take_held_signal()
+        if held is not None and self.signum is None:
+            self.signum = held  # it arrived before this handler: stop at the first step
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():

@@ -1,7 +1,10 @@
 """A Hugging Face Trainer script as users write it, with nothing of shardctl: no
 callback, no resume code (`trainer.train()` alone). A tiny GPT-2 built from its
 config, the bytes of a few standard-library files as data, 2 CPU ranks on gloo.
-Every rank prints `started at step N` when training begins (the Trainer's step)."""
+Every rank prints `started at step N` when training begins (the Trainer's step).
+`--hold-before-train DIR`: once the Trainer is built, every rank writes
+`DIR/ready-<rank>` (its pid) and waits for `DIR/go` before `train()` (at most 120 s),
+so that a test's signal lands while the script is still being set up."""
 
 import argparse
 import os
@@ -46,12 +49,22 @@ class SayWhereItStarts(TrainerCallback):
         time.sleep(self.pause)
 
 
+def hold(folder: Path) -> None:
+    rank = os.environ.get("RANK", "0")
+    (folder / f"ready-{rank}.tmp").write_text(str(os.getpid()))
+    (folder / f"ready-{rank}.tmp").rename(folder / f"ready-{rank}")  # whole when seen
+    deadline = time.monotonic() + 120
+    while not (folder / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-steps", type=int, default=40)
     p.add_argument("--save-steps", type=int, default=5)
     p.add_argument("--pause", type=float, default=0.0, help="seconds after each step")
+    p.add_argument("--hold-before-train", type=Path, default=None)
     args = p.parse_args()
     files = sorted(Path(os.__file__).parent.glob("*.py"))[:20]
     data = Blocks(b"".join(f.read_bytes() for f in files)[: 1 << 19], 32)
@@ -76,6 +89,8 @@ def main() -> None:
         model=GPT2LMHeadModel(config), args=training_args, train_dataset=data,
         callbacks=[SayWhereItStarts(args.pause)],
     )  # fmt: skip
+    if args.hold_before_train is not None:
+        hold(args.hold_before_train)
     result = trainer.train()
     if trainer.is_world_process_zero():
         print(f"finished at step {result.global_step}", flush=True)
