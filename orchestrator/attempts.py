@@ -1,17 +1,19 @@
 """A run's attempts ledger and the progress it judges, torch-free.
 
 The no-progress rule of `outcome.decide` needs to know, for each attempt, whether it
-published a new complete checkpoint. Here: the newest complete checkpoint of a run,
-read from folder names and commit files without importing `train/` (shardctl's
-`step-N/` with its manifest, or a Hugging Face Trainer's `checkpoint-N/` with its
-`trainer_state.json`), the attempt's `Progress`, and the run dir's `attempts.jsonl`,
-one line per judged attempt (`record_attempt`), which `status` reads for why a job
-stopped (`last_attempt`) and `goodput.py` for the timeline. `outcome` imports this
-module; it imports only `rundir`.
+published a new complete checkpoint. Here: the newest complete checkpoint of a run
+without importing `train/` (shardctl's `step-N/`, from the one lister
+`checkpoint_list`; a Hugging Face Trainer's `checkpoint-N/` with its
+`trainer_state.json`, read here), the attempt's `Progress`, and the run dir's
+`attempts.jsonl`, one line per judged attempt (`record_attempt`), which `status` reads
+for why a job stopped (`last_attempt`) and `goodput.py` for the timeline. `outcome`
+imports this module; it imports only `rundir`, `checkpoint_list` and `storage` (all
+torch-free).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -19,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .checkpoint_list import complete_checkpoints
 from .rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RunDir
+from .storage import COMMIT_MARKER
 
 if TYPE_CHECKING:
     from .outcome import Verdict
@@ -29,29 +33,20 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-_STEP_FOLDER = re.compile(r"^step-(\d{8})$")
-# The file a checkpoint's save writes last into its folder: its commit marker
-# (`shardctl.train.storage.COMMIT_MARKER`, read here by name: no `train/` import).
-CHECKPOINT_COMMIT = "manifest.json"
+# The commit marker under its older name here (`outcome` re-exports it).
+CHECKPOINT_COMMIT = COMMIT_MARKER
 
 
 def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
     """The newest complete checkpoint under `checkpoint_dir` as (step, when its
-    manifest was written), read from folder names and manifests without torch;
-    None when there is none."""
-    root = Path(checkpoint_dir)
+    manifest was written), from the one lister (`checkpoint_list`, torch-free); None
+    when there is none or the folder cannot be read."""
     try:
-        names = sorted((e.name for e in root.iterdir()), reverse=True)
+        for checkpoint in complete_checkpoints(checkpoint_dir):
+            with contextlib.suppress(OSError):  # deleted since it was listed
+                return checkpoint.step, checkpoint.committed_at()
     except OSError:
-        return None
-    for name in names:
-        match = _STEP_FOLDER.match(name)
-        if match is None:
-            continue
-        try:
-            return int(match.group(1)), (root / name / CHECKPOINT_COMMIT).stat().st_mtime
-        except OSError:
-            continue  # no manifest: a save that never finished
+        pass  # an unreadable folder holds no progress to count
     return None
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from shardctl.orchestrator.checkpoint_list import complete_checkpoints
 from shardctl.orchestrator.fence import (
     AttemptFence,
     StaleAttemptError,
@@ -94,7 +95,7 @@ def test_the_storage_refuses_before_the_rename_and_leaves_the_staging(tmp_path: 
     claim_attempt(run, "theirs")  # a newer attempt took over meanwhile
     with pytest.raises(StaleAttemptError, match="no longer the current attempt"):
         storage.publish("step-00000001")
-    assert storage.list_complete() == []
+    assert complete_checkpoints(storage) == []
     assert (staged / "manifest.json").is_file()  # it may be the new attempt's: left alone
     with pytest.raises(StaleAttemptError):
         storage.new_staging("step-00000002")  # a stale rank does not even start a save

@@ -263,22 +263,24 @@ def test_progress_is_a_complete_checkpoint_published_during_the_attempt(tmp_path
     assert last["kind"] == "hung" and last["decision"] == "retry"
 
 
-def test_the_torch_free_checkpoint_listing_reads_what_the_storage_publishes(
+def test_the_no_progress_rule_lists_checkpoints_through_the_one_lister(
     tmp_path: Path,
 ) -> None:
-    """`outcome.newest_checkpoint` mirrors the storage's commit marker and folder names
-    (it may not import `train/`): the same names, and the same answer on a folder."""
-    from shardctl.train.manifest import step_dirname as step_name
-    from shardctl.train.storage import COMMIT_MARKER, PosixStorage
+    """`outcome.newest_checkpoint` is the torch-free lister's newest complete checkpoint
+    (no copy of its folder names or commit marker): a folder without the marker, a
+    `.tmp` save and the trash of a deletion are not it."""
+    from shardctl.orchestrator.storage import COMMIT_MARKER
 
-    assert oc.CHECKPOINT_COMMIT == COMMIT_MARKER
     for step in (5, 10):
-        folder = tmp_path / step_name(step)
+        folder = tmp_path / f"step-{step:08d}"
         folder.mkdir()
         (folder / COMMIT_MARKER).write_text("{}")
-    (tmp_path / step_name(15)).mkdir()  # no commit marker: incomplete
-    assert PosixStorage(tmp_path).list_complete()[-1] == step_name(10)
-    assert oc.newest_checkpoint(tmp_path)[0] == 10
+    os.utime(tmp_path / "step-00000010" / COMMIT_MARKER, (1000.0, 1000.0))
+    (tmp_path / "step-00000015").mkdir()  # no commit marker: incomplete
+    for leftover in ("step-00000020.tmp", ".trash-step-00000030-1-2"):
+        (tmp_path / leftover).mkdir()
+        (tmp_path / leftover / COMMIT_MARKER).write_text("{}")
+    assert oc.newest_checkpoint(tmp_path) == (10, 1000.0)
 
 
 def test_markers_of_an_earlier_attempt_are_left_out(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from shardctl.orchestrator import storage as storage_mod
+from shardctl.orchestrator.checkpoint_list import complete_checkpoints
 from shardctl.orchestrator.errors import CheckpointError, UsageError
-from shardctl.train import storage as storage_mod
 from shardctl.train.manifest import MANIFEST, complete_candidates
 from shardctl.train.storage import CheckpointStorage, PosixStorage
 
@@ -33,6 +34,11 @@ def names(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir())
 
 
+def listed(storage: PosixStorage) -> list[str]:
+    """The complete checkpoints the one lister finds, oldest first."""
+    return [c.name for c in reversed(complete_checkpoints(storage))]
+
+
 def test_posix_storage_is_a_checkpoint_storage(tmp_path: Path) -> None:
     assert isinstance(PosixStorage(tmp_path), CheckpointStorage)
 
@@ -42,12 +48,12 @@ def test_a_staged_folder_is_never_listed_and_publish_moves_it_whole(tmp_path: Pa
     staged = stage(storage, "step-00000002", 1)
     assert staged == tmp_path / "ckpts" / "step-00000002.tmp"
     # Complete on disk, manifest included, but not yet published: not listed.
-    assert storage.list_complete() == []
+    assert listed(storage) == []
     assert complete_candidates(storage) == []
     final = storage.publish("step-00000002")
     assert final == tmp_path / "ckpts" / "step-00000002"
     assert names(storage.root) == ["step-00000002"]
-    assert storage.list_complete() == ["step-00000002"]
+    assert listed(storage) == ["step-00000002"]
     assert complete_candidates(tmp_path / "ckpts") == [final]
     assert all((final / rel).read_text() == "1\n" * 1000 for rel in FILES)
 
@@ -57,7 +63,7 @@ def test_a_published_folder_without_manifest_is_not_complete(tmp_path: Path) -> 
     storage.new_staging("step-00000001")
     storage.publish("step-00000001")
     assert (tmp_path / "step-00000001").is_dir()
-    assert storage.list_complete() == []
+    assert listed(storage) == []
 
 
 def test_publish_refuses_to_replace_unless_asked(tmp_path: Path) -> None:
@@ -126,7 +132,7 @@ def test_a_reader_never_sees_a_partial_folder_while_it_is_replaced(tmp_path: Pat
     def read() -> None:
         reader = PosixStorage(tmp_path)
         while not done.is_set():
-            for name in reader.list_complete():
+            for name in listed(reader):
                 read_one(name)
 
     reader = threading.Thread(target=read, daemon=True)
@@ -157,7 +163,7 @@ def test_delete_hides_first_and_a_crash_mid_delete_is_cleaned(
     monkeypatch.setattr(storage_mod, "_remove", lambda path: None)
     storage.delete("step-00000002")
     monkeypatch.undo()
-    assert storage.list_complete() == []
+    assert listed(storage) == []
     [trash] = names(tmp_path)
     assert trash.startswith(".trash-step-00000002-")
     assert (tmp_path / trash / MANIFEST).is_file()  # whole, yet never listed

@@ -11,7 +11,10 @@ after every rank finished writing and rank 0 wrote `manifest.json` into it. So:
 
 Where the folders live and how one becomes visible (staging, the rename, deletion
 through a hidden `.trash-step-NNNNNNNN-*` name so that a half-deleted checkpoint
-can never look complete) is the storage's part: `shardctl.train.storage`.
+can never look complete) is the storage's part: `shardctl.orchestrator.storage`.
+Which folders are complete checkpoints is answered by the one lister,
+`shardctl.orchestrator.checkpoint_list`, on the storage's read side; this module adds
+what the format tells (the manifest checked, `verify`, `list_checkpoints`' reasons).
 
 This module has no torch import on purpose: `shardctl checkpoints` lists and
 verifies checkpoints on a login node in well under a second.
@@ -24,28 +27,29 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..orchestrator.checkpoint_list import (  # noqa: F401 (step_dirname: callers import it here)
+    STEP_RE,
+    Where,
+    complete_checkpoints,
+    step_dirname,
+    step_entries,
+)
 from ..orchestrator.durable import write_text_atomic
 from ..orchestrator.errors import CheckpointError, CorruptCheckpointError
-from .storage import COMMIT_MARKER, CheckpointStorage, PosixStorage
+from ..orchestrator.storage import COMMIT_MARKER
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 MANIFEST = COMMIT_MARKER  # the storage publishes a folder; its manifest commits it
-STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
 # Hashing reads in large blocks: hashlib drops the GIL for them, so a background
 # hashing thread does not slow the training thread down.
 HASH_BLOCK = 8 << 20
-
-
-def step_dirname(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def package_version(name: str) -> str | None:
@@ -196,20 +200,18 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[CheckpointInfo]:
     """Every `step-*` folder under `checkpoint_dir`, oldest step first.
 
     `complete` means: final name (no `.tmp`), a readable manifest and every file it
-    lists present with its recorded size. Hashes are checked by `verify` only.
+    lists present with its recorded size. Hashes are checked by `verify` only. The
+    names come from the one lister (`orchestrator/checkpoint_list.py`).
     """
     root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return []
     out: list[CheckpointInfo] = []
-    for entry in root.iterdir():
-        m = STEP_RE.match(entry.name)
-        if not m or not entry.is_dir():
+    for found in step_entries(root):
+        entry = root / found.name
+        if not entry.is_dir():
             continue
-        step, tmp = int(m.group(1)), bool(m.group(2))
         world_size = backend = None
         why: str | None = None
-        if tmp:
+        if found.staged:
             why = "still being written, or left by a save that crashed (.tmp)"
         else:
             try:
@@ -221,7 +223,7 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[CheckpointInfo]:
                 why = str(exc)
         out.append(
             CheckpointInfo(
-                step=step,
+                step=found.step,
                 path=str(entry),
                 complete=why is None,
                 size_bytes=dir_size(entry),
@@ -230,7 +232,6 @@ def list_checkpoints(checkpoint_dir: str | Path) -> list[CheckpointInfo]:
                 why_incomplete=why,
             )
         )
-    out.sort(key=lambda c: (c.step, c.path))
     return out
 
 
@@ -354,18 +355,10 @@ def corrupt_error(step_dir: str | Path, problems: list[str]) -> CorruptCheckpoin
     )
 
 
-def complete_candidates(checkpoint_dir: str | Path | CheckpointStorage) -> list[Path]:
+def complete_candidates(checkpoint_dir: Where) -> list[Path]:
     """Folders that look complete (final name + manifest), newest step first.
     `checkpoint_dir`: a folder (on POSIX storage) or the storage itself."""
-    storage = (
-        PosixStorage(checkpoint_dir) if isinstance(checkpoint_dir, (str, Path)) else checkpoint_dir
-    )
-    found = []
-    for name in storage.list_complete():
-        m = STEP_RE.match(name)
-        if m and not m.group(2):
-            found.append((int(m.group(1)), storage.root / name))
-    return [p for _s, p in sorted(found, reverse=True)]
+    return [c.path for c in complete_checkpoints(checkpoint_dir)]
 
 
 def latest_complete(checkpoint_dir: str | Path) -> Path | None:
