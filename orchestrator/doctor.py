@@ -25,7 +25,6 @@ says so and is skipped; it never passes silently.
 
 from __future__ import annotations
 
-import json
 import math
 import socket
 import uuid
@@ -34,6 +33,7 @@ from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Literal
 
+from .checkpoint_list import save_times
 from .spec import JobSpec
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -167,19 +167,9 @@ def budget_check(spec: JobSpec, cluster: str, checkpoints: str | None) -> Check:
 
 
 def measured_saves(folder: Path) -> list[float]:
-    """`save_s` of every complete checkpoint's manifest in the folder."""
-    out = []
-    if not folder.is_dir():
-        return out
-    for step in sorted(folder.glob("step-*")):
-        try:
-            data = json.loads((step / "manifest.json").read_text())
-            value = float(data["save_s"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if math.isfinite(value) and value >= 0:
-            out.append(value)
-    return out
+    """`save_s` of every complete checkpoint's manifest in the folder (the one lister's
+    `save_times`: complete means committed, as resume counts it)."""
+    return save_times(folder)
 
 
 def percentile(values: list[float], q: float) -> float:

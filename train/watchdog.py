@@ -38,7 +38,6 @@ stuck one). Torch-free; imports nothing heavy.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -54,6 +53,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from shardctl.orchestrator.checkpoint_list import save_times
 from shardctl.orchestrator.outcome import Decision, Evidence, Kind, classify, decide, signal_name
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
@@ -175,19 +175,9 @@ class HangRule:
 
 
 def earlier_save_times(checkpoint_dir: str | None) -> list[float]:
-    """`save_s` of the complete checkpoints in `checkpoint_dir` (earlier attempts)."""
-    found: list[float] = []
-    if not checkpoint_dir:
-        return found
-    with contextlib.suppress(OSError):
-        for entry in Path(checkpoint_dir).iterdir():
-            if not entry.name.startswith("step-") or entry.name.endswith(".tmp"):
-                continue
-            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
-                value = json.loads((entry / "manifest.json").read_text()).get("save_s")
-                if isinstance(value, int | float) and value > 0:
-                    found.append(float(value))
-    return found
+    """`save_s` of the complete checkpoints in `checkpoint_dir` (earlier attempts),
+    from the one lister (`checkpoint_list.save_times`, torch-free)."""
+    return save_times(checkpoint_dir)
 
 
 # ------------------------------------------------------------------ the monitor
