@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,8 +140,14 @@ def convert_checkpoint(
     # first: an --out that cannot be written is named before the source is read.
     storage = PosixStorage(out.parent)
     hashing: VerifyAlongside | None = None
-    try:
-        tmp = storage.new_staging(out.name)
+
+    def stop_hashing() -> None:  # no thread left reading behind the error
+        if hashing is not None:
+            with contextlib.suppress(CheckpointError):
+                hashing.problems()
+
+    needed = sum(int(f["size"]) for f in manifest["files"].values())
+    with published(storage, out, step_dir, needed, on_error=stop_hashing) as tmp:
         hashing = VerifyAlongside(step_dir, manifest) if verify else None
         try:
             state = read_state(step_dir, manifest)
@@ -172,25 +179,6 @@ def convert_checkpoint(
         if hashing is not None:
             hashing.check()  # a manifest never certifies what came from damaged files
         write_manifest(tmp, new_manifest)
-        if out.exists():  # appeared while we were writing
-            raise CheckpointError(f"--out {out} appeared while converting; nothing replaced")
-        storage.publish(out.name)
-    except BaseException as exc:
-        storage.discard(out.name)
-        if hashing is not None:
-            with contextlib.suppress(CheckpointError):
-                hashing.problems()  # no thread left reading behind the error
-        problem = storage_error(
-            exc,
-            out.parent,
-            what=f"the converted checkpoint {out}",
-            needed=sum(int(f["size"]) for f in manifest["files"].values()),
-            aftermath=f"the half-written {storage.staging_path(out.name)} was removed; "
-            f"the source {step_dir} is untouched",
-        )
-        if problem is not None:
-            raise problem from None
-        raise
     return ConvertReport(
         source=str(step_dir),
         out=str(out),
@@ -205,6 +193,43 @@ def convert_checkpoint(
         notes=notes,
         writer=writer,
     )
+
+
+@contextlib.contextmanager
+def published(
+    storage: PosixStorage,
+    out: Path,
+    source: Path,
+    needed: int,
+    on_error: Callable[[], None] | None = None,
+) -> Iterator[Path]:
+    """The staging folder of the new folder `out`, made visible by one rename once the
+    block ends: a conversion's output appears whole or not at all.
+
+    On any error in the block or the publish, the staging folder is removed,
+    `on_error` runs, and the error goes on; a full, over-quota or read-only disk as one
+    line naming the `needed` bytes (`storage_error`) and the untouched `source`."""
+    try:
+        tmp = storage.new_staging(out.name)
+        yield tmp
+        if out.exists():  # appeared while we were writing
+            raise CheckpointError(f"--out {out} appeared while converting; nothing replaced")
+        storage.publish(out.name)
+    except BaseException as exc:
+        storage.discard(out.name)
+        if on_error is not None:
+            on_error()
+        problem = storage_error(
+            exc,
+            out.parent,
+            what=f"the converted checkpoint {out}",
+            needed=needed,
+            aftermath=f"the half-written {storage.staging_path(out.name)} was removed; "
+            f"the source {source} is untouched",
+        )
+        if problem is not None:
+            raise problem from None
+        raise
 
 
 def _write_deepspeed(

@@ -89,9 +89,8 @@ def convert_foreign(
     precision: str | None = None,
 ) -> Any:
     """Write `found` for backend `to` at `out` (a new folder), in `layout`."""
-    from ...orchestrator.durable import storage_error
     from ..storage import PosixStorage
-    from . import ConvertReport, _check_out
+    from . import ConvertReport, _check_out, published
 
     t0 = time.perf_counter()
     target = layout_of(found, layout)
@@ -108,8 +107,7 @@ def convert_foreign(
     if found.step is None:
         notes.append(f"{found.format} records no step here: DeepSpeed's tag and files say 0")
     storage = PosixStorage(out.parent)
-    try:
-        tmp = storage.new_staging(out.name)
+    with published(storage, out, found.path, state.nbytes) as tmp:
         if to == "fsdp":
             ws, stage, prec = state.world_size, None, "fp32"
             _write_fsdp(state, tmp, target)
@@ -127,20 +125,6 @@ def convert_foreign(
                 "its start"
             )
         storage.sync(tmp, [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()])
-        storage.publish(out.name)
-    except BaseException as exc:
-        storage.discard(out.name)
-        problem = storage_error(
-            exc,
-            out.parent,
-            what=f"the converted checkpoint {out}",
-            needed=state.nbytes,
-            aftermath=f"the half-written {storage.staging_path(out.name)} was removed; "
-            f"the source {found.path} is untouched",
-        )
-        if problem is not None:
-            raise problem from None
-        raise
     return ConvertReport(
         source=str(found.path),
         out=str(out),
