@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from helpers.ckpt_run import ROOT, child_env, kill_group
+from helpers.ckpt_run import child_env, run
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.errors import PermanentError
 from shardctl.orchestrator.outcome import FAILED_FILE, Evidence, Kind, classify
@@ -38,23 +38,7 @@ def one_rank(spec: Path, run_dir: Path) -> subprocess.CompletedProcess:
         "LOCAL_WORLD_SIZE": "1",
         "SHARDCTL_RUN_DIR": str(run_dir),
     }
-    argv = [sys.executable, "-m", "shardctl.train", str(spec)]
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=RANK_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, _ = proc.communicate()
-        raise AssertionError(f"rank timed out after {RANK_TIMEOUT_S}s:\n{out[-4000:]}") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, None)
+    return run([sys.executable, "-m", "shardctl.train", str(spec)], RANK_TIMEOUT_S, env)
 
 
 def single(tmp: Path, **over: Any) -> tuple[Path, Path]:

@@ -8,7 +8,6 @@ checkpoints come from tests/helpers/consolidate_make_ckpt.py under torchrun.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,29 +51,33 @@ def make_dcp_step(
     return step_dir
 
 
-def tiny_llama(tied: bool = False, seed: int = 0):
+def tiny_llama(tied: bool = False, seed: int = 0, **shape: Any):  # type: ignore[no-untyped-def]
+    """A tiny Llama in eval mode, its weights drawn from `seed`; `shape` overrides the
+    config (the foreign-format tests take the built-in loop's, `train_run.TINY_LLAMA`)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=131,
-        hidden_size=32,
-        intermediate_size=72,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        tie_word_embeddings=tied,
+        **{
+            "vocab_size": 131,
+            "hidden_size": 32,
+            "intermediate_size": 72,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 32,
+            "tie_word_embeddings": tied,
+            **shape,
+        }
     )
     return LlamaForCausalLM(config).eval()
 
 
 def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 480) -> None:
     """Run the checkpoint maker on 2 CPU ranks (a free port each time: a fixed one can
-    meet another run's store); on a timeout kill the launcher and every rank by pid
-    (the ranks have sessions of their own and would keep the output pipe open)."""
-    from helpers.ckpt_run import free_port, kill_group
+    meet another run's store), bounded by `timeout` (`ckpt_run.run`)."""
+    from helpers.ckpt_run import free_port, run
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     cmd = [
@@ -82,16 +85,6 @@ def torchrun_ckpt(out_step: Path, *args: str, timeout: float = 480) -> None:
         "--master-port", str(free_port()), str(MAKE_CKPT),
         "--out", str(out_step), *args,
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, _ = proc.communicate()
-        raise AssertionError(
-            f"timed out after {timeout}s: {' '.join(cmd)}\n{out.decode()[-4000:]}"
-        ) from None
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{out.decode()[-4000:]}")
+    res = run(cmd, timeout, env)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stdout[-4000:]}")

@@ -31,20 +31,13 @@ VOCAB = 256
 
 
 def tiny_model():  # type: ignore[no-untyped-def]
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     # train_run.TINY_LLAMA's shape, so the built-in loop can resume a conversion of it.
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
+    from consolidate_util import tiny_llama
+
+    return tiny_llama(
+        seed=0, vocab_size=VOCAB, intermediate_size=64, num_key_value_heads=4,
         max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    ).train()  # fmt: skip
 
 
 def batch(step: int, rank: int) -> torch.Tensor:

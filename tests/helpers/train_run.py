@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from helpers.ckpt_run import ROOT, child_env, free_port, kill_group
+from helpers.ckpt_run import child_env, free_port, run
 
 TINY_LLAMA = {
     "vocab_size": 256,
@@ -75,23 +75,7 @@ def train(
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(nproc), "-m", "shardctl.train", str(spec),
     ]  # fmt: skip
-    full_env = {**child_env(), **(env or {})}
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=full_env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {argv}\n{out[-4000:]}") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, None)
+    return run(argv, timeout, {**child_env(), **(env or {})})
 
 
 def train_ok(spec: Path, **kw: Any) -> subprocess.CompletedProcess:
