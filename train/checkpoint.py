@@ -70,6 +70,7 @@ import torch.distributed as dist
 from ..orchestrator.durable import one_line, storage_error
 from ..orchestrator.errors import CheckpointError, StorageError
 from ..orchestrator.fence import AttemptFence, StaleAttemptError
+from ..orchestrator.storage import CheckpointStorage, PosixStorage
 from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
@@ -88,7 +89,6 @@ from .manifest import (
     verify,
     write_manifest,
 )
-from .storage import CheckpointStorage, PosixStorage
 
 __all__ = [
     "CheckpointError",

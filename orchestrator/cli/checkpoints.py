@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from ..checkpoint_list import committed_folder
 from .common import echo_json, handle_errors, human_size, output_option
 
 
@@ -114,12 +115,7 @@ def _foreign_row(found: Any, check_hashes: bool) -> dict[str, Any]:
 def _why_not(path: Path) -> str:
     """`incomplete` for a save that never finished, `corrupt` for a published one
     (final name and a manifest file) that is damaged."""
-    from ...train.manifest import MANIFEST, STEP_RE
-
-    m = STEP_RE.match(path.name)
-    if (m and m.group(2)) or not (path / MANIFEST).is_file():
-        return "incomplete"
-    return "corrupt"
+    return "corrupt" if committed_folder(path) else "incomplete"
 
 
 def _resume_line(data: dict[str, Any]) -> str:

@@ -103,6 +103,7 @@ def resolve_candidates(path: Path) -> tuple[list[Path | ForeignCheckpoint], bool
     candidate; a checkpoints or run folder gives every complete one, in the order resume
     tries them (`manifest.latest_complete`); a folder of another tool's checkpoints (a
     Trainer output dir) gives its complete ones, newest first."""
+    from ...orchestrator.checkpoint_list import committed_folder
     from ..foreign import LOOKED_FOR, identify, list_foreign
     from ..manifest import MANIFEST, list_checkpoints, resolve_checkpoint_dir
 
@@ -116,7 +117,7 @@ def resolve_candidates(path: Path) -> tuple[list[Path | ForeignCheckpoint], bool
             )
         return [foreign], True
     if one_step:
-        if folder.name.endswith(".tmp") or not (folder / MANIFEST).is_file():
+        if not committed_folder(folder):
             raise CheckpointError(
                 f"checkpoint {folder} is incomplete (no {MANIFEST}: it was still being "
                 f"written or its save was interrupted); {_newest_hint(folder.parent)}"
