@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from shardctl.orchestrator import storage as storage_mod
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.errors import CheckpointError
 from shardctl.orchestrator.spec import parse_spec
 from shardctl.train import checkpoint as ckpt
-from shardctl.train import storage as storage_mod
 from shardctl.train.backends.deepspeed import DeepSpeedStateIO
 from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
 from shardctl.train.checkpoint import (
