@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .errors import MissingDependencyError, SpecError
 from .spec import JobSpec
+from .storage import COMMIT_MARKER
 
 # Paths are shown whole up to this length (the usual 80-character cut would hide
 # which folder is meant); longer ones are cut like any value.
@@ -49,7 +50,7 @@ TOKEN_SCAN_CHUNK = 16 * 2**20  # ids per read: bounded memory
 LLAMA_DEFAULT_VOCAB = 32000
 # Files whose presence makes a folder some tool's checkpoint: shardctl's manifest, DCP's
 # metadata, DeepSpeed's pointer, the Trainer's state; and weights or state files.
-CHECKPOINT_MARKS = frozenset({"manifest.json", ".metadata", "latest", "trainer_state.json"})
+CHECKPOINT_MARKS = frozenset({COMMIT_MARKER, ".metadata", "latest", "trainer_state.json"})
 CHECKPOINT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".distcp", ".pkl"})
 # The module classes of transformers' LlamaForCausalLM, and the activation classes
 # its `hidden_act` may pick (transformers.activations.ACT2CLS), copied here so that

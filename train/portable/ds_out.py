@@ -16,7 +16,6 @@ was not checked against; the tests use this as the direct writer's reference.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -115,9 +114,10 @@ def write_with_engine(
     import deepspeed
     import torch
 
+    from ..manifest import read_manifest
     from .engine_in import load_into_engine
 
-    manifest = json.loads((source / "manifest.json").read_text())
+    manifest = read_manifest(source)
     state = read_state(source, manifest)
     module, groups = stand_in_module(state)
     optimizer = torch.optim.AdamW(groups)
