@@ -4,7 +4,7 @@ The one place shardctl writes a file atomically. `durable` adds the fsyncs that
 make the result survive a power loss, not only a crash of the writer; markers and
 records skip them (cheap, and a lost one is re-derived), manifests use them.
 Folders (checkpoints, converted checkpoints, consolidated models) are published
-by `shardctl.train.storage`, with the fsync helpers below.
+by `shardctl.orchestrator.storage`, with the fsync helpers below.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One writer per output: a claim file beside the folder `consolidate` or `convert` writes.
 
 Both commands stage their output in `<out>.tmp/` and publish it with one rename
-(`train/storage.py`). Two of them writing the same `--out` at once would remove each
+(`orchestrator/storage.py`). Two of them writing the same `--out` at once would remove each
 other's staging folder; the second one is refused instead, naming the first (its
 pid, host and command). The claim is `<out>.claim`, created with O_EXCL and holding
 the writer's pid, its start time (so a reused pid is not taken for it) and host; it

@@ -40,7 +40,7 @@ Whether the backend's state loads on another world size is the `StateIO`'s call
 Atomicity: everything is written to the storage's staging folder for `step-N`
 (`step-N.tmp/` on POSIX); once every rank finished, the files are made durable and
 hashed (spread over the ranks), rank 0 writes `manifest.json` and the storage
-publishes `step-N/` at once (`shardctl.train.storage`: on POSIX fsyncs and one
+publishes `step-N/` at once (`shardctl.orchestrator.storage`: on POSIX fsyncs and one
 rename). A crash at any instant leaves the previous set of complete checkpoints;
 staging leftovers are removed at the next save. Retention runs only after the rename and keeps the
 `checkpoint.keep` newest complete checkpoints, always including the new one.

@@ -320,7 +320,7 @@ def _check_out(out_dir: Path, force: bool) -> None:
 
 
 def _storage(out_dir: Path, durable: bool) -> PosixStorage:
-    """The output is published like a checkpoint (`train/storage.py`): staged in
+    """The output is published like a checkpoint (`orchestrator/storage.py`): staged in
     `<out>.tmp/`, which carries a marker so that a leftover that is not ours is
     refused instead of deleted."""
     return PosixStorage(out_dir.parent, durable=durable, staging_marker=_MARKER)
