@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from .launch_wrapper import ENTRY_POINTS as WRAPPED_LAUNCHERS
 from .precision import summary as precision_summary
 from .rundir import (
     ENV_ACCELERATE_CONFIG,
@@ -55,7 +56,10 @@ TRAIN_MODULE = "shardctl.train"
 ENTRY_MODULE = "shardctl.train.entry"  # runs an entrypoint: the user's script
 # Runs the launcher as its child and ends the node's ranks when they stop advancing.
 WATCHDOG_MODULE = "shardctl.train.watchdog"
-PYTHON_VAR = "SHARDCTL_PYTHON"  # the interpreter that runs the watchdog
+PYTHON_VAR = "SHARDCTL_PYTHON"  # the interpreter that runs the watchdog and the launcher
+# Runs torchrun or `accelerate launch` in its own process and records which rank ended
+# how (the launcher's exception, not its text): `launch_wrapper.ENTRY_POINTS`.
+LAUNCH_WRAPPER_MODULE = "shardctl.orchestrator.launch_wrapper"
 
 # File names of the artifacts the launchers read, beside launch.sh.
 HOSTFILE = "hostfile"
@@ -350,6 +354,11 @@ def launch_script(
     """
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
+    if spec.launcher in WRAPPED_LAUNCHERS:
+        # A rank killed by a signal writes nothing; its launcher, run in-process by the
+        # wrapper, knows which rank it was and records it for the node's supervisor
+        # (`launch_wrapper`, Slurm's `killed_ranks`). Same Python as the watchdog's.
+        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {LAUNCH_WRAPPER_MODULE}')
     if spec.watchdog.enabled:
         # The watchdog starts the launcher as its child, passes signals on, and ends
         # the ranks (with their stacks in the log) when none of them advances. Its

@@ -29,6 +29,10 @@ with a line of unknown origin; a rank's own `[rank N]` line is shown where it co
 and the block read on). Python writes a traceback's last line in pieces (module, ".",
 name, message), so another process's whole line can land inside it; within a block
 such a line of shardctl's own is taken out and the launcher's line mended.
+
+This is a display filter only: nothing decides from this text. Which rank ended how
+(a rank killed on its node) comes from the launcher's own exception, recorded by
+`launch_wrapper`.
 """
 
 from __future__ import annotations
@@ -113,9 +117,6 @@ class LauncherReport:
         self._in_frames = False
         self._seen: set[tuple[str, ...]] = set()  # tracebacks shown, without their last line
         self.replaced = 0  # launcher blocks replaced by one line
-        # Each report's root cause, in order: (the global rank or None, its exit code;
-        # negative: killed by that signal).
-        self.root_causes: list[tuple[int | None, int]] = []
 
     def feed(self, text: str) -> str:
         lines = (self._partial + text).split("\n")
@@ -294,7 +295,6 @@ class LauncherReport:
                 others.append((rank, int(m.group(1))))
         if root is None:
             return "".join(block)
-        self.root_causes.append(root)
         self.replaced += 1
         codes = {code for _, code in others}
         # The first rank to stop saved for a preemption; the rest either did the same
@@ -315,16 +315,6 @@ class LauncherReport:
             )
         first = f"{who} ended first ({_ended(root[1])})"
         return f"[shardctl] the launcher reports {first}{rest}; {self.where}\n"
-
-
-def root_cause(text: str) -> tuple[int | None, int] | None:
-    """The first root cause a launcher reported in `text`: (the global rank, or None
-    when the report does not say; its exit code, negative for a signal). None: no
-    complete report (the launcher did not report a failed rank)."""
-    report = LauncherReport()
-    report.feed(text)
-    report.close()
-    return report.root_causes[0] if report.root_causes else None
 
 
 def readable(text: str, where: str | None = None) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers.k8s_schemas import validate_pytorchjob, validate_trainer_object
+from helpers.render_util import LAUNCH_WRAPPER
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.errors import SpecError
 from test_k8s_render import make
@@ -188,7 +189,7 @@ def test_the_pytorchjob_restarts_by_exit_code_and_its_pods_carry_the_decision() 
     assert "export SHARDCTL_EXIT_CODES=kubernetes\n" in launch
     assert "export SHARDCTL_POD_RESTARTS=4\n" in launch
     # The watchdog is what the container runs: it maps the launcher's end.
-    assert "-m shardctl.train.watchdog -- \\\n    torchrun" in launch
+    assert "-m shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun" in launch
 
 
 def test_without_a_pvc_a_crash_is_not_restarted() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers.k8s_schemas import validate_core, validate_pytorchjob, validate_trainer_object
+from helpers.render_util import LAUNCH_WRAPPER
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.clusters.k8s import pods
 from shardctl.orchestrator.errors import SpecError
@@ -457,7 +458,7 @@ def test_what_k8s_users_ask_for_reaches_the_job_and_its_pods() -> None:
     # k8s.setup runs in every pod, before the launcher.
     launch = objects["configmap"]["data"]["launch.sh"]
     assert launch.index("python -m pip install --user 'shardctl[train]'") < launch.index(
-        "shardctl.train.watchdog -- \\\n    torchrun"
+        "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun"
     )
 
 

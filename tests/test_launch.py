@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.render_util import ROOT, run_script, stub_launchers, variant, write_files
+from helpers.render_util import (
+    LAUNCH_WRAPPER,
+    ROOT,
+    run_script,
+    stub_launchers,
+    variant,
+    write_files,
+)
 from shardctl.orchestrator.clusters import get_cluster, render_artifacts
 from shardctl.orchestrator.errors import SpecError, UsageError
 from shardctl.orchestrator.launch import (
@@ -268,7 +275,8 @@ def test_launch_script_shape() -> None:
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
     assert text.rstrip().splitlines()[-1].endswith('"${SHARDCTL_RENDER_DIR}"/job.yaml')
-    assert text.count("shardctl.train.watchdog -- \\\n    torchrun ") == 1 and text.endswith("\n")
+    first = "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun "
+    assert text.count(first) == 1 and text.endswith("\n")
 
 
 # ----------------------------------------------------- real launchers (slow)

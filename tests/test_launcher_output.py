@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from shardctl.orchestrator.launcher_output import LauncherReport, readable, root_cause
+from shardctl.orchestrator.launcher_output import LauncherReport, readable
 
 # What torchrun 2.13 printed when both ranks of a local run exited 42 (recorded from a
 # real `shardctl submit --wait` with SHARDCTL_STOP_AFTER_STEP; paths shortened).
@@ -207,16 +207,6 @@ def test_a_failure_report_is_one_line_naming_each_rank() -> None:
         "[shardctl] the launcher reports rank 0 ended first (killed by SIGKILL), then stopped "
         "the other ranks;"
     )
-
-
-def test_the_first_root_cause_is_read_from_the_report() -> None:
-    """(rank, exit code) of the rank that ended first; None without a whole report."""
-    killed = _exit_of(_exit_of(EXIT42, rank=0, code="-9"), rank=1, code="-15")
-    assert root_cause(BEFORE + killed + AFTER) == (0, -9)
-    assert root_cause(_exit_of(EXIT42, rank=1, code="1")) == (0, 42)
-    assert root_cause(CANCELLED) is None
-    assert root_cause(BEFORE + AFTER) is None
-    assert root_cause(killed[: len(killed) // 2]) is None
 
 
 def test_a_report_holding_a_ranks_traceback_is_kept_whole() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT
+from helpers.render_util import LAUNCH_WRAPPER
 from helpers.train_run import metrics, tiny_spec
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.clusters.base import JobRef, JobState
@@ -34,7 +35,8 @@ def test_dryrun_is_pure_and_shows_the_script_and_command(tmp_path: Path) -> None
     assert "logs/launcher.out" in plan.text
     assert LocalCluster().dryrun(spec).text == plan.text  # deterministic
     res = CliRunner().invoke(cli, ["submit", str(tmp_path / "dry.yaml"), "--dry-run"])
-    assert res.exit_code == 0 and "shardctl.train.watchdog -- \\\n    torchrun" in res.output
+    first = "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun"
+    assert res.exit_code == 0 and first in res.output
     assert not (tmp_path / "dry").exists()
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.render_util import LAUNCH_WRAPPER
 from helpers.train_run import metrics, tiny_spec
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.local import LocalCluster
@@ -42,7 +43,10 @@ def test_launcher_runs_the_loop_on_cpu(
     )
     local = LocalCluster()
     plan = local.dryrun(spec)
-    first_word = {"accelerate": "accelerate launch", "deepspeed": "deepspeed"}[launcher]
+    # accelerate runs in-process under the launch wrapper; deepspeed as it is.
+    first_word = {"accelerate": LAUNCH_WRAPPER + "accelerate launch", "deepspeed": "deepspeed"}[
+        launcher
+    ]
     first_word = f"shardctl.train.watchdog -- \\\n    {first_word}"
     assert first_word in plan.artifacts["launch.sh"]
     ref = local.schedule(plan)

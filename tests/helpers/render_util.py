@@ -17,6 +17,9 @@ from shardctl.orchestrator.spec import JobSpec, parse_spec
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 LAUNCHERS = ("torchrun", "accelerate", "deepspeed")
+# The line of launch.sh before torchrun's and accelerate's: they run in-process under
+# shardctl's launch wrapper (shardctl.orchestrator.launch_wrapper), deepspeed does not.
+LAUNCH_WRAPPER = '"${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \\\n    '
 # What the stub launchers record from their environment besides argv.
 RECORDED_ENV = (
     "SHARDCTL_NNODES", "SHARDCTL_NODE_RANK", "SHARDCTL_NPROC_PER_NODE", "MASTER_ADDR",

@@ -105,7 +105,7 @@ from ...rundir import (
 )
 from ..base import run_resources
 from .bad_nodes import leave_behind, pinned_node
-from .killed_ranks import own_log, record_killed
+from .killed_ranks import record_killed
 from .queries import scontrol_job
 from .rank_nodes import RankRecorder
 from .rounds import (
@@ -199,7 +199,6 @@ class NodeTask:
                 f"node {node} of job {job_id} (requeue {restarts}{again}): running "
                 f"{shlex.join(self.command)}"
             )
-            log = own_log()  # the launcher reports a killed rank here
             # A node other than 0 whose launcher is still in this round (its ranks
             # waiting in a collective or a rendezvous) once node 0 has decided the
             # round's end stops it: it would hold up the next round until a timeout.
@@ -218,7 +217,7 @@ class NodeTask:
                 started = time.time()
                 continue
             if rc not in (0, EXIT_HUNG) and not received and superseded is None:
-                self._pin_killed(node, job_id, restarts, round_, log, started)
+                self._pin_killed(node, job_id, restarts, round_, started)
             result = self._after(node, job_id, restarts, rc, received, preempt_sig, started, round_)
             if result != RESTARTED:
                 signal.signal(preempt_sig, signal.SIG_IGN)
@@ -235,17 +234,14 @@ class NodeTask:
         )  # fmt: skip
 
     def _pin_killed(
-        self, node: int, job_id: str, restarts: int, round_: int,
-        log: tuple[str, int] | None, started: float,
-    ) -> None:  # fmt: skip
-        """Record a rank of this node killed by a node's signal (KILLED), unless node 0
-        already judged this round without it (a late marker would be read as the next
-        round's)."""
+        self, node: int, job_id: str, restarts: int, round_: int, started: float
+    ) -> None:
+        """Record a rank of this node killed by a node's signal (KILLED), from the
+        launcher's record of the round (`killed_ranks`), unless node 0 already judged
+        this round without it (a late marker would be read as the next round's)."""
         if node != 0 and round_decision(self.run_dir, job_id, restarts, round_, 0.0):
             return
-        said = record_killed(
-            self.run_dir, node, log, started, token=round_token(job_id, restarts, round_)
-        )
+        said = record_killed(self.run_dir, node, started, round_token(job_id, restarts, round_))
         if said:
             _say(f"node {node}: {said}")
 

@@ -31,6 +31,7 @@ export MASTER_PORT=29500
 export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"
 
 exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --standalone \
     --nnodes 1 \

@@ -36,6 +36,7 @@ export SHARDCTL_EXIT_CODES=kubernetes
 export SHARDCTL_POD_RESTARTS=6
 
 exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \

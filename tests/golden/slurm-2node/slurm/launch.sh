@@ -31,6 +31,7 @@ export MASTER_PORT=29511
 export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 
 exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+    "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
     --nproc-per-node "${SHARDCTL_NPROC_PER_NODE}" \
