@@ -112,6 +112,19 @@ class StorageError(ShardctlError):
     the file's size; the message names the path (and the free and needed bytes)."""
 
 
+class ObjectStoreError(ShardctlError):
+    """An object store (S3) refused or failed an operation: one line naming the `s3://`
+    URL and what failed (an endpoint not reached, credentials refused, a missing bucket,
+    no permission, a transfer cut off after its retries), never a secret."""
+
+
+class ObjectUrlError(ObjectStoreError):
+    """An `s3://BUCKET/PREFIX` URL that cannot name an object: the message shows the URL,
+    what is wrong with it and the form accepted."""
+
+    exit_code = 2
+
+
 class MissingDependencyError(ShardctlError):
     """An optional dependency (torch, submitit, kubernetes ...) is not installed."""
 

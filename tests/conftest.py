@@ -93,3 +93,15 @@ def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _isolated_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Job records of one test never leak into another test or the user's home."""
     monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """A real S3 server (SeaweedFS on loopback, helpers/s3_server.py) shared by every S3
+    test of the session: an admin and a read-only identity; stopped by its PID at the end.
+    Each test makes its own bucket. A missing `weed` binary fails the test, never skips it."""
+    from helpers.s3_server import start_s3_server
+
+    server = start_s3_server(tmp_path_factory.mktemp("s3-server"))
+    yield server
+    server.stop()
