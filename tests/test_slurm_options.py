@@ -134,7 +134,8 @@ def test_container_renders_into_the_one_srun_line_of_both_scripts() -> None:
         "srun --unbuffered --output /shared/runs/opt-job/submitit/%j/%j_%t_log.out "
         "--error /shared/runs/opt-job/submitit/%j/%j_%t_log.err "
         + words
-        + "python3 -u -m submitit.core._submit /shared/runs/opt-job/submitit/%j\n"
+        + "env --block-signal=USR2 python3 -u -m submitit.core._submit "
+        "/shared/runs/opt-job/submitit/%j &\n"
     ) in sbatch
     # job.sbatch: the same words, plus the script's own folder, expanded by the shell.
     standalone = files[rs.STANDALONE_FILE]

@@ -1,7 +1,8 @@
 """The Slurm submission without a cluster: rendering, state mapping, the node task.
 
-The sbatch text shardctl shows (render, --dry-run) is held byte-for-byte equal
-to what submitit's own generator makes from the same parameters. The node
+The sbatch text shardctl shows (render, --dry-run) is shardctl's own; what
+submitit needs of it (its entry point, its folder) is checked against submitit's
+executor, and submitit accepts the parameters it is given. The node
 task's signal handling runs for real: a launcher in its own session, a rank
 process that catches USR2, the signal sent to the task process.
 """
@@ -77,24 +78,29 @@ WITH_OPTIONS = {
 @pytest.mark.parametrize(
     "source", [*EXAMPLES, WITH_OPTIONS], ids=lambda p: p.stem if isinstance(p, Path) else p["name"]
 )
-def test_sbatch_text_is_submitits_own(source: Path | dict) -> None:
-    from submitit.slurm.slurm import _make_sbatch_string
+def test_sbatch_text_runs_the_entry_point_submitit_dispatches(source: Path | dict) -> None:
+    """submitit's executor, given the request, dispatches the task with a command the
+    script runs (on every node, the signal held until the node task's handler exists),
+    and accepts every parameter; the user's options are written as given."""
+    import submitit
 
     spec = load_spec(source) if isinstance(source, Path) else parse_spec(source)
     sub = rs.submission(spec, python="/opt/py/bin/python3", run_dir="/shared/runs/x")
+    ours = rs.sbatch_text(spec, sub)
     folder = sub["executor"]["folder"]
-    command = rs.submitit_command("/opt/py/bin/python3", folder)
-    ours = rs.sbatch_text(sub["parameters"], folder, command)
-    assert ours == _make_sbatch_string(command=command, folder=folder, **sub["parameters"])
+    executor = submitit.SlurmExecutor(folder=folder, python="/opt/py/bin/python3")
+    executor.update_parameters(**sub["parameters"])
+    held = f" env --block-signal={spec.slurm.signal} {executor._submitit_command_str} &\n"
+    assert held in ours
+    backend._runs(ours, executor._submitit_command_str)
     if not isinstance(source, Path):  # the case is what it claims to be
-        assert "--wckey=submitit" not in ours  # the user's wckey replaces submitit's
         for line in ("#SBATCH --hold", "#SBATCH --wckey=team-a", "#SBATCH --nice=10"):
             assert f"{line}\n" in ours, line
-        assert " --no-container-mount-home --cpu-bind=none /opt/py/bin/python3 -u " in ours
+        assert " --no-container-mount-home --cpu-bind=none env --block-signal=USR1 " in ours
 
 
 def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -> None:
-    from submitit.slurm.slurm import _make_sbatch_string
+    import submitit
 
     spec = parse_spec(
         {
@@ -137,10 +143,10 @@ def test_every_option_reaches_sbatch_and_submitit_accepts_them(tmp_path: Path) -
         "source /shared/venv/bin/activate\n"
         "shardctl_setup_check 2 'source /shared/venv/bin/activate'\n"
     ) in text
-    assert " --cpu-bind=none --label python3 -u -m submitit.core._submit " in text
-    # submitit validates parameters by generating a script with them.
+    assert " --cpu-bind=none --label env --block-signal=USR1 python3 -u -m submitit" in text
+    # submitit's executor validates the parameters it is given.
     sub = json.loads(files["submitit.json"])
-    _make_sbatch_string(command="x", folder=str(tmp_path), **sub["parameters"])
+    submitit.SlurmExecutor(folder=str(tmp_path)).update_parameters(**sub["parameters"])
     assert sub["task"]["command"] == ["bash", "/shared/runs/big/launch.sh"]
 
 
@@ -249,9 +255,7 @@ def test_dryrun_computes_the_submitit_parameters_once_and_renders_from_its_reque
     assert calls == ["slurm-2node"]
     # submitit.json is the request schedule hands to submitit, and sbatch.sh its script.
     assert json.loads(plan.artifacts["submitit.json"]) == plan.request
-    python, folder = plan.request["executor"]["python"], plan.request["executor"]["folder"]
-    command = rs.submitit_command(python, folder)
-    rendered = rs.sbatch_text(plan.request["parameters"], folder, command)
+    rendered = rs.sbatch_text(plan.spec, plan.request)
     assert plan.artifacts["sbatch.sh"] == rendered
     assert plan.text.endswith(plan.artifacts["sbatch.sh"])
 

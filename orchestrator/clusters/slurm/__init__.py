@@ -77,7 +77,14 @@ from .queries import (
 )
 from .rank_nodes import node_of_rank
 from .refusals import refused, run_quietly
-from .sbatch import MASTER_ADDR_VAR, SBATCH_FILE, STANDALONE_FILE, slurm_artifacts, submission
+from .sbatch import (
+    MASTER_ADDR_VAR,
+    SBATCH_FILE,
+    STANDALONE_FILE,
+    sbatch_text,
+    slurm_artifacts,
+    submission,
+)
 from .section import SlurmSection
 
 # `NodeTask` stays importable from here: submitit pickles the task by reference, and a
@@ -217,9 +224,10 @@ class SlurmCluster(Cluster):
         spec, request = dryrun.spec, dryrun.request
         _require_slurm()
         shown = dryrun.artifacts[SBATCH_FILE]
-        # submitit makes its script from the request, and it must be the one shown:
-        # refused before anything is written or queued; then exactly `shown` is sent.
-        executor = _executor(request, shown)
+        # The script shown must be the one the request renders (a dry run changed after
+        # it was shown is refused before anything is written or queued); submitit then
+        # sends exactly `shown`.
+        executor = _executor(request, shown, sbatch_text(spec, request))
         # Slurm judges the script before anything is written or submitted.
         _test_only(spec, shown)
         run_dir = Path(spec.run_dir)
@@ -580,15 +588,16 @@ def _undo(run_dir: Path, created: list[Path], before: set[Path]) -> None:
         sub.rmdir()
 
 
-def _executor(request: dict[str, Any], shown: str) -> Any:
+def _executor(request: dict[str, Any], shown: str, made: str) -> Any:
     """submitit's `SlurmExecutor` for the dry run's `request`, which submits `shown`.
 
-    submitit makes the sbatch script from the parameters (`_make_submission_file_text`,
-    what its `submit` writes and hands to sbatch); made here first, it must equal
-    `shown`, the script the dry run printed and rendered (`sbatch.sbatch_text`, its
-    mirror), or nothing is queued. At submission the same check runs again and the
-    shown bytes are what sbatch receives.
+    The script is shardctl's own (`sbatch.sbatch_text`): `made` is it rendered from the
+    request again, and a `shown` that differs (a dry run changed after it was shown) is
+    refused before anything is queued. submitit's hook for the submission text
+    (`_make_submission_file_text`, what its `submit` writes and hands to sbatch) returns
+    `shown` itself, once it holds the command submitit dispatches the task with.
     """
+    _same_script(shown, made)
     try:
         import submitit
     except ImportError:
@@ -596,7 +605,7 @@ def _executor(request: dict[str, Any], shown: str) -> Any:
 
     class ShownScript(submitit.SlurmExecutor):
         def _make_submission_file_text(self, command: str, uid: str) -> str:
-            _same_script(shown, super()._make_submission_file_text(command, uid))
+            _runs(shown, command)
             return shown
 
     ex = request["executor"]
@@ -604,36 +613,45 @@ def _executor(request: dict[str, Any], shown: str) -> Any:
         folder=ex["folder"], max_num_timeout=ex["max_num_timeout"], python=ex["python"]
     )
     executor.update_parameters(**request["parameters"])
-    executor._make_submission_file_text(executor._submitit_command_str, "check")
+    _runs(shown, executor._submitit_command_str)
     return executor
 
 
+def _runs(shown: str, command: str) -> None:
+    """Raise when the shown script does not run submitit's entry point as this submitit
+    dispatches it (its command names the interpreter and the folder of the pickles)."""
+    if f" {command} &\n" in shown or shown.rstrip("\n").endswith(f" {command}"):
+        return
+    from submitit import __version__ as submitit_version
+
+    raise ClusterError(
+        f"submitit {submitit_version} dispatches the node task with `{command}`, which "
+        f"the rendered {SBATCH_FILE} does not run; nothing was queued and no file was "
+        "written. Report this as a shardctl bug, naming the submitit version"
+    )
+
+
 def _same_script(shown: str, made: str) -> None:
-    """Raise, saying what differs, when submitit's script is not the dry run's."""
+    """Raise, saying what differs, when the script shown is not the request's."""
     if made == shown:
         return
     import difflib
-
-    from submitit import __version__ as submitit_version
 
     diff = list(
         difflib.unified_diff(
             shown.splitlines(),
             made.splitlines(),
             f"{SBATCH_FILE} (the dry run)",
-            f"{SBATCH_FILE} (submitit {submitit_version})",
+            f"{SBATCH_FILE} (rendered from its request)",
             lineterm="",
         )
     )
     shown_diff = "\n".join(diff[:40] + (["..."] if len(diff) > 40 else []))
     raise ClusterError(
-        "the sbatch script submitit would submit differs from the one the dry run showed; "
+        "the sbatch script to submit differs from the one the dry run showed; "
         "nothing was queued and no file was written.\n"
         f"{shown_diff}\n"
-        "shardctl lays this script out itself (render and --dry-run do not import "
-        f"submitit): this submitit ({submitit_version}) writes it otherwise than the one "
-        "shardctl mirrors, or the dry run was changed after it was made; report the "
-        "difference as a shardctl bug"
+        "the dry run was changed after it was made; report this as a shardctl bug"
     )
 
 

@@ -105,6 +105,7 @@ from ...rundir import (
 )
 from ..base import run_resources
 from .bad_nodes import leave_behind, pinned_node
+from .batch_signal import batch_warned
 from .killed_ranks import record_killed
 from .queries import scontrol_job
 from .rank_nodes import RankRecorder
@@ -168,6 +169,19 @@ class NodeTask:
         # Replaces submitit's handlers (immediate requeue on rank 0) for this task.
         signal.signal(preempt_sig, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
+        # The srun line started this task with the signal blocked (`batch_signal`): one
+        # sent while it started is delivered now, to the handler (and the launcher,
+        # started below, inherits it unblocked).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {preempt_sig})
+
+        def from_batch() -> None:
+            # The batch shell got the signal (scancel --batch, --signal=B:...): as if
+            # this task had, once per allocation.
+            if preempt_sig not in received and batch_warned(self.run_dir, job_id, restarts):
+                received.append(preempt_sig)
+                _say(f"node {node}: got {preempt_sig.name} (sent to the batch shell); "
+                     "passing it to the ranks")  # fmt: skip
+
         child_env = dict(env)
         # The launchers of the environment that runs this task (torchrun, accelerate,
         # deepspeed live beside its python), whatever PATH the job inherited.
@@ -205,9 +219,11 @@ class NodeTask:
             follows = node != 0 and self.max_restarts > 0
             decided = partial(round_decision, self.run_dir, job_id, restarts, round_, 0.0)
             ranks = RankRecorder(self.run_dir, job_id, restarts, round_, node, per_node)
+            from_batch()
             rc, superseded = self._launch(
-                child_env, preempt_sig, received, forwarded, decided if follows else None, ranks
-            )
+                child_env, preempt_sig, received, forwarded, decided if follows else None, ranks,
+                from_batch,
+            )  # fmt: skip
             if follows:  # this node's launcher of the round is gone: node 0 may go on
                 ack_round(self.run_dir, job_id, restarts, round_, node)
             if superseded == Decision.RESTART.value:
@@ -253,12 +269,14 @@ class NodeTask:
         forwarded: set[tuple[int, int]],
         decided: Callable[[], str | None] | None = None,
         ranks: RankRecorder | None = None,
+        from_batch: Callable[[], None] | None = None,
     ) -> tuple[int, str | None]:
         """Run the node's launcher to its end, passing signals on to the ranks; the
         launcher's code. With `decided`: once it returns node 0's decision on this
         round, the launcher and everything below it are killed (the round is over
         for every node), and the decision is returned beside the code. `ranks`
-        records the global ranks found below the launcher (`rank_nodes.py`)."""
+        records the global ranks found below the launcher (`rank_nodes.py`);
+        `from_batch` adds a signal the batch shell got to `received`."""
         child = subprocess.Popen(
             self.command,
             env=child_env,
@@ -273,6 +291,8 @@ class NodeTask:
                 pass
             if ranks is not None:
                 ranks.poll(child.pid)
+            if from_batch is not None:
+                from_batch()
             decision = decided() if decided is not None and not received else None
             if decision is not None:
                 # KILL, not TERM: the ranks would take TERM for a stop and save.

@@ -2,18 +2,19 @@
 
     submitit.json   the submitit executor arguments, its parameters (submitit's own
                     names), and the task every node runs: `bash <run_dir>/launch.sh`
-    sbatch.sh       the sbatch script submitit generates from those parameters
+    sbatch.sh       the sbatch script submitit submits (shardctl's own text)
 
 Pure and deterministic, like every renderer: no clock, no cluster query, no
 submitit import. `shardctl render` and `shardctl submit --dry-run` must not
-import submitit (start-up time, and submitit is an optional extra), so the
-sbatch text is laid out here the way `submitit.slurm.slurm._make_sbatch_string`
-lays it out — sorted `#SBATCH` flags with shlex-quoted values, the setup lines,
-then `srun ... <python> -u -m submitit.core._submit <folder>` — and a test holds
-this function byte-for-byte equal to submitit's own for every example spec.
-When shardctl submits, it has submitit make the script from the dry run's
-parameters before anything is queued, refuses when it differs from the one
-`--dry-run` showed, and otherwise submits exactly the shown bytes.
+import submitit (start-up time, and submitit is an optional extra). The sbatch
+script is shardctl's own (`sbatch_text`): sorted `#SBATCH` flags with
+shlex-quoted values (`batch_flags`, the same in `job.sbatch`), the batch shell's
+trap of the preemption signal (`batch_signal.py`), the setup lines, then
+`srun ... <python> -u -m submitit.core._submit <folder>`, submitit's entry point,
+which runs the node task. When shardctl submits, submitit is handed exactly these
+bytes (its executor's hook for the submission text, `_executor` in the backend):
+submitit still pickles the task, submits and dispatches it, but its own sbatch
+layout is neither copied nor needed.
 
 One submitit task per node (`ntasks_per_node=1`): the task starts that node's
 launcher (torchrun, accelerate launch or deepspeed), which starts the node's
@@ -42,6 +43,7 @@ from typing import Any
 from ...errors import SpecError
 from ...rundir import LAUNCH_FILE
 from ...spec import JobSpec
+from .batch_signal import background_and_wait, hold_words, trap_lines
 from .section import mount_plan, slurm_time_minutes
 
 SUBMITIT_FILE = "submitit.json"
@@ -51,21 +53,9 @@ SUBMITIT_DIR = "submitit"
 # The callable that every submitit task runs (pickled by reference).
 NODE_TASK = "shardctl.orchestrator.clusters.slurm:NodeTask"
 
-# submitit's defaults that always reach the sbatch script (non-None defaults of
-# `_make_sbatch_string` that are Slurm flags).
-_SUBMITIT_DEFAULTS: dict[str, Any] = {
-    "job_name": "submitit",
-    "time": 5,
-    "nodes": 1,
-    "wckey": "submitit",
-}
-# Parameters of `_make_sbatch_string` that are not `#SBATCH` flags.
-_NON_SLURM = frozenset(
-    {
-        "setup", "teardown", "signal_delay_s", "srun_args", "additional_parameters",
-        "array_parallelism", "stderr_to_stdout", "use_srun", "map_count",
-    }
-)  # fmt: skip
+# Parameters of `submitit_parameters` that are not `#SBATCH` flags of their own (the
+# additional ones are the spec's `sbatch_options`, written by their own names).
+_NOT_FLAGS = frozenset({"setup", "signal_delay_s", "srun_args", "additional_parameters"})
 
 
 # Stands for job.sbatch's own folder in its srun line, where the shell expands it. A
@@ -192,39 +182,71 @@ def srun_args(spec: JobSpec, *, standalone: bool = False) -> list[str]:
 
 
 def submitit_command(python: str, folder: str) -> str:
-    """The command submitit puts after `srun`: its entry point, reading the pickled task."""
+    """The command submitit dispatches a task with: its entry point, reading the pickled
+    task from `folder` (submitit's executor says the same, `_submitit_command_str`)."""
     return " ".join([python, "-u -m submitit.core._submit", shlex.quote(folder)])
 
 
-def _sbatch_flag(key: str, value: Any) -> str:
-    key = key.replace("_", "-")
-    if value is True:
-        return f"#SBATCH --{key}"
-    return f"#SBATCH --{key}={shlex.quote(str(value))}"
+def signal_flag(spec: JobSpec) -> str:
+    """`--signal`'s value: the spec's signal `signal_delay_s` before the time limit, to
+    the batch shell alone with `slurm.signal_batch` (`B:`)."""
+    s = spec.slurm
+    return f"{'B:' if s.signal_batch else ''}{s.signal}@{s.signal_delay_s}"
 
 
-def sbatch_text(parameters: dict[str, Any], folder: str, command: str) -> str:
-    """The sbatch script submitit writes for `parameters` (see the module docstring)."""
-    flags = {**_SUBMITIT_DEFAULTS}
-    flags.update({k: v for k, v in parameters.items() if k not in _NON_SLURM and v is not None})
-    flags["signal"] = f"USR2@{parameters.get('signal_delay_s', 90)}"
+def batch_flags(spec: JobSpec, params: dict[str, Any]) -> dict[str, Any]:
+    """The `#SBATCH` flags of both batch scripts by sbatch's long names: the resources
+    of `params` (`submitit_parameters`), the signal, `--requeue` (shardctl requeues the
+    job itself after a save), and the spec's `sbatch_options` as written."""
+    flags = {
+        key.replace("_", "-"): value
+        for key, value in params.items()
+        if key not in _NOT_FLAGS and value is not None
+    }
+    flags["signal"] = signal_flag(spec)
+    flags["requeue"] = True
+    flags["open-mode"] = "append"
+    flags.update(spec.slurm.sbatch_options)
+    return flags
+
+
+def _sbatch_lines(flags: dict[str, Any]) -> list[str]:
+    return [
+        f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={shlex.quote(str(value))}"
+        for key, value in sorted(flags.items())
+    ]
+
+
+def sbatch_text(spec: JobSpec, sub: dict[str, Any]) -> str:
+    """The sbatch script `shardctl submit` hands to submitit for the `submission` `sub`
+    (see the module docstring): one srun of submitit's entry point on every node, which
+    runs the node task, in the background while the shell waits with its trap."""
+    params, folder = sub["parameters"], sub["executor"]["folder"]
     stdout = str(PurePosixPath(folder) / "%j_%t_log.out")
     stderr = str(PurePosixPath(folder) / "%j_%t_log.err")
+    flags = batch_flags(spec, params)
+    # Node 0's task and the batch shell write to node 0's files (submitit's names).
     flags["output"] = stdout.replace("%t", "0")
     flags["error"] = stderr.replace("%t", "0")
-    flags["open-mode"] = "append"
-    flags.update(parameters.get("additional_parameters") or {})
-    lines = ["#!/bin/bash", "", "# Parameters"]
-    lines += [_sbatch_flag(k, flags[k]) for k in sorted(flags)]
-    if parameters.get("setup"):
-        lines += ["", "# setup", *parameters["setup"]]
+    lines = [
+        "#!/bin/bash",
+        f"# Job {spec.name}, rendered by shardctl: `shardctl submit --cluster slurm` has",
+        "# submitit submit exactly this script; submitit's entry point runs the node task.",
+        *_sbatch_lines(flags),
+        "",
+        *trap_lines(sub["task"]["run_dir"], spec.slurm.signal),
+    ]
+    if params.get("setup"):
+        lines += ["", "# setup", *params["setup"]]
     srun = ["srun", "--unbuffered", "--output", stdout, "--error", stderr]
-    srun += list(parameters.get("srun_args") or [])
+    srun += [*(params.get("srun_args") or []), *hold_words(spec.slurm.signal)]
+    command = submitit_command(sub["executor"]["python"], folder)
+    srun_line = " ".join(shlex.quote(w) for w in srun) + " " + command
     lines += [
         "",
         "# command",
         "export SUBMITIT_EXECUTOR=slurm",
-        " ".join(shlex.quote(w) for w in srun) + " " + command,
+        *background_and_wait(srun_line, spec.slurm.signal),
         "",
     ]
     return "\n".join(lines)
@@ -277,17 +299,14 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
     """
     if params is None:
         params = submitit_parameters(spec)
-    flags = {k: v for k, v in params.items() if k not in _NON_SLURM}
+    flags = batch_flags(spec, params)
     flags["signal"] = f"USR2@{spec.slurm.signal_delay_s}"
-    flags["requeue"] = True
-    flags["open-mode"] = "append"
-    flags.update(spec.slurm.sbatch_options)
     lines = [
         "#!/bin/bash",
         f"# Batch script of job {spec.name}, rendered by shardctl, for `sbatch` by hand:",
         f"#   sbatch {STANDALONE_FILE}     (launch.sh and job.yaml must lie beside it)",
         "# `shardctl submit --cluster slurm` uses sbatch.sh (submitit) instead.",
-        *[_sbatch_flag(k, flags[k]) for k in sorted(flags)],
+        *_sbatch_lines(flags),
         "set -uo pipefail",
     ]
     setup = setup_lines(spec)
@@ -369,10 +388,8 @@ def slurm_artifacts(
     request; `python` and `run_dir` are then its own)."""
     if sub is None:
         sub = submission(spec, python=python, run_dir=run_dir)
-    folder = sub["executor"]["folder"]
-    command = submitit_command(sub["executor"]["python"], folder)
     return {
         SUBMITIT_FILE: json.dumps(sub, indent=2, sort_keys=True) + "\n",
-        SBATCH_FILE: sbatch_text(sub["parameters"], folder, command),
+        SBATCH_FILE: sbatch_text(spec, sub),
         STANDALONE_FILE: standalone_batch(spec, sub["parameters"]),
     }

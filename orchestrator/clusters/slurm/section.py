@@ -89,7 +89,7 @@ SBATCH_OWNED: dict[str, str] = {
     ),
     **{k: f"slurm.{k}" for k in ("partition", "account", "qos", "constraint", "gres", "time")},
     "exclusive": "slurm.exclusive",
-    "signal": "slurm.signal and slurm.signal_delay_s",
+    "signal": "slurm.signal and slurm.signal_delay_s (slurm.signal_batch: true for B:)",
     **dict.fromkeys(
         ("requeue", "no-requeue"),
         "slurm.max_requeues (shardctl always submits with --requeue and requeues the job "
@@ -359,6 +359,11 @@ class SlurmSection(ClusterSection):
     """Sent before the time limit (and by `scancel --signal`); USR1 is NCCL's."""
     signal_delay_s: Annotated[int, Field(ge=10, le=65535)] = 120
     """Seconds before the time limit at which the signal is sent; 10 to 65535."""
+    signal_batch: bool = False
+    """`true`: Slurm sends `signal` to the batch shell alone (`--signal=B:USR2@N`, as some
+    sites ask); the batch shell writes it down and every node task passes it on to the
+    ranks, which save, and the job is requeued. `false` (default): Slurm sends it to
+    every process of the job's steps, every rank on every node."""
     constraint: str | None = None
     """Slurm `--constraint`; one word, no spaces."""
     gres: str | None = None
