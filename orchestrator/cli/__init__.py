@@ -209,10 +209,12 @@ def submit(
     check_writable()
     code = code_version(_code_folder(job, spec))  # the code as it is now, before it runs
     with one_writer(plan.spec.run_dir, here=kind.run_dir_here, replace=replace):
-        ref = backend.schedule(plan)
-        if ref.extra.get("complete"):
-            click.echo(f"{ref.name}: run complete (DONE in {ref.run_dir}); nothing to do")
+        # The same rule on every cluster: a finished run of this work starts nothing.
+        done = backend.complete_run(plan)
+        if done is not None:
+            click.echo(f"{plan.spec.name}: run complete ({done}); nothing to do")
             return
+        ref = backend.schedule(plan)
         ref = dataclasses.replace(ref, extra={**ref.extra, "code": code})
         _remember_or_cancel(backend, ref)
     if output == "json":

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import RenderError, ShardctlError, SpecError, UsageError
-from ..launch import TRAIN_MODULE, EnvLine, env_file, launch_script
+from ..launch import TRAIN_MODULE, EnvLine, entry_words, env_file, launch_script
 from ..render import common_artifacts
-from ..rundir import EXIT_HUNG, EXIT_PREEMPTED, SPEC_FILE
+from ..rundir import DONE_FILE, EXIT_HUNG, EXIT_PREEMPTED, SPEC_FILE, TOKEN_FIELD, RunDir
 from ..spec import JobSpec
 
 if TYPE_CHECKING:
@@ -126,6 +126,51 @@ class JobStatus:
     state: JobState
     native_state: str  # the backend's own word, for humans
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """What the last run of a run dir finished, as its cluster records it: the built-in
+    loop's last step and a script's command (DONE's `step` and `command`)."""
+
+    where: str  # where that is recorded, for the user ("DONE in /path/to/run")
+    step: int | None = None
+    command: list[str] | None = None
+
+    def completes(self, spec: JobSpec) -> bool:
+        """ "run complete", the one rule on every cluster: the built-in loop reached
+        `train.steps`; a script ran the same command (its words as the ranks got them,
+        `launch.entry_words`), whatever its steps."""
+        command = entry_words(spec)
+        if command is None:
+            steps = spec.train.steps if spec.train is not None else 0
+            return self.step is not None and self.step >= steps
+        return self.command == command
+
+
+def finished_in(run_dir: Path, exit_code: int | None = None) -> FinishedRun | None:
+    """The run dir's DONE as a `FinishedRun`; None without one. A script's DONE (rank 0's,
+    with the command) counts only when the classifier judges its attempt done: no rank
+    of that attempt (DONE's token) left FAILED, HUNG or KILLED (`exit_code`: the
+    supervisor's, where this machine recorded one)."""
+    from ..outcome import Evidence, Kind, classify
+
+    folder = RunDir(run_dir)
+    done = folder.read_marker(DONE_FILE)
+    if done is None:
+        return None
+    command = folder.done_command()
+    if command is not None:
+        # DONE's attempt: its token, or (a marker of an older version) its file time.
+        token = done.get(TOKEN_FIELD) if isinstance(done.get(TOKEN_FIELD), str) else None
+        try:
+            since = folder.done_file.stat().st_mtime
+        except OSError:  # removed meanwhile: not done
+            return None
+        evidence = Evidence.gather(run_dir, since, exit_code, token=token)
+        if classify(evidence).kind is not Kind.DONE:
+            return None
+    return FinishedRun(f"DONE in {run_dir.resolve()}", folder.done_step(), command)
 
 
 def require_script(spec: JobSpec, where: str) -> None:
@@ -287,6 +332,19 @@ class Cluster(ABC):
     def follow(self, ref: JobRef) -> int:
         """`submit --wait`: follow the job until it ends and return its exit code."""
         raise UsageError(f"--wait is not supported with --cluster {self.name}")
+
+    def finished_run(self, dryrun: DryRun) -> FinishedRun | None:
+        """What the last run of the dry run's run dir finished; None when it did not end
+        well or this machine cannot tell. Here: its DONE (`finished_in`), where this
+        machine reads the run dir."""
+        return finished_in(Path(dryrun.spec.run_dir)) if self.run_dir_here else None
+
+    def complete_run(self, dryrun: DryRun) -> str | None:
+        """Where the dry run's work is recorded as done already (`FinishedRun.completes`,
+        judged on the spec as the nodes read it); `submit` then starts nothing."""
+        done = self.finished_run(dryrun)
+        node_spec = self.node_view(dryrun.spec).spec
+        return done.where if done is not None and done.completes(node_spec) else None
 
     def attempts_job(self, ref: JobRef) -> str:
         """The job's id in the run dir's attempts.jsonl (`outcome.record_attempt`),

@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...assets import manifest
 from ...errors import ClusterError, JobNotFoundError, MissingDependencyError
-from ...launch import EnvLine
+from ...launch import EnvLine, entry_words
 from ...launcher_output import LauncherReport, readable
 from ...render import common_artifacts
 from ...spec import JobSpec
-from ..base import Cluster, DryRun, JobRef, JobState, JobStatus, NodeView
+from ..base import Cluster, DryRun, FinishedRun, JobRef, JobState, JobStatus, NodeView
 from . import objects as k8s_render
 from .apis import job_kind
 from .jobkind import JobKind, Prerequisite
 from .logstreams import LOG_STREAMS, LogNotReady, LogStreams, PodLog
-from .pods import RUNS_MOUNT, configmap_name
+from .pods import RUNS_MOUNT, SPEC_FILE, configmap_name
 from .preflight import k8s_checks
 from .section import K8sSection
 
@@ -172,6 +172,36 @@ class K8sCluster(Cluster):
             extra={"namespace": ns, "job": name, "pvc": spec.k8s.pvc, "uid": uid,
                    "api": kind.api},
         )  # fmt: skip
+
+    def finished_run(self, dryrun: DryRun) -> FinishedRun | None:
+        # The run dir is on the volume, not here: a job of the same name that succeeded
+        # (every pod's watchdog said done) and the job.yaml its ConfigMap gave the pods
+        # say what was finished. A job deleted since (its TTL) tells nothing.
+        kind = job_kind(dryrun.spec.k8s.api)
+        ns, name = _where_new(dryrun, kind)
+        try:
+            job = self._get_job(kind, self._custom(), ns, name)
+            if kind.state_of(job).state is not JobState.SUCCEEDED:
+                return None
+            cm = self._call(
+                "get",
+                "configmaps",
+                ns,
+                lambda: self._core().read_namespaced_config_map(
+                    configmap_name(name), ns, _request_timeout=REQUEST_TIMEOUT_S
+                ),
+            )
+        except JobNotFoundError:
+            return None
+        ran = _spec_from_text((getattr(cm, "data", None) or {}).get(SPEC_FILE))
+        if ran is None:
+            return None
+        where = (
+            f"{kind.kind} {ns}/{name} succeeded; its run dir is {RUNS_MOUNT}/{ran.name} on "
+            f"PVC {dryrun.spec.k8s.pvc}"
+        )
+        step = ran.train.steps if ran.train is not None and ran.entrypoint is None else None
+        return FinishedRun(where, step=step, command=entry_words(ran))
 
     def _check_prerequisite(self, custom: Any, need: Prerequisite, ns: str) -> None:
         """The job names an object (a TrainJob's runtime) that must exist: say which
@@ -618,6 +648,27 @@ def _restarts(pod: dict[str, Any], container: str) -> int:
 def _full_log(ns: str, pod: str, container: str) -> str:
     """Where a pod's whole log is, for the launcher report's one line."""
     return f"the pod's log (kubectl logs -n {ns} {pod} -c {container})"
+
+
+def _where_new(dryrun: DryRun, kind: JobKind) -> tuple[str, str]:
+    """The namespace and name of the job a dry run would create."""
+    meta = dryrun.request[kind.api]["metadata"]
+    return meta["namespace"], meta["name"]
+
+
+def _spec_from_text(text: Any) -> JobSpec | None:
+    """A job.yaml as the pods read it; None when it is missing or no longer reads (a
+    spec another version wrote): then nothing is known finished."""
+    from ...errors import ShardctlError
+    from ...spec import parse_spec
+    from ...yamlio import parse_yaml_text
+
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_spec(parse_yaml_text(text, SPEC_FILE, written=True), SPEC_FILE)
+    except ShardctlError:
+        return None
 
 
 def _where(ref: JobRef) -> tuple[str, str]:

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
 from ...fence import claim_attempt, current_attempt, new_token
-from ...launch import PYTHON_VAR, EnvLine, entry_words, export
+from ...launch import PYTHON_VAR, EnvLine, export
 from ...launcher_output import LauncherReport, readable
 from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
 from ...proctree import Proc, alive, descendants, signal_all, start_ticks
@@ -75,9 +75,11 @@ from ..base import (
     Cluster,
     DryRun,
     FileTail,
+    FinishedRun,
     JobRef,
     JobState,
     JobStatus,
+    finished_in,
     hung_detail,
     require_script,
     run_resources,
@@ -255,16 +257,6 @@ class LocalCluster(Cluster):
             run_dir=str(run_dir.resolve()),
             extra={"cwd": os.getcwd()},
         )
-        # The built-in loop (or the checkpoint library's finish) wrote DONE for every step;
-        # a user script's, the command it ran, and every rank exited 0.
-        steps = spec.train.steps if spec.train is not None else 0
-        command = entry_words(spec)
-        if (
-            RunDir(run_dir).is_complete(steps)
-            if command is None
-            else RunDir(run_dir).done_command() == command and self._exit_code(run_dir) == 0
-        ):
-            return JobRef(**{**ref.to_json(), "extra": {**ref.extra, "complete": True}})
         pid_info = self._pid(run_dir)
         if pid_info is not None and alive(*pid_info):
             raise ClusterError(
@@ -318,6 +310,11 @@ class LocalCluster(Cluster):
         write_text_atomic(run_dir / PID_FILE, f"{proc.pid} {ticks or ''}\n", durable=False)
         extra = {**ref.extra, "log_offsets": offsets, "attempt": attempt}
         return JobRef(**{**ref.to_json(), "job_id": str(proc.pid), "extra": extra})
+
+    def finished_run(self, dryrun: DryRun) -> FinishedRun | None:
+        # The supervisor's exit code is evidence too (`submit` asks before `schedule`).
+        run_dir = Path(dryrun.spec.run_dir)
+        return finished_in(run_dir, self._exit_code(run_dir))
 
     # -- status / logs / cancel ----------------------------------------------------------
 
