@@ -508,6 +508,61 @@ def test_node_task_requeues_after_the_ranks_saved_without_a_signal(tmp_path):
     assert "RESULT preempted" in out, out
 
 
+# A node task whose start is slow (its interpreter, submitit's unpickling): it says it
+# is starting and waits for `go` before `NodeTask` exists.
+SLOW_START = (
+    """
+import sys, time
+from pathlib import Path
+folder = Path(sys.argv[2])
+(folder / "starting").write_text("yes")
+deadline = time.monotonic() + 60
+while not (folder / "go").exists() and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+    + TASK
+)
+
+
+def test_a_signal_sent_while_the_node_task_starts_waits_for_its_handler(tmp_path):
+    """The srun line of sbatch.sh starts the node task with the warning held: one that
+    lands before `NodeTask` has its handler is taken once it has, passed on to the
+    rank, and the node is preempted; without the hold the task died of it (the job
+    FAILED), and without `NodeTask` releasing it the rank never got it."""
+    spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
+    sub = rs.submission(spec, run_dir=str(tmp_path))
+    srun_line = next(x for x in rs.sbatch_text(spec, sub).splitlines() if x.startswith("srun "))
+    words = shlex.split(srun_line)
+    hold = words[words.index("--error") + 2 : words.index("python3")]
+    (tmp_path / "rank.py").write_text(RANK)
+    (tmp_path / "launch.sh").write_text(
+        LAUNCHER.format(
+            py=shlex.quote(sys.executable), rank=tmp_path / "rank.py", out=tmp_path / "o"
+        )
+    )
+    env = {**os.environ, "SLURM_NODEID": "1", "SLURM_JOB_ID": "123", "SLURM_RESTART_COUNT": "0"}
+    command = json.dumps(["bash", str(tmp_path / "launch.sh")])
+    proc = subprocess.Popen(
+        [*hold, sys.executable, "-c", SLOW_START, command, str(tmp_path), "USR2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "starting").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the task never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR2)
+        (tmp_path / "go").write_text("go")
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "RESULT preempted" in stdout, (proc.returncode, stdout)
+    assert "node 1: got SIGUSR2" in stdout
+    assert (tmp_path / "o").read_text().count("rank got SIGUSR2") == 1
+
+
 HUNG = {"step": 9, "node": 1, "attempt": 0, "first": [1], "ranks": [{"rank": 1, "step": 9}]}
 
 

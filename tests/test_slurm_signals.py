@@ -70,3 +70,42 @@ def test_usr2_sent_to_the_batch_step_only_requeues(
     logs = _requeued_and_completed(ref)
     assert logs.count("got SIGUSR2 (sent to the batch shell)") == 2, logs  # each node
     assert "nothing was saved" in logs, logs
+
+
+# The batch shell's setup holds the job's start until the batch shell has written the
+# warning down (its trap's file, `batch_signal.py`), at most 120 s; a requeued start
+# (SLURM_RESTART_COUNT > 0) is not held.
+HOLD_UNTIL_WARNED = (
+    '[ "${SLURM_RESTART_COUNT:-0}" != 0 ] || for _ in $(seq 600); do '
+    '[ -e "${shardctl_warning}" ] && break; sleep 0.2; done'
+)
+
+
+def test_time_limit_signal_to_the_batch_shell_while_starting_requeues(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`slurm.signal_batch: true` renders `--signal=B:USR2@590`: the time-limit warning
+    (due 10 s after the start, sent by ~40 s: Slurm's timer checks every 30 s) reaches
+    the batch shell alone, while it is still in `slurm.setup` (held there until then),
+    before any node task or rank exists. Both node tasks take it when they start, the
+    ranks say nothing was saved yet, and the job is requeued, then COMPLETED; without
+    the trap the batch shell died of it and the job ended FAILED."""
+    spec = _plain_spec(
+        "sig-b-start", tmp_path, time="10", signal_delay_s=590, signal_batch=True,
+        setup=[HOLD_UNTIL_WARNED],
+    )  # fmt: skip
+    ref = _submitted(tmp_path, spec)
+    assert "#SBATCH --signal=B:USR2@590\n" in (Path(ref.run_dir) / "sbatch.sh").read_text()
+    cluster = SlurmCluster()
+    _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 180, "the requeue")
+    # The requeued start's own warning 50 min away: it finishes.
+    subprocess.run(
+        ["scontrol", "update", f"jobid={ref.job_id}", "TimeLimit=60"], check=True, timeout=30
+    )
+    state = _finished(ref)
+    logs = cluster.logs(ref)
+    assert state is JobState.SUCCEEDED, logs
+    assert logs.count("got SIGUSR2 (sent to the batch shell)") == 2, logs
+    assert "nothing was saved" in logs, logs
+    assert all((tmp_path / f"ready-{r}").exists() for r in (0, 1))
