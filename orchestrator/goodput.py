@@ -64,7 +64,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from .progress import METRICS_FILE
+from .progress import METRICS_FILE, metrics_row
 from .rundir import ATTEMPTS_FILE, CURRENT_ATTEMPT_FILE, LOGS_DIR
 
 # How a user's script makes its progress known (docs/guides/own-script.md).
@@ -200,16 +200,9 @@ LONGEST_LINE = 1 << 20
 
 def _step_time(line: bytes) -> tuple[int, float] | None:
     """A metrics line's (step, time), or None (blank, cut short, damaged, untimed)."""
-    if not line.startswith(b"{"):
-        return None
-    try:
-        row = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(row, dict):
-        return None
-    step, when = _step(row.get("step")), _number(row.get("time"))
-    return None if step is None or when is None else (step, when)
+    row = metrics_row(line) if line.startswith(b"{") else None  # a cheap first test
+    when = _number(row.get("time")) if row is not None else None
+    return None if row is None or when is None else (row["step"], when)
 
 
 class _Searched:

@@ -58,7 +58,7 @@ def metrics_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / LOGS_DIR / METRICS_FILE
 
 
-def _row(line: bytes | str) -> dict[str, Any] | None:
+def metrics_row(line: bytes | str) -> dict[str, Any] | None:
     """One metrics line as a dict with an integer step, or None (blank, cut short, odd)."""
     try:
         row = json.loads(line)
@@ -124,7 +124,7 @@ def read_progress(run_dir: str | Path) -> tuple[Progress | None, str]:
     except OSError as exc:
         return None, f"cannot read {path}: {exc}"
     for line in reversed(tail.splitlines()):
-        row = _row(line)
+        row = metrics_row(line)
         if row is not None:
             return progress_of(row, total_steps(run_dir)), ""
     return None, f"no step logged yet in {path}"
@@ -147,7 +147,7 @@ def _tail_rows(run_dir: str | Path) -> list[dict[str, Any]]:
         tail = _tail(metrics_path(run_dir))
     except OSError:
         return []
-    return [row for row in map(_row, tail.splitlines()) if row is not None]
+    return [row for row in map(metrics_row, tail.splitlines()) if row is not None]
 
 
 def _rank(value: Any) -> int | None:
@@ -235,7 +235,7 @@ class MetricsTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()  # b"" after a final newline
-        return [row for row in map(_row, lines) if row is not None]
+        return [row for row in map(metrics_row, lines) if row is not None]
 
 
 class ProgressDisplay:
