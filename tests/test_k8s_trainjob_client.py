@@ -8,7 +8,6 @@ serve their logs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,27 +21,16 @@ from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.clusters.k8s import trainjob as v2
 from shardctl.orchestrator.errors import ClusterError, JobNotFoundError
 from test_k8s_client import operator_api, shardctl
+from test_k8s_client import server as kmock_api
 from test_k8s_render import BASE, make
 
+server = kmock_api  # the fixture: a kmock API server, the kubeconfig pointed at it
 NS = BASE["k8s"]["namespace"]
 NAME = BASE["name"]
 # Trainer v2.3's stock runtime, the parts these tests install (kept here: they never skip).
 STOCK_RUNTIME = Path(__file__).resolve().parent / "data" / "k8s" / "torch-distributed-runtime.yaml"
 # Where the full reference files live when at hand (outside the project).
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "k8s" / "trainer-v2.3"
-
-
-@pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
-    srv = KMockServer().start()
-    try:
-        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
-        for var in ("SHARDCTL_KUBECONFIG", "SHARDCTL_KUBE_CONTEXT", "SHARDCTL_K8S_REPLACE",
-                    "KUBERNETES_SERVICE_HOST"):  # fmt: skip
-            monkeypatch.delenv(var, raising=False)
-        yield srv
-    finally:
-        srv.stop()
 
 
 def install_runtime(server: KMockServer, name: str = "torch-distributed") -> None:

@@ -21,9 +21,11 @@ from shardctl.orchestrator.clusters.base import FinishedRun, finished_in
 from shardctl.orchestrator.outcome import done_marker, failed_marker, killed_marker
 from shardctl.orchestrator.rundir import DONE_FILE, FAILED_FILE, KILLED_FILE, RunDir, stamped
 from shardctl.orchestrator.spec import parse_spec
-from test_k8s_client import NAME, NS, server, set_conditions, shardctl  # noqa: F401
+from test_k8s_client import NAME, NS, set_conditions, shardctl
+from test_k8s_client import server as kmock_api
 from test_k8s_render import BASE
 
+server = kmock_api  # the fixture: a kmock API server, the kubeconfig pointed at it
 SCRIPT_WORDS = ["script", "/code/train.py", "--lr", "1e-3"]
 
 
@@ -89,14 +91,14 @@ def _write(tmp_path: Path, name: str, **train: Any) -> Path:
     return path
 
 
-def _changes(kube: KMockServer) -> list[str]:
+def _changes(api: KMockServer) -> list[str]:
     """The API calls that create or delete anything, as 'METHOD plural'."""
     writes = (kmock.method.POST, kmock.method.DELETE, kmock.method.PUT, kmock.method.PATCH)
-    return [f"{r.method} {r.resource.plural}" for r in kube.requests() if r.method in writes]
+    return [f"{r.method} {r.resource.plural}" for r in api.requests() if r.method in writes]
 
 
 def test_a_k8s_run_that_succeeded_is_complete_and_starts_nothing(
-    server: KMockServer,  # noqa: F811
+    server: KMockServer,
     tmp_path: Path,
 ) -> None:
     spec = _write(tmp_path, "job.yaml")
@@ -122,7 +124,7 @@ def test_a_k8s_run_that_succeeded_is_complete_and_starts_nothing(
 
 
 def test_a_k8s_script_is_complete_for_the_same_command_only(
-    server: KMockServer,  # noqa: F811
+    server: KMockServer,
     tmp_path: Path,
 ) -> None:
     (tmp_path / "train.py").write_text("print('hello')\n")
@@ -139,7 +141,7 @@ def test_a_k8s_script_is_complete_for_the_same_command_only(
     assert (NS, NAME) in server.objects(PYTORCHJOBS)
 
 
-def test_a_failed_k8s_job_is_not_complete(server: KMockServer, tmp_path: Path) -> None:  # noqa: F811
+def test_a_failed_k8s_job_is_not_complete(server: KMockServer, tmp_path: Path) -> None:
     spec = _write(tmp_path, "job.yaml")
     shardctl("submit", str(spec), "--cluster", "k8s")
     set_conditions(server, ("Running", "False"), ("Failed", "True"))
