@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers.train_run import free_port
+from helpers.train_run import script_spec
 from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.spec import load_spec, parse_spec, with_command
 
@@ -22,21 +21,6 @@ HOSTILE_ARGS = [
     "--lr", "1e-3", "it's \"quoted\"", "$(touch PWNED)", "`id`", "a\nb", "tab\there",
     "ünïcødé ✓", "", "--", "*", "~", "$HOME",
 ]  # fmt: skip
-
-
-def _spec(tmp_path: Path, name: str, entrypoint: dict, **extra: object) -> Path:
-    data = {
-        "name": name,
-        "run_dir": str(tmp_path / name),
-        "resources": {"procs_per_node": 2},
-        "entrypoint": entrypoint,
-        "local": {"master_port": free_port()},
-        "restart": {"max_in_allocation": 0},  # one start per submit: its own exit code
-        **extra,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    return path
 
 
 def _submit(tmp_path: Path, spec: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -77,7 +61,7 @@ def test_the_command_after_double_dash_replaces_the_workload(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_hostile_args_and_the_run_contract_reach_every_rank(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "args", {"script": str(CODE / "train.py"), "args": HOSTILE_ARGS})
+    spec = script_spec(tmp_path, "args", {"script": str(CODE / "train.py"), "args": HOSTILE_ARGS})
     res = _submit(tmp_path, spec)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     seen = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
@@ -108,7 +92,7 @@ def test_accelerate_and_deepspeed_launch_your_script_with_the_rendered_config(
     """`accelerate launch` hands an `Accelerator()` the rendered DeepSpeed config and a
     2-rank group; `deepspeed` hands the script ds_config.json. Hostile args intact."""
     entrypoint = {"script": str(CODE / "launcher_probe.py"), "args": HOSTILE_ARGS}
-    spec = _spec(tmp_path, f"via-{launcher}", entrypoint, **LAUNCHERS[launcher])
+    spec = script_spec(tmp_path, f"via-{launcher}", entrypoint, **LAUNCHERS[launcher])
     res = _submit(tmp_path, spec)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     seen = [json.loads(line[6:]) for line in res.stdout.splitlines() if line.startswith("PROBE ")]
@@ -129,7 +113,7 @@ def test_accelerate_and_deepspeed_launch_your_script_with_the_rendered_config(
 
 @pytest.mark.slow
 def test_exit_3_is_failed_with_code_3_and_exit_42_is_preempted(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "codes", {"script": str(CODE / "exit_with.py"), "args": ["3"]})
+    spec = script_spec(tmp_path, "codes", {"script": str(CODE / "exit_with.py"), "args": ["3"]})
     res = _submit(tmp_path, spec)
     assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
     assert "FAILED [exit 3]" in _status("codes")
@@ -148,7 +132,7 @@ def test_exit_3_is_failed_with_code_3_and_exit_42_is_preempted(tmp_path: Path) -
 
 
 def test_a_missing_script_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    spec = _spec(tmp_path, "missing", {"script": str(tmp_path / "nope.py")})
+    spec = script_spec(tmp_path, "missing", {"script": str(tmp_path / "nope.py")})
     res = _submit(tmp_path, spec)
     assert res.returncode == 2 and "entrypoint.script" in res.stderr
     assert "is not a Python file" in res.stderr and not (tmp_path / "missing").exists()
@@ -181,7 +165,7 @@ def test_your_script_is_cancelled_saves_and_resumes_from_that_step(
     from shardctl.orchestrator.clusters.base import JobState
     from shardctl.orchestrator.clusters.local import LocalCluster
 
-    spec_path = _spec(
+    spec_path = script_spec(
         tmp_path, "own", {"script": str(ROOT / "examples" / script), "args": args},
         checkpoint={"every_steps": 5, "keep": 2},
     )  # fmt: skip

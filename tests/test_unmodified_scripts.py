@@ -21,9 +21,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 from helpers.ckpt_run import child_env
-from helpers.train_run import free_port
+from helpers.train_run import script_spec
 from shardctl.orchestrator import proctree
 from shardctl.orchestrator.goodput import goodput
 from shardctl.orchestrator.outcome import Decision, Evidence, Kind, judge
@@ -32,21 +31,6 @@ from shardctl.orchestrator.rundir import ATTEMPTS_FILE, ENV_HF_TRAINER_AUTO, PRE
 ROOT = Path(__file__).resolve().parent.parent
 CODE = ROOT / "tests" / "data" / "usercode"
 SHARDCTL = str(Path(sys.executable).parent / "shardctl")
-
-
-def _spec(tmp_path: Path, name: str, entrypoint: dict, **extra: object) -> Path:
-    data = {
-        "name": name,
-        "run_dir": str(tmp_path / name),
-        "resources": {"procs_per_node": 2},
-        "entrypoint": entrypoint,
-        "local": {"master_port": free_port()},
-        "restart": {"max_in_allocation": 0},  # one start per submit: its own outcome
-        **extra,
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 def _shardctl(tmp_path: Path, *words: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -182,7 +166,7 @@ def test_the_local_status_says_nothing_was_saved_and_a_success_is_complete(
     handler → PREEMPTED (exit 42), `status` says nothing was saved and that no
     progress is known (not "0 steps lost"); then the same script run to the end and
     submitted again with the same command: complete, nothing started."""
-    spec = _spec(tmp_path, "unmod-nohandler", {"script": str(CODE / "no_handler.py"),
+    spec = script_spec(tmp_path, "unmod-nohandler", {"script": str(CODE / "no_handler.py"),
                                                 "args": [str(tmp_path)]})  # fmt: skip
     job = subprocess.Popen(
         [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=child_env(),
@@ -264,8 +248,8 @@ def test_the_spec_switch_reaches_the_ranks_and_turns_the_wrapping_off(tmp_path: 
     from shardctl.orchestrator.launch import env_lines
     from shardctl.orchestrator.spec import load_spec
 
-    on = _spec(tmp_path, "on", {"script": str(CODE / "no_handler.py")})
-    off = _spec(tmp_path, "off", {"script": str(CODE / "no_handler.py"),
+    on = script_spec(tmp_path, "on", {"script": str(CODE / "no_handler.py")})
+    off = script_spec(tmp_path, "off", {"script": str(CODE / "no_handler.py"),
                                   "hf_trainer_auto": False})  # fmt: skip
     assert load_spec(on).entrypoint.hf_trainer_auto is True
     text = "\n".join(line.text for line in env_lines(load_spec(off), []))
@@ -364,7 +348,9 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     # Paced (0.2 s a step): the cancel lands before step 60 on a quiet machine too.
     args = ["--output-dir", str(out_dir), "--max-steps", "60", "--save-steps", "5",
             "--pause", "0.2"]  # fmt: skip
-    spec = _spec(tmp_path, "unmod-hf", {"script": str(CODE / "hf_unmodified.py"), "args": args})
+    spec = script_spec(
+        tmp_path, "unmod-hf", {"script": str(CODE / "hf_unmodified.py"), "args": args}
+    )
     env = {**child_env(), "TOKENIZERS_PARALLELISM": "false"}
     log = tmp_path / "unmod-hf" / "logs" / "launcher.err"
     job = subprocess.Popen(

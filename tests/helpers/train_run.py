@@ -65,6 +65,23 @@ def tiny_spec(tmp: Path, name: str, **over: Any) -> Path:
     return path
 
 
+def script_spec(tmp: Path, name: str, entrypoint: dict[str, Any], **extra: Any) -> Path:
+    """Write a 2-rank spec of a user's script (`entrypoint`) on this machine, run dir
+    `tmp/<name>`, one start per submit (its own outcome); returns its path."""
+    data = {
+        "name": name,
+        "run_dir": str(tmp / name),
+        "resources": {"procs_per_node": 2},
+        "entrypoint": entrypoint,
+        "local": {"master_port": free_port()},
+        "restart": {"max_in_allocation": 0},
+        **extra,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    return path
+
+
 def train(
     spec: Path, *, nproc: int = 2, env: dict[str, str] | None = None, timeout: float = 480
 ) -> subprocess.CompletedProcess:
