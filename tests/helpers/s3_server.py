@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 START_TIMEOUT_S = 90.0
+START_TRIES = 3
 STOP_GRACE_S = 3.0
 # master, master gRPC, volume, volume gRPC, filer, filer gRPC, S3, S3 gRPC
 PORT_NAMES = (
@@ -189,14 +190,46 @@ def _die_with_parent() -> None:
 
 
 def start_s3_server(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> S3Server:
-    """A fresh server with its data, config and log under `workdir`, answering S3 requests."""
+    """A fresh server with its data, config and log under `workdir`, answering S3 requests.
+
+    A port found free can be taken by another process before weed binds it (another
+    test run starting its server): a server that exits while starting is started again
+    on new ports, up to `START_TRIES` times, all within the one deadline."""
     weed = weed_binary()
     workdir.mkdir(parents=True, exist_ok=True)
-    data_dir = workdir / "data"
-    data_dir.mkdir(exist_ok=True)
     admin, reader = new_identity("admin"), new_identity("reader")
     config = identities_config(workdir / "s3-identities.json", admin, reader)
-    ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+    deadline = time.monotonic() + timeout_s
+    for attempt in range(1, START_TRIES + 1):
+        ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+        server = _launch(weed, workdir, config, ports, admin, reader)
+        try:
+            _wait_ready(server, deadline)
+            return server
+        except ServerExited:
+            server.stop()
+            if attempt == START_TRIES:
+                raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+class ServerExited(RuntimeError):
+    """weed ended while starting (a port taken, a bad flag); the message holds its log."""
+
+
+def _launch(
+    weed: Path,
+    workdir: Path,
+    config: Path,
+    ports: dict[str, int],
+    admin: Identity,
+    reader: Identity,
+) -> S3Server:
+    data_dir = workdir / "data"
+    data_dir.mkdir(exist_ok=True)
     command = [
         str(weed),
         "server",
@@ -228,7 +261,7 @@ def start_s3_server(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> S3Serv
             cwd=workdir,
             preexec_fn=_die_with_parent,  # no server outlives a killed pytest
         )
-    server = S3Server(
+    return S3Server(
         endpoint=f"http://127.0.0.1:{ports['s3.port']}",
         admin=admin,
         reader=reader,
@@ -237,12 +270,6 @@ def start_s3_server(workdir: Path, timeout_s: float = START_TIMEOUT_S) -> S3Serv
         data_dir=data_dir,
         ports=ports,
     )
-    try:
-        _wait_ready(server, time.monotonic() + timeout_s)
-    except BaseException:
-        server.stop()
-        raise
-    return server
 
 
 def _wait_ready(server: S3Server, deadline: float) -> None:
@@ -262,7 +289,7 @@ def _wait_ready(server: S3Server, deadline: float) -> None:
     last = "no answer yet"
     while True:
         if not server.alive():
-            raise RuntimeError(
+            raise ServerExited(
                 f"the SeaweedFS server exited with {server.process.returncode} while starting "
                 f"(ports {server.ports}); its log ends:\n{server.log_tail()}"
             )
