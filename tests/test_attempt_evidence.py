@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.node_task_run import SCRIPT as NODE_TASK
 from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.local import EXIT_FILE, PID_FILE, LocalCluster
 from shardctl.orchestrator.fence import claim_attempt
@@ -176,16 +177,6 @@ echo "torch.distributed.DistNetworkError: failed to recv, got 0 bytes" >&2
 exit 1
 """
 
-TASK = """
-import sys
-from shardctl.orchestrator.clusters.slurm import NodeTask
-task = NodeTask(command=["bash", sys.argv[1]], run_dir=sys.argv[2], max_requeues=10)
-try:
-    print("RESULT", task(), flush=True)
-except RuntimeError as exc:
-    print("ERROR", exc, flush=True)
-"""
-
 
 def _wait_for(path: Path, seconds: float) -> str:
     deadline = time.monotonic() + seconds
@@ -210,7 +201,7 @@ def test_a_node_whose_launcher_fails_after_this_attempts_done_finished(
         json.dumps({"kind": "failed", "code": 3, "rank": 1, "token": "slurm-7-1"})
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", TASK, str(launch), str(tmp_path)],
+        [sys.executable, str(NODE_TASK), str(launch), str(tmp_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.node_task_run import SCRIPT as NODE_TASK
 from helpers.train_run import free_port
 from shardctl.orchestrator.clusters import slurm as backend
 from shardctl.orchestrator.clusters.base import JobRef, JobState
@@ -141,16 +142,6 @@ def test_job_sbatch_never_requeues_a_script_that_said_do_not_retry(tmp_path: Pat
 
 # ----------------------------------------------------------------- the node task
 
-TASK = """
-import sys
-from shardctl.orchestrator.clusters.slurm import NodeTask
-task = NodeTask(command=["bash", sys.argv[1]], run_dir=sys.argv[2], max_requeues=10)
-try:
-    print("RESULT", task(), flush=True)
-except RuntimeError as exc:
-    print("ERROR", exc, flush=True)
-"""
-
 
 def _node_task(tmp_path: Path, restarts: int, end: str) -> str:
     launch = tmp_path / "launch.sh"
@@ -166,7 +157,7 @@ def _node_task(tmp_path: Path, restarts: int, end: str) -> str:
         "FAKE_END": end,
     }
     proc = subprocess.run(
-        [sys.executable, "-c", TASK, str(launch), str(tmp_path)],
+        [sys.executable, str(NODE_TASK), str(launch), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     return proc.stdout + proc.stderr

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.node_task_run import SCRIPT as NODE_TASK
 from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.outcome import Decision, Kind, Outcome, Progress, decide
 from shardctl.orchestrator.spec import load_spec, parse_spec
@@ -87,17 +88,6 @@ case "${round}" in
 esac
 """
 
-TASK = """
-import sys
-from shardctl.orchestrator.clusters.slurm import NodeTask
-task = NodeTask(command=["bash", sys.argv[1]], run_dir=sys.argv[2], max_requeues=10,
-                max_restarts=int(sys.argv[3]))
-try:
-    print("RESULT", task(), flush=True)
-except RuntimeError as exc:
-    print("ERROR", exc, flush=True)
-"""
-
 
 def _node_task(tmp_path: Path, end: str, max_restarts: int) -> str:
     launch = tmp_path / "launch.sh"
@@ -113,7 +103,7 @@ def _node_task(tmp_path: Path, end: str, max_restarts: int) -> str:
         "FAKE_END": end,
     }
     proc = subprocess.run(
-        [sys.executable, "-c", TASK, str(launch), str(tmp_path), str(max_restarts)],
+        [sys.executable, str(NODE_TASK), str(launch), str(tmp_path), str(max_restarts)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     return proc.stdout + proc.stderr
