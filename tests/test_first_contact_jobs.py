@@ -102,11 +102,15 @@ def test_a_state_dir_that_is_a_file_is_refused_before_the_job_starts(
     assert not (tmp_path / "job").exists()
 
 
-@pytest.mark.parametrize(
+# A write refused as on a read-only or a full file system, and how the refusal says it.
+READ_ONLY_OR_FULL = pytest.mark.parametrize(
     ("code", "said"),
     [(errno.EROFS, "Read-only file system (EROFS)"),
      (errno.ENOSPC, "No space left on device (ENOSPC)")],
 )  # fmt: skip
+
+
+@READ_ONLY_OR_FULL
 def test_a_read_only_or_full_state_dir_is_refused_before_the_job_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, said: str
 ) -> None:
@@ -128,11 +132,7 @@ def test_a_read_only_or_full_state_dir_is_refused_before_the_job_starts(
     assert not (tmp_path / "job").exists()
 
 
-@pytest.mark.parametrize(
-    ("code", "said"),
-    [(errno.EROFS, "Read-only file system (EROFS)"),
-     (errno.ENOSPC, "No space left on device (ENOSPC)")],
-)  # fmt: skip
+@READ_ONLY_OR_FULL
 def test_a_read_only_or_full_run_dir_is_refused_before_the_job_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, said: str
 ) -> None:
