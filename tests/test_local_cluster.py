@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT
+from helpers.local_run import follow_to_end
 from helpers.render_util import LAUNCH_WRAPPER
 from helpers.train_run import metrics, tiny_spec
 from shardctl.orchestrator.cli import cli
@@ -177,11 +178,7 @@ def test_a_failing_job_is_reported_failed_with_its_exit_code(tmp_path: Path) -> 
     spec_path = tiny_spec(tmp_path, "bad", train={"data": {"builtin": None, "text": "missing"}})
     local = LocalCluster()
     ref = local.submit(load_spec(spec_path))
-    try:
-        code = local.follow(ref, write=lambda s: None, poll_s=0.2)
-    finally:
-        if local.status(ref).state == JobState.RUNNING:
-            local.cancel(ref, grace_s=5)
+    code = follow_to_end(local, ref, poll_s=0.2)
     assert code != 0
     st = local.status(ref)
     assert st.state == JobState.FAILED and st.native_state == f"exit {code}"
@@ -214,11 +211,7 @@ def test_a_two_node_hybrid_shard_spec_runs_both_nodes_here(
     plan = local.dryrun(spec)
     assert "SHARDCTL_NODE_RANK=0..1" in plan.text
     ref = local.schedule(plan)
-    try:
-        code = local.follow(ref, write=lambda s: None, poll_s=0.3)
-    finally:
-        if local.status(ref).state == JobState.RUNNING:
-            local.cancel(ref, grace_s=5)
+    code = follow_to_end(local, ref)
     assert code == 0, local.logs(ref)[-5000:]
     manifest = json.loads(
         (tmp_path / "hsdp" / "checkpoints" / "step-00000002" / "manifest.json").read_text()

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.local_run import follow_to_end
 from helpers.render_util import LAUNCH_WRAPPER
 from helpers.train_run import metrics, tiny_spec
 from shardctl.orchestrator.clusters.base import JobState
@@ -50,11 +51,7 @@ def test_launcher_runs_the_loop_on_cpu(
     first_word = f"shardctl.train.watchdog -- \\\n    {first_word}"
     assert first_word in plan.artifacts["launch.sh"]
     ref = local.schedule(plan)
-    try:
-        code = local.follow(ref, write=lambda s: None, poll_s=0.3)
-    finally:
-        if local.status(ref).state == JobState.RUNNING:
-            local.cancel(ref, grace_s=5)
+    code = follow_to_end(local, ref)
     logs = local.logs(ref)
     assert code == 0, logs[-5000:]
     assert local.status(ref).state == JobState.SUCCEEDED
