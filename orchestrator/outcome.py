@@ -21,8 +21,9 @@ The ranks and the watchdog record a typed outcome as fields of the markers
                  exit (code 78, `EXIT_DO_NOT_RETRY`: the script said do not retry)
     KILLED      {"kind": "failed", "code": 128 + the signal, "rank", "node", "host",
                  "signal"}  — a rank killed by a signal that points at its node
-                 (`NODE_SIGNALS`), as that node's launcher reported it (a killed rank
-                 writes nothing); written by the node's supervisor (Slurm's node task)
+                 (`NODE_SIGNALS`), from the record the launcher's own process wrote
+                 (`launch_wrapper`; a killed rank writes nothing); written by the
+                 node's supervisor (Slurm's node task)
     CANCELLED   {"kind": "cancelled"}  — `shardctl cancel` (local)
 
 A supervisor gathers the evidence of one attempt (`Evidence`: the exit code, the

@@ -141,9 +141,9 @@ DONE_FILE = "DONE"
 PREEMPTED_FILE = "PREEMPTED"
 FAILED_FILE = "FAILED"  # JSON {"code", "rank"}: a user script's own non-zero exit
 HUNG_FILE = "HUNG"  # JSON: written by the node watchdog that declared the job hung
-# JSON {"rank", "node", "host", "signal", "code"}: a rank killed by a signal, as its
-# node's launcher reported it (a killed rank writes nothing itself); written by the
-# node's supervisor (Slurm's node task).
+# JSON {"rank", "node", "host", "signal", "code"}: a rank killed by a signal, from its
+# node's launcher record (`launch_wrapper`; a killed rank writes nothing itself);
+# written by the node's supervisor (Slurm's node task).
 KILLED_FILE = "KILLED"
 CANCELLED_FILE = "CANCELLED"  # JSON {"kind": "cancelled"}: written by a local `cancel`
 CURRENT_ATTEMPT_FILE = "CURRENT_ATTEMPT"  # JSON {"token", ...}: the attempt that may save
