@@ -622,7 +622,8 @@ class Watchdog:
         except OSError as exc:
             _say(f"cannot start {self.command[0]!r}: {exc}")
             return 127
-        _say(f"node {self.node}: watching the ranks of {self.command[0]} (pid {child.pid}); "
+        _say(f"node {self.node}: watching the ranks of {_launcher_name(self.command)} "
+             f"(pid {child.pid}); "
              f"hang timeout {self.rule.describe()}; start-up allowance "
              f"{self.rule.describe_startup()}")  # fmt: skip
         forwarded: set[tuple[int, int]] = set()
@@ -748,3 +749,12 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _launcher_name(command: list[str]) -> str:
+    """The launcher a command runs: torchrun, not the Python that runs it under
+    `shardctl.orchestrator.launch_wrapper` (which records each rank's end)."""
+    for i, word in enumerate(command[:-1]):
+        if word == "-m" and command[i + 1].endswith("launch_wrapper") and i + 2 < len(command):
+            return command[i + 2]
+    return command[0]
