@@ -9,13 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers.ckpt_run import ROOT, child_env, kill_group
-from helpers.train_run import tiny_spec
+from helpers.train_run import loop_argv, tiny_spec
 from shardctl.orchestrator.rundir import EXIT_PREEMPTED
 from shardctl.train import stop
 
@@ -93,10 +92,7 @@ def test_the_loop_records_the_warning_when_ranks_got_usr2_and_term(tmp_path: Pat
     held = tmp_path / "held"
     held.mkdir()
     run_dir = tmp_path / "mixed"
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", "2", "-m", "shardctl.train", str(spec),
-    ]  # fmt: skip
+    argv = loop_argv(spec)
     env = {**child_env(), "SHARDCTL_HOLD_AT_STEP": f"{HOLD_STEP}:{held}"}
     log = tmp_path / "out.txt"
     with log.open("w") as out:

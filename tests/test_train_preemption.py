@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers.ckpt_run import ROOT, child_env, kill_group
-from helpers.train_run import metrics, tiny_spec, train
+from helpers.train_run import loop_argv, metrics, tiny_spec, train
 from shardctl.train.preemption import EXIT_PREEMPTED
 
 pytestmark = pytest.mark.slow
@@ -48,10 +47,7 @@ def test_sigusr2_to_one_rank_saves_everywhere_and_resumes(tmp_path: Path) -> Non
         tmp_path, "pre", train={"steps": 5000, "warmup_steps": 0}, checkpoint={"every_steps": 5000}
     )
     run_dir = tmp_path / "pre"
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", "2", "-m", "shardctl.train", str(spec),
-    ]  # fmt: skip
+    argv = loop_argv(spec)
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,

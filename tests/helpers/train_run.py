@@ -88,11 +88,15 @@ def train(
     """torchrun -m shardctl.train SPEC; returns the finished process (output merged).
     The timeout is sized for a loaded 2-core machine: a tiny run takes seconds idle
     and took over 240 s at a load of 30."""
-    argv = [
+    return run(loop_argv(spec, nproc), timeout, {**child_env(), **(env or {})})
+
+
+def loop_argv(spec: Path, nproc: int = 2) -> list[str]:
+    """torchrun --standalone of `nproc` ranks of the built-in loop on SPEC."""
+    return [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         "--nproc-per-node", str(nproc), "-m", "shardctl.train", str(spec),
     ]  # fmt: skip
-    return run(argv, timeout, {**child_env(), **(env or {})})
 
 
 def train_ok(spec: Path, **kw: Any) -> subprocess.CompletedProcess:
