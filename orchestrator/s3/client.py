@@ -39,10 +39,12 @@ DELETE_BATCH = 1000
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One object: its URL and size in bytes."""
+    """One object: its URL, size in bytes and when it was last written (seconds since
+    the epoch, as the server tells it)."""
 
     url: S3Url
     size: int
+    mtime: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,17 @@ class S3Client:
         with self._failing("upload to", url):
             self._client.put_object(Bucket=url.bucket, Key=url.key, Body=data)
 
+    def copy(self, source: S3Url, target: S3Url) -> None:
+        """Copy an object inside the store (the server copies; nothing comes through
+        here), multipart above boto3's threshold."""
+        with self._failing(f"copy of {source} to", target):
+            self._client.copy(
+                {"Bucket": source.bucket, "Key": source.key},
+                target.bucket,
+                target.key,
+                Config=self._transfer,
+            )
+
     def delete(self, urls: Iterable[S3Url]) -> None:
         """Delete objects, up to `DELETE_BATCH` a request; a missing one is no error. Any
         object the server refuses to delete fails the call, naming the first refused."""
@@ -189,7 +202,7 @@ class S3Client:
                     return None
                 self._why_forbidden(error, url)
                 raise
-        return ObjectInfo(url, int(answer["ContentLength"]))
+        return ObjectInfo(url, int(answer["ContentLength"]), _epoch(answer.get("LastModified")))
 
     def exists(self, url: S3Url) -> bool:
         """Whether an object is at `url`."""
@@ -207,7 +220,11 @@ class S3Client:
             for page in self._client.get_paginator("list_objects_v2").paginate(**request):
                 for item in page.get("Contents", []):
                     listing.objects.append(
-                        ObjectInfo(S3Url(url.bucket, item["Key"]), int(item["Size"]))
+                        ObjectInfo(
+                            S3Url(url.bucket, item["Key"]),
+                            int(item["Size"]),
+                            _epoch(item.get("LastModified")),
+                        )
                     )
                 for common in page.get("CommonPrefixes", []):
                     listing.folders.append(S3Url(url.bucket, common["Prefix"].rstrip("/")))
@@ -313,3 +330,8 @@ def _status(error: Any) -> int | None:
 
 def _code(error: Any) -> str:
     return str(((getattr(error, "response", {}) or {}).get("Error", {}) or {}).get("Code", ""))
+
+
+def _epoch(when: Any) -> float:
+    """botocore's `LastModified` (an aware datetime) as seconds since the epoch."""
+    return when.timestamp() if when is not None else 0.0
