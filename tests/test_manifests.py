@@ -155,6 +155,10 @@ def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
         ref = backend.submit(spec)
         K8sCluster(replace=True).submit(spec)
         backend.status(ref)
+        # The job succeeded: a second submit of the same spec finds it complete (the
+        # job and the job.yaml of its ConfigMap) and starts nothing.
+        as_operator(lambda spec=spec: _succeeded(custom, spec))
+        assert backend.complete_run(backend.dryrun(spec)) is not None
         pod = f"{spec.name}-pod-0"
         body = {
             "metadata": {"name": pod, "labels": pod_labels},
@@ -196,6 +200,18 @@ def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
         ("", "serviceaccounts", "get"),
         ("", "persistentvolumeclaims", "get"),
     }, extra
+
+
+def _succeeded(custom: Any, spec: Any) -> None:
+    """The operator's word that the job of `spec` succeeded (its kind's condition)."""
+    ns, name = spec.k8s.namespace, spec.name
+    if spec.k8s.api == "trainjob":
+        group, version, plural, word = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "Complete"
+    else:
+        group, version, plural, word = "kubeflow.org", "v1", "pytorchjobs", "Succeeded"
+    condition = {"type": word, "status": "True", "reason": word, "message": "done"}
+    status = {"status": {"conditions": [condition]}}
+    custom.patch_namespaced_custom_object_status(group, version, ns, plural, name, status)
 
 
 def _operator_custom(server: KMockServer) -> Any:

@@ -147,3 +147,17 @@ def test_a_failed_k8s_job_is_not_complete(server: KMockServer, tmp_path: Path) -
     set_conditions(server, ("Running", "False"), ("Failed", "True"))
     again = shardctl("submit", str(spec), "--cluster", "k8s", "--replace")
     assert "run complete" not in again.output and f"as {NS}/{NAME}" in again.output
+
+
+def test_a_role_that_cannot_read_configmaps_submits_as_before(
+    server: KMockServer, tmp_path: Path
+) -> None:
+    """An older manifests/rbac.yaml grants no `get` on ConfigMaps: nothing is known
+    finished, and a job of the same name is refused as it always was (no 403 error)."""
+    spec = _write(tmp_path, "job.yaml")
+    shardctl("submit", str(spec), "--cluster", "k8s")
+    set_conditions(server, ("Running", "False"), ("Succeeded", "True"))
+    server.fail("get", "v1/configmaps", 403, 'configmaps is forbidden: User "dev" cannot get')
+    again = shardctl("submit", str(spec), "--cluster", "k8s", check=False)
+    assert again.exit_code == 1 and "already exists" in again.stderr, again.output
+    assert "forbidden" not in again.output
