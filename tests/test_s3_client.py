@@ -247,6 +247,33 @@ def test_a_malformed_endpoint_setting_is_named(aws_env) -> None:
     assert message.endswith("check AWS_ENDPOINT_URL (an http:// or https:// URL)")
 
 
+def test_bad_retry_settings_are_named(aws_env) -> None:
+    aws_env({"AWS_MAX_ATTEMPTS": "many"})
+    with pytest.raises(ObjectStoreError) as caught:
+        S3Client()
+    assert one_line(caught) == (
+        "S3 client: max_attempts (AWS_MAX_ATTEMPTS or the profile's) is 'many'; accepted: "
+        "a whole number of at least 1"
+    )
+    aws_env({"AWS_MAX_ATTEMPTS": "3", "AWS_RETRY_MODE": "sometimes"})
+    with pytest.raises(ObjectStoreError) as caught:
+        S3Client()
+    message = one_line(caught)
+    assert message.startswith("S3 client: ") and "sometimes" in message
+
+
+def test_retries_follow_the_aws_settings_else_standard(aws_env) -> None:
+    assert S3Client()._client.meta.config.retries == {
+        "mode": "standard",
+        "total_max_attempts": 5,
+    }
+    aws_env({"AWS_MAX_ATTEMPTS": "7", "AWS_RETRY_MODE": "adaptive"})
+    assert S3Client()._client.meta.config.retries == {
+        "mode": "adaptive",
+        "total_max_attempts": 7,
+    }
+
+
 def test_an_unknown_access_key_is_named(s3_server: S3Server, aws_env, bucket: str) -> None:
     aws_env({**s3_server.env(), "AWS_ACCESS_KEY_ID": "nobody"})
     with pytest.raises(ObjectStoreError) as caught:

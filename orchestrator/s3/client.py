@@ -87,6 +87,8 @@ class S3Client:
             self._client = session.client("s3", config=config)
         except bce.ProfileNotFound as error:
             raise ObjectStoreError(f"S3 client: {error} (check AWS_PROFILE)") from None
+        except bce.BotoCoreError as error:  # e.g. an unknown AWS_RETRY_MODE
+            raise ObjectStoreError(f"S3 client: {error}") from None
         except ValueError as error:
             # botocore's "Invalid endpoint: ..." for a malformed AWS_ENDPOINT_URL.
             raise ObjectStoreError(
@@ -318,10 +320,16 @@ def _retries(session: Any, max_attempts: int | None, retry_mode: str | None) -> 
     profile = session._session.get_scoped_config()  # botocore's reader of the AWS files
     mode = retry_mode or os.environ.get("AWS_RETRY_MODE") or profile.get("retry_mode")
     attempts = max_attempts or os.environ.get("AWS_MAX_ATTEMPTS") or profile.get("max_attempts")
-    return {
-        "mode": mode or DEFAULT_RETRY_MODE,
-        "total_max_attempts": int(attempts or DEFAULT_MAX_ATTEMPTS),
-    }
+    try:
+        count = int(attempts or DEFAULT_MAX_ATTEMPTS)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ObjectStoreError(
+            f"S3 client: max_attempts (AWS_MAX_ATTEMPTS or the profile's) is {attempts!r}; "
+            "accepted: a whole number of at least 1"
+        )
+    return {"mode": mode or DEFAULT_RETRY_MODE, "total_max_attempts": count}
 
 
 def _status(error: Any) -> int | None:
