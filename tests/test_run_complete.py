@@ -161,3 +161,31 @@ def test_a_role_that_cannot_read_configmaps_submits_as_before(
     again = shardctl("submit", str(spec), "--cluster", "k8s", check=False)
     assert again.exit_code == 1 and "already exists" in again.stderr, again.output
     assert "forbidden" not in again.output
+
+
+# ------------------------------------------------------------------ local
+
+
+def test_the_local_exit_code_is_evidence_of_its_own_attempt_only(tmp_path: Path) -> None:
+    """The supervisor's exit code belongs to the run's current attempt: 0 there says
+    nothing of an earlier start whose DONE a failed rank of its own contradicts."""
+    from shardctl.orchestrator.clusters.local import EXIT_FILE, LocalCluster
+    from shardctl.orchestrator.fence import claim_attempt
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hello')\n")
+    spec = parse_spec(
+        {"name": "here", "run_dir": str(tmp_path / "run"), "entrypoint": {"script": str(script)}}
+    )
+    run = tmp_path / "run"
+    words = ["script", str(script)]
+    _marker(run, DONE_FILE, {**done_marker(None), "command": words}, "local-1")
+    _marker(run, FAILED_FILE, failed_marker(3, 1), "local-1")
+    (run / EXIT_FILE).write_text("0\n")
+    local = LocalCluster()
+    plan = local.dryrun(spec)
+    claim_attempt(run, "local-2", cluster="local", attempt=2)  # a later start's
+    assert local.complete_run(plan) is None
+    # Where DONE is the current attempt's, its exit code 0 is that attempt's word.
+    claim_attempt(run, "local-1", cluster="local", attempt=1)
+    assert local.complete_run(plan) == f"DONE in {run.resolve()}"

@@ -138,7 +138,7 @@ class FinishedRun:
     command: list[str] | None = None
 
     def completes(self, spec: JobSpec) -> bool:
-        """ "run complete", the one rule on every cluster: the built-in loop reached
+        """The one rule of "run complete", on every cluster: the built-in loop reached
         `train.steps`; a script ran the same command (its words as the ranks got them,
         `launch.entry_words`), whatever its steps."""
         command = entry_words(spec)

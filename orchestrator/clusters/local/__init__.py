@@ -60,6 +60,7 @@ from ...outcome import Evidence, Kind, Verdict, cancelled_marker, judge
 from ...proctree import Proc, alive, descendants, signal_all, start_ticks
 from ...rundir import (
     CANCELLED_FILE,
+    DONE_FILE,
     ENV_ATTEMPT,
     ENV_ATTEMPT_TOKEN,
     FAILED_FILE,
@@ -68,6 +69,7 @@ from ...rundir import (
     LOGS_DIR,
     MODEL_DIR,
     PREEMPTED_FILE,
+    TOKEN_FIELD,
     RunDir,
 )
 from ...spec import JobSpec
@@ -312,9 +314,13 @@ class LocalCluster(Cluster):
         return JobRef(**{**ref.to_json(), "job_id": str(proc.pid), "extra": extra})
 
     def finished_run(self, dryrun: DryRun) -> FinishedRun | None:
-        # The supervisor's exit code is evidence too (`submit` asks before `schedule`).
+        # The supervisor's exit code is evidence too, of the run's current attempt only:
+        # a DONE an earlier start left is judged by its own markers.
         run_dir = Path(dryrun.spec.run_dir)
-        return finished_in(run_dir, self._exit_code(run_dir))
+        done = RunDir(run_dir).read_marker(DONE_FILE) or {}
+        current = (current_attempt(run_dir) or {}).get("token")
+        same = current is not None and done.get(TOKEN_FIELD) == current
+        return finished_in(run_dir, self._exit_code(run_dir) if same else None)
 
     # -- status / logs / cancel ----------------------------------------------------------
 
