@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -230,3 +231,40 @@ def test_the_read_side(storage: S3Storage) -> None:
         storage.stat("step-00000010/missing")
     with pytest.raises(ValueError, match="not a path below the root"):
         storage.exists("../other-run")
+
+
+def test_fetch_brings_a_complete_entry_down_to_the_local_root(storage: S3Storage) -> None:
+    files = {"dcp/x.distcp": os.urandom(5000), "top.bin": b"t"}
+    stage(storage, "step-00000010", files)
+    local = storage.publish("step-00000010")
+    shutil.rmtree(local)  # another machine than the writer's: no local copy
+
+    gets: list[str] = []
+    storage.client._client.meta.events.register(
+        "provide-client-params.s3.GetObject", lambda params, **_: gets.append(params["Key"])
+    )
+    assert storage.fetch("step-00000010") == local
+    assert (local / "dcp/x.distcp").read_bytes() == files["dcp/x.distcp"]
+    assert (local / "top.bin").read_bytes() == b"t"
+    assert json.loads((local / "manifest.json").read_text()) == {
+        "files": ["dcp/x.distcp", "top.bin"]
+    }
+    assert gets[-1].endswith("step-00000010/manifest.json")  # the commit marker last
+    assert not list(storage.root.glob("*.fetch"))
+
+    gets.clear()
+    assert storage.fetch("step-00000010") == local  # whole already: nothing downloaded
+    assert gets == []
+    (local / "top.bin").write_bytes(b"")  # a torn local copy is fetched again
+    storage.fetch("step-00000010")
+    assert (local / "top.bin").read_bytes() == b"t"
+
+
+def test_fetch_refuses_an_entry_that_is_not_complete(storage: S3Storage) -> None:
+    staged = stage(storage, "step-00000020", {"a.bin": b"a"})
+    storage.sync(staged, ["a.bin"])
+    with pytest.raises(CheckpointError) as caught:
+        storage.fetch("step-00000020")
+    assert str(caught.value) == (
+        f"{storage.url}/step-00000020 is not a complete checkpoint (no manifest.json)"
+    )

@@ -24,6 +24,7 @@ then checks the sizes of what is there against the local files it has.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +33,9 @@ from ..errors import CheckpointError
 from ..storage import COMMIT_MARKER, STAGING_SUFFIX, EntryStat, PosixStorage
 from .client import S3Client
 from .url import S3Url
+
+# Where `fetch` downloads an entry before it takes the entry's local name.
+FETCH_SUFFIX = ".fetch"
 
 
 class S3Storage:
@@ -153,6 +157,26 @@ class S3Storage:
                 removed.append(f"{self.url.child(name)}")
         return removed
 
+    def fetch(self, name: str) -> Path:
+        """The complete entry `name` in `root/<name>`, where readers find its files by
+        path (resume, `consolidate`, `convert` on another machine than the writer's):
+        downloaded unless a local copy with every object's size is there already; the
+        manifest comes down last, so a fetch cut short never looks complete."""
+        entry, final = self._entry(name), self.root / name
+        if not self._committed(name):
+            raise CheckpointError(f"{entry} is not a complete checkpoint (no {COMMIT_MARKER})")
+        sizes = {_relative(o.url, entry): o.size for o in self.client.list(entry).objects}
+        if all(_has_size(final / rel, size) for rel, size in sizes.items()):
+            return final
+        partial = self.root / f"{name}{FETCH_SUFFIX}"
+        shutil.rmtree(partial, ignore_errors=True)
+        for rel in sorted(sizes, key=lambda rel: rel == COMMIT_MARKER):
+            (partial / rel).parent.mkdir(parents=True, exist_ok=True)
+            self.client.get_file(entry.child(rel), partial / rel)
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete local copy, never the store's
+        partial.rename(final)
+        return final
+
     # -- the read side: what is in the store ---------------------------------------------
 
     def exists(self, rel: str) -> bool:
@@ -211,6 +235,13 @@ class S3Storage:
             for path in sorted(staged.rglob("*"))
             if path.is_file() and path.relative_to(staged).as_posix() != self.staging_marker
         }
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
 
 
 def _entry_name(staged: Path) -> str:
