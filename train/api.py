@@ -68,7 +68,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
-from shardctl.orchestrator.errors import CheckpointError, UsageError
+from shardctl.orchestrator.errors import CheckpointError, PermanentError, UsageError
 from shardctl.orchestrator.outcome import done_marker, preempted_marker
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
@@ -87,6 +87,14 @@ from . import heartbeat as _heartbeat
 from . import stop as stop_rule
 from .api_states import DeepSpeedEngineState, RankState, Strategy, deepspeed_state, model_state
 from .backends.base import Stateful
+from .memory_tier import (
+    MemoryTier,
+    check_room,
+    default_memory_dir,
+    last_logged_step,
+    record_restore,
+    restore_newest,
+)
 from .preemption import PreemptionFlag
 
 _IMPORTED = time.time()
@@ -163,6 +171,11 @@ class CheckpointConfig:
     """Stage the state and write it in the background (DCP only)."""
     resume: str = "auto"
     """`auto` (newest complete checkpoint), `never`, or the path of one step folder."""
+    memory_every_steps: int | None = None
+    """The memory tier (`shardctl.train.memory_tier`): a copy in node-local memory every
+    K steps, 1 to every_steps - 1; None: off."""
+    memory_dir: str | None = None
+    """Where the memory copies go; None: `/dev/shm/shardctl/<job>-<hash of the run dir>`."""
 
     def __post_init__(self) -> None:
         if not str(self.dir).strip():
@@ -177,6 +190,15 @@ class CheckpointConfig:
         if not str(self.resume).strip():
             raise UsageError(
                 "resume is empty; accepted: 'auto', 'never' or the path of a step folder"
+            )
+        k = self.memory_every_steps
+        if k is not None and not (
+            isinstance(k, int) and not isinstance(k, bool) and 1 <= k < self.every_steps
+        ):
+            raise UsageError(
+                f"memory_every_steps={k!r}; accepted: an integer from 1 to every_steps - 1 "
+                f"({self.every_steps - 1}): a memory copy is only worth its cost between "
+                "durable checkpoints; or None (memory tier off)"
             )
 
 
@@ -263,6 +285,7 @@ class Checkpointer:
         if install_signals:
             self.flag.install()
         self._manager: Any = None
+        self._memory: MemoryTier | None = None
         self._rank_state: RankState | None = None
         self._agree: Any = None
         self._agree_group: Any = None
@@ -280,6 +303,8 @@ class Checkpointer:
         keep: int | None = None,
         async_save: bool | None = None,
         resume: str | None = None,
+        memory_every_steps: int | None = None,
+        memory_dir: str | Path | None = None,
         run_dir: str | Path | None = None,
         **kwargs: Any,
     ) -> Checkpointer:
@@ -287,8 +312,9 @@ class Checkpointer:
 
         The directory: `directory`, else `$SHARDCTL_CHECKPOINT_DIR`, else the spec's
         checkpoint dir, else `default_directory` (a script's own default for runs
-        outside shardctl). The rest (every_steps, keep, async, resume): the argument,
-        else the spec's `checkpoint` section, else `CheckpointConfig`'s default.
+        outside shardctl). The rest (every_steps, keep, async, resume, the memory
+        tier's memory_every_steps and memory_dir): the argument, else the spec's
+        `checkpoint` section, else `CheckpointConfig`'s default.
         The run dir (where PREEMPTED/DONE go; none: no markers): `run_dir`, else
         `$SHARDCTL_RUN_DIR`, else the spec's. Other keywords go to `Checkpointer`.
         """
@@ -320,6 +346,8 @@ class Checkpointer:
             keep=pick(keep, "keep"),
             async_save=pick(async_save, "async_save"),
             resume=pick(resume, "resume"),
+            memory_every_steps=pick(memory_every_steps, "memory_every_steps"),
+            memory_dir=_text_or_none(pick(memory_dir, "memory_dir")),
         )
         where_run = run_dir or env.run_dir or (spec.run_dir if spec is not None else None)
         if spec is not None:
@@ -366,15 +394,18 @@ class Checkpointer:
         if self.world_size > 1:
             global _step_times
             _step_times = _StepTimes(self.world_size)
-        step = self._manager.restore(self._rank_state) or 0
+        self._memory = self._memory_tier(io, states)
+        restored = restore_newest(self._manager, self._memory, self._rank_state)
+        step = restored.step or 0
+        if self.rank == 0 and self.run_dir is not None:
+            record_restore(self.run_dir.root, restored, last_logged_step(self.run_dir.root))
         self._rank_state.step = step
         _heartbeat.beat(step, "step")
         self._saved_step = step or None  # finish(step) right away need not save again
         if self.rank == 0:
             if self.run_dir is not None:  # this start supersedes the last preemption
                 self.run_dir.preempted_file.unlink(missing_ok=True)
-            where = f"resumed at step {step}" if step else "starting at step 0"
-            _say(f"{where} (checkpoints in {self.config.dir})")
+            _say(f"{restored.words()} (checkpoints in {self.config.dir})")
         self._t_returned = time.perf_counter()  # the first step's time starts here
         return step
 
@@ -399,6 +430,8 @@ class Checkpointer:
         if saved:
             manager.save(step, self._rank_state)
             self._saved_step = step
+        elif self._memory is not None and self._memory.enabled and self._memory.due(step):
+            self._memory.copy(step, self._rank_state)  # between durable saves only
         self._t_returned = time.perf_counter()
         return saved
 
@@ -448,6 +481,9 @@ class Checkpointer:
         """Wait for a background save, release staging memory, restore the signal
         handlers. Idempotent; not a collective."""
         self.flag.uninstall()
+        if self._memory is not None:
+            memory, self._memory = self._memory, None
+            memory.close()
         if self._manager is not None:
             manager, self._manager = self._manager, None
             manager.close()
@@ -459,6 +495,26 @@ class Checkpointer:
         self.close()
 
     # -- internals -----------------------------------------------------------------
+
+    def _memory_tier(self, io: Any, states: Mapping[str, Any]) -> MemoryTier | None:
+        """The memory tier when `memory_every_steps` is set (a collective), its tmpfs
+        checked for room before the first step."""
+        k = self.config.memory_every_steps
+        if k is None:
+            return None
+        where = self.config.memory_dir or default_memory_dir(
+            self.env.job_name or "script", self.run_dir.root if self.run_dir else self.config.dir
+        )
+        memory = MemoryTier(
+            k, where, io, rank=self.rank, world_size=self.world_size, model_meta=self.model_meta
+        )
+        parameters = _parameters_of(states)
+        try:
+            if parameters is not None:
+                check_room(memory, parameters)
+        except PermanentError as exc:  # the same tmpfs on every retry
+            permanent_failure(str(exc))
+        return memory
 
     def _need_manager(self, what: str) -> Any:
         if self._manager is None:
@@ -515,6 +571,21 @@ class _StepTimes:
 
 
 _step_times: _StepTimes | None = None  # the Checkpointer's, once resume() knows the world
+
+
+def _text_or_none(value: Any) -> str | None:
+    return str(value) if value is not None else None
+
+
+def _parameters_of(states: Mapping[str, Any]) -> Any:
+    """The parameters of the model in `states` (a `model_state` view or a DeepSpeed
+    engine), for the memory tier's size estimate; None when there is no model."""
+    for view in states.values():
+        engine = getattr(view, "engine", None)
+        model = getattr(view, "model", None) or getattr(engine, "module", None)
+        if model is not None and hasattr(model, "parameters"):
+            return model.parameters()
+    return None
 
 
 def _state_io(states: Mapping[str, Any], strategy: Strategy) -> Any:

@@ -200,6 +200,16 @@ def _first_failure(exc: BaseException) -> BaseException:
     return exc
 
 
+def _step_of(path: Path) -> int:
+    match = STEP_RE.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def _newest_step(storage: CheckpointStorage) -> int | None:
+    found = complete_candidates(storage)
+    return _step_of(found[0]) if found else None
+
+
 # ------------------------------------------------------------------- the manager
 
 
@@ -490,10 +500,20 @@ class CheckpointManager:
 
     # -- restore --------------------------------------------------------------------
 
-    def restore(self, trainer: Stateful | None = None) -> int | None:
+    def newest_step(self) -> int | None:
+        """The step of the newest complete checkpoint here (rank 0 lists; a collective)."""
+        return self._rank0_do(lambda: _newest_step(self.storage))
+
+    def restore(
+        self, trainer: Stateful | None = None, *, newer_than: int | None = None
+    ) -> int | None:
         """Load the checkpoint `checkpoint.resume` designates; return its step, or
         None when training starts from scratch. A collective: every rank loads the
-        same checkpoint (rank 0 lists, every rank verifies a share of the files)."""
+        same checkpoint (rank 0 lists, every rank verifies a share of the files).
+
+        `newer_than` (a faster tier tried before the durable one: `memory_tier.py`):
+        only checkpoints of a later step are tried, and when none verifies the
+        answer is None (each refusal logged), not an error."""
         heartbeat.beat(None, "restore")
         mode = self.config.resume
         if mode == "never":
@@ -502,7 +522,13 @@ class CheckpointManager:
         if explicit:
             candidates = [self._rank0_do(lambda: str(self._check_explicit(Path(mode))))]
         else:
-            candidates = self._rank0_do(lambda: [str(p) for p in complete_candidates(self.storage)])
+            candidates = self._rank0_do(
+                lambda: [
+                    str(p)
+                    for p in complete_candidates(self.storage)
+                    if newer_than is None or _step_of(p) > newer_than
+                ]
+            )
         rejected: list[str] = []
         for cand in candidates:
             path = Path(cand)
@@ -536,13 +562,15 @@ class CheckpointManager:
             if self.rank == 0:
                 log.warning("checkpoint %s failed verification, not used:\n  %s", path, text)
             rejected.append(f"{path}:\n  {text}")
+        if rejected and newer_than is not None:
+            return None  # the caller goes on to the next tier
         if rejected:
             raise CheckpointError(
                 f"every complete checkpoint in {self.dir} failed verification:\n"
                 + "\n".join(rejected)
                 + "\nset checkpoint.resume: never to start over, or a path to choose one"
             )
-        if self.rank == 0:
+        if self.rank == 0 and newer_than is None:
             log.info("no complete checkpoint in %s: starting from step 0", self.dir)
         return None
 

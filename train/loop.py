@@ -61,6 +61,15 @@ from . import distributed, heartbeat
 from . import stop as stop_rule
 from .backends import TrainingBackend, build_backend
 from .distributed import DistEnv
+from .memory_tier import (
+    MemoryTier,
+    Restored,
+    check_room,
+    default_memory_dir,
+    last_logged_step,
+    record_restore,
+    restore_newest,
+)
 from .precision import resolve as resolve_precision
 from .preemption import EXIT_OK, EXIT_PREEMPTED, PreemptionFlag
 
@@ -180,6 +189,7 @@ class Trainer:
             world_size=env.world_size,
             model_meta=self.model_meta,
         )
+        self.memory = self._memory_tier(model)
         self.run_dir = RunDir.of(spec.run_dir)
         self.tokens_per_step = t.micro_batch_size * t.seq_len * t.grad_accum * env.world_size
         # One buffer, one all-reduce (sum) per step: [loss, the stop agreement's slots,
@@ -190,12 +200,31 @@ class Trainer:
         )
         self.stop_signal: int | None = None
 
-    def _restore(self) -> int | None:
-        """The checkpoint to resume from; a `checkpoint.resume` folder that cannot be
-        resumed is a configuration error (every retry would find the same folder)."""
+    def _memory_tier(self, model: Any) -> MemoryTier | None:
+        """The memory tier (`checkpoint.memory_every_steps`), its tmpfs checked for room
+        before training starts; None when off."""
+        c, env = self.spec.checkpoint, self.env
+        if c.memory_every_steps is None:
+            return None
+        where = c.memory_dir or default_memory_dir(self.spec.name, self.spec.run_dir)
+        memory = MemoryTier(
+            c.memory_every_steps,
+            where,
+            self.backend.state_io,
+            rank=env.rank,
+            world_size=env.world_size,
+            model_meta=self.model_meta,
+        )
+        check_room(memory, model.parameters())
+        return memory
+
+    def _restore(self) -> Restored:
+        """The checkpoint to resume from, the fastest tier that verifies; a
+        `checkpoint.resume` folder that cannot be resumed is a configuration error
+        (every retry would find the same folder)."""
         mode = self.spec.checkpoint.resume
         try:
-            return self.ckpt.restore(self.state)
+            return restore_newest(self.ckpt, self.memory, self.state)
         except CheckpointError as exc:
             if mode in ("auto", "never"):
                 raise
@@ -290,23 +319,19 @@ class Trainer:
         flag.install()
         outcome = "failed"  # what the trackers record if the loop raises
         try:
-            t_restore = time.perf_counter()
             restored = self._restore()
-            t_restore = time.perf_counter() - t_restore
-            step = restored or 0
+            step = restored.step or 0
             self.state.step = step
             heartbeat.beat(step, "step")
+            if env.is_main:
+                # How far the previous attempt got, read before this one logs a step.
+                record_restore(self.run_dir.root, restored, last_logged_step(self.run_dir.root))
             metrics.begin(step)  # rank 0: the trackers continue from this step
             if env.is_main:
                 self.run_dir.preempted_file.unlink(missing_ok=True)
-                where = (
-                    f"resumed at step {step} (checkpoint verified and loaded in {t_restore:.2f} s)"
-                    if restored is not None
-                    else "starting at step 0"
-                )
                 metrics.info(
                     f"{spec.name}: {spec.strategy.backend} on {env.world_size} rank(s), "
-                    f"{where}; {t.steps} steps in total"
+                    f"{restored.words()}; {t.steps} steps in total"
                 )
             # Everything built so far (libraries, model, data) lives until the end:
             # moved out of the cyclic GC's reach, a full collection during a step
@@ -358,6 +383,11 @@ class Trainer:
                     save_s = time.perf_counter()
                     self.ckpt.save(step, self.state, final=final)
                     save_s = time.perf_counter() - save_s
+                elif self.memory is not None and self.memory.enabled and self.memory.due(step):
+                    # Between durable saves only: a durable save of this step is newer.
+                    save_s = time.perf_counter()
+                    self.memory.copy(step, self.state)
+                    save_s = time.perf_counter() - save_s
                 if stop:
                     self.ckpt.wait()
                     if env.is_main:
@@ -379,6 +409,8 @@ class Trainer:
             return EXIT_OK, step
         finally:
             flag.uninstall()
+            if self.memory is not None:
+                self.memory.close()
             self.ckpt.close()
             metrics.close(outcome)
 

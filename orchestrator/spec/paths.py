@@ -34,6 +34,7 @@ RANK_PATHS = (
     "train.data.tokens",
     "train.model.pretrained",
     "checkpoint.resume",
+    "checkpoint.memory_dir",
     "logging.tensorboard_dir",
 )
 # `checkpoint.resume` also takes these words, which are no path.

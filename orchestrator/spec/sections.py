@@ -282,6 +282,30 @@ class Checkpoint(Section):
     wrote before; a `model/` holding other files is left alone, and the run says so)."""
     consolidate_dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype of floating-point tensors in that consolidated model."""
+    memory_every_steps: Steps | None = None
+    """The memory tier (one node): every K steps each rank's state (model, optimizer,
+    train state) is also saved, with a manifest and sha256 like any checkpoint, into
+    node-local memory that outlives the rank's process (`memory_dir`, a tmpfs); only the
+    newest copy is kept. A restart resumes from it when its step is newer than the
+    newest durable checkpoint and it verifies, so a rank's death costs under K steps
+    instead of up to `every_steps`. Off when unset; 1 to `every_steps - 1`; one node
+    only (a copy on another node needs a partner, not built yet)."""
+    memory_dir: PathText | None = None
+    """Where the memory tier's copies go; default
+    `/dev/shm/shardctl/<name>-<hash of the run dir>` on each node. Use a tmpfs: a disk
+    folder works but is no faster than `dir`."""
+
+    @model_validator(mode="after")
+    def _memory_tier(self) -> Checkpoint:
+        k = self.memory_every_steps
+        if k is not None and k >= self.every_steps:
+            raise ValueError(
+                f"checkpoint.memory_every_steps ({k}) is not smaller than "
+                f"checkpoint.every_steps ({self.every_steps}): a memory copy is only worth "
+                "its cost between durable checkpoints; accepted: 1.."
+                f"{self.every_steps - 1}, or leave it unset (memory tier off)"
+            )
+        return self
 
     @field_validator("resume")
     @classmethod

@@ -1,0 +1,241 @@
+"""The memory tier: a checkpoint every K steps in node-local memory (one node).
+
+`checkpoint.memory_every_steps: K` makes every rank also save its state (model,
+optimizer, train state: what a durable checkpoint holds) every K steps into a tmpfs
+folder that outlives the rank's process (`checkpoint.memory_dir`, default
+`/dev/shm/shardctl/<name>-<hash of the run dir>`). Nothing here is a new format or a
+new storage: the copy is a `CheckpointManager` whose storage is a `PosixStorage`
+rooted on that folder (no fsync: memory has no disk to reach), so it is staged,
+hashed, committed by its manifest and listed exactly like a durable checkpoint. Only
+the newest copy is kept (retention 1: the previous copy goes once the new one is
+committed, so a crash mid-copy still leaves one).
+
+On a restart (`restore_newest`), the newest step across the tiers wins: the memory
+copy when its step is newer than the newest durable checkpoint and it verifies
+(sha256 of every file), else the durable tier as always. The ranks of one node share
+its tmpfs and the manifest lists every rank's files, so every rank restores the same
+step. A copy that fails its hash is refused with a log line and the durable tier
+serves. Rank 0 records which tier served in `<run dir>/logs/restores.jsonl`, which
+`shardctl status` shows.
+
+The copy is blocking (`CheckpointManager.save`, synchronous): the backends' one
+async stager belongs to the durable save. Its stall is measured per copy
+(`MemoryTier.stall_s`) and in `benchmarks/memory_tier.py`.
+
+What it survives: a rank's process dying (a crash, SIGKILL, a hang ended by the
+watchdog) while the node lives. Not the node's loss, nor a requeue onto other nodes:
+a partner node's copy needs the node agent (not built yet); the durable tier serves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..orchestrator.durable import free_bytes
+from ..orchestrator.errors import PermanentError, StorageError
+from ..orchestrator.fence import AttemptFence
+from ..orchestrator.rundir import attempt_token
+from ..orchestrator.storage import PosixStorage
+from .backends.base import Stateful, StateIO
+
+log = logging.getLogger(__name__)
+
+MEMORY_ROOT = Path("/dev/shm/shardctl")
+RESTORES_FILE = "restores.jsonl"  # in the run dir's logs/
+# A copy is staged beside the one it replaces: the tmpfs holds two at once.
+COPIES_HELD = 2
+# AdamW keeps two moments per parameter, in the parameter's dtype.
+OPTIMIZER_STATES = 2
+
+
+def default_memory_dir(name: str, run_dir: str | Path) -> Path:
+    """`/dev/shm/shardctl/<name>-<12 hex of sha256(absolute run dir)>`: one folder per
+    run, so two runs of the same name never share copies."""
+    digest = hashlib.sha256(str(Path(run_dir).absolute()).encode()).hexdigest()[:12]
+    return MEMORY_ROOT / f"{name}-{digest}"
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """What `CheckpointManager` reads of its config, for the memory copies."""
+
+    dir: str
+    keep: int = 1
+    async_save: bool = False
+    resume: str = "auto"
+
+
+def state_bytes(parameters: Any) -> int:
+    """An estimate of one copy of a node's state: every parameter, unsharded, plus
+    the optimizer's two moments of the same size (the trainer state is small)."""
+    total = sum(p.numel() * p.element_size() for p in parameters)
+    return total * (1 + OPTIMIZER_STATES)
+
+
+def room_problem(directory: str | Path, copy_bytes: int) -> str | None:
+    """One line when `directory`'s file system cannot hold the tier (two copies of
+    `copy_bytes` at once), else None."""
+    free = free_bytes(directory)
+    needed = COPIES_HELD * copy_bytes
+    if free is None or free >= needed:
+        return None
+    return (
+        f"checkpoint.memory_dir {str(directory)!r}: {free / 2**20:.1f} MiB free, but the "
+        f"memory tier needs about {needed / 2**20:.1f} MiB ({COPIES_HELD} copies of "
+        f"{copy_bytes / 2**20:.1f} MiB: parameters and optimizer state, the newest copy and "
+        "the one being written); accepted: a larger tmpfs (e.g. /dev/shm's size), another "
+        "checkpoint.memory_dir, or checkpoint.memory_every_steps unset"
+    )
+
+
+class MemoryTier:
+    """The memory copies of one rank: `due(step)`, `copy(step, trainer)`, `restore`."""
+
+    def __init__(
+        self,
+        every: int,
+        directory: str | Path,
+        state_io: StateIO,
+        *,
+        rank: int,
+        world_size: int,
+        model_meta: dict[str, Any] | None = None,
+    ) -> None:
+        from .checkpoint import CheckpointManager
+
+        self.every = every
+        self.dir = Path(directory)
+        fence = AttemptFence.from_env()
+        storage = PosixStorage(
+            self.dir, durable=False, fence=fence.check if fence is not None else None
+        )
+        # A collective (the manager makes its gloo group): every rank builds it.
+        self.manager = CheckpointManager(
+            MemoryConfig(str(self.dir)),
+            state_io,
+            rank=rank,
+            world_size=world_size,
+            directory=self.dir,
+            model_meta=model_meta,
+            storage=storage,
+        )
+        self.rank = rank
+        self.stall_s: list[float] = []  # seconds each copy held the training loop
+
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def copy(self, step: int, trainer: Stateful | None) -> None:
+        """Save `step` into memory (a collective, blocking). A tmpfs that fills up
+        turns the tier off for this attempt (said once): the durable tier goes on."""
+        t0 = time.perf_counter()
+        try:
+            self.manager.save(step, trainer, final=True)
+        except StorageError as exc:
+            log.error("memory tier off for this attempt: %s", exc)
+            self.every = 0
+            return
+        self.stall_s.append(time.perf_counter() - t0)
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0
+
+    def close(self) -> None:
+        # Only wait: the `StateIO` is the durable manager's too, which closes it.
+        self.manager.wait()
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Which tier a run resumed from (`tier` None: from scratch)."""
+
+    step: int | None
+    tier: str | None
+    seconds: float
+    refused: str | None = None  # a newer memory copy that failed verification
+
+    def words(self) -> str:
+        """`resumed at step 40 from memory (verified and loaded in 0.21 s)`."""
+        if self.step is None:
+            return "starting at step 0"
+        where = f" from {self.tier}" if self.tier else ""
+        return f"resumed at step {self.step}{where} (verified and loaded in {self.seconds:.2f} s)"
+
+
+def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | None) -> Restored:
+    """Resume from the newest step across the tiers (a collective): the memory copy
+    when it is newer than the newest durable checkpoint and verifies, else the
+    durable tier (`checkpoint.resume` as configured). An explicit `checkpoint.resume`
+    or `never` is the user's choice: the memory tier is not asked."""
+    t0 = time.perf_counter()
+    refused = None
+    if memory is not None and durable.config.resume == "auto":
+        newest_durable = durable.newest_step()
+        newest_memory = memory.manager.newest_step()
+        if newest_memory is not None and newest_memory > (newest_durable or 0):
+            step = memory.manager.restore(trainer, newer_than=newest_durable or 0)
+            if step is not None:
+                return Restored(step, "memory", time.perf_counter() - t0)
+            refused = f"the memory copy of step {newest_memory} failed verification"
+            if memory.rank == 0:
+                log.warning("%s in %s; restoring from the durable tier", refused, memory.dir)
+    step = durable.restore(trainer)
+    tier = "durable" if step is not None else None
+    return Restored(step, tier, time.perf_counter() - t0, refused)
+
+
+def check_room(memory: MemoryTier, parameters: Any) -> None:
+    """Before training starts: a tmpfs too small for the tier stops the run with one
+    line naming both sizes (every retry would find the same tmpfs)."""
+    problem = room_problem(memory.dir, state_bytes(parameters))
+    if problem is not None:
+        raise PermanentError(problem)
+
+
+def last_logged_step(run_dir: str | Path) -> int | None:
+    """The newest step in `logs/metrics.jsonl` (how far the previous attempt got, to
+    `train.log_every`); None when none is logged."""
+    path = Path(run_dir) / "logs" / "metrics.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (64 << 10)))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
+def record_restore(run_dir: str | Path, restored: Restored, reached: int | None) -> None:
+    """Rank 0: append which tier served and how many logged steps were lost to
+    `<run dir>/logs/restores.jsonl` (read by `shardctl status`)."""
+    if restored.step is None:
+        return
+    lost = max(0, reached - restored.step) if reached is not None else None
+    entry = {
+        "time": round(time.time(), 3),
+        "token": attempt_token(),
+        "step": restored.step,
+        "tier": restored.tier,
+        "lost_steps": lost,
+        "seconds": round(restored.seconds, 3),
+        "refused": restored.refused,
+    }
+    logs = Path(run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / RESTORES_FILE, "a") as f:  # one short line, one write
+        f.write(json.dumps(entry) + "\n")
