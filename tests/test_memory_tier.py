@@ -251,3 +251,28 @@ def test_rank_killed_three_steps_after_a_memory_copy_resumes_from_it(tmp_path: P
     from_memory = final_weights(tmp_path / "mem" / "checkpoints" / "step-00000010", tmp_path / "a")
     from_disk = final_weights(disk / "step-00000010", tmp_path / "b")
     assert_bit_equal(from_memory, from_disk)
+
+
+# ------------------------------------------------------------------ status
+
+
+def test_status_says_which_tier_served_and_the_steps_lost(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+    from shardctl.orchestrator.clusters.base import JobRef
+    from shardctl.orchestrator.clusters.records import remember
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "local.exit").write_text("0\n")
+    (run / "logs" / "restores.jsonl").write_text(
+        '{"step": 8, "tier": "durable", "lost_steps": 5, "refused": null}\n'
+        '{"step": 12, "tier": "memory", "lost_steps": 3, "refused": null}\n'
+    )
+    remember(JobRef("local", "9", "tiers", str(run), {"attempt": 1}))
+    res = CliRunner().invoke(cli, ["status", "tiers"])
+    assert res.exit_code == 0, res.output
+    assert "restored from memory at step 12 (3 steps lost)" in res.output
+    res = CliRunner().invoke(cli, ["status", "tiers", "-o", "json"])
+    restore = json.loads(res.stdout)["restore"]
+    assert (restore["tier"], restore["step"], restore["lost_steps"]) == ("memory", 12, 3)

@@ -239,3 +239,30 @@ def record_restore(run_dir: str | Path, restored: Restored, reached: int | None)
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / RESTORES_FILE, "a") as f:  # one short line, one write
         f.write(json.dumps(entry) + "\n")
+
+
+def last_restore(run_dir: str | Path) -> dict[str, Any] | None:
+    """The newest line of `logs/restores.jsonl` (`shardctl status`), None without one;
+    a torn or foreign line is skipped."""
+    try:
+        lines = (Path(run_dir) / "logs" / RESTORES_FILE).read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("step"), int):
+            return entry
+    return None
+
+
+def restore_words(entry: dict[str, Any]) -> str:
+    """`restored from memory at step 40 (3 steps lost)`, for `status`."""
+    lost = entry.get("lost_steps")
+    lost_text = "steps lost unknown" if not isinstance(lost, int) else f"{lost} steps lost"
+    if lost == 1:
+        lost_text = "1 step lost"
+    refused = f"; {entry['refused']}" if entry.get("refused") else ""
+    return f"restored from {entry.get('tier')} at step {entry['step']} ({lost_text}{refused})"

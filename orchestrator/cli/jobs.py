@@ -128,6 +128,16 @@ def _goodput(
     )  # fmt: skip
 
 
+def _last_restore(backend: Cluster, ref: JobRef) -> dict[str, Any] | None:
+    """Which checkpoint tier the run last resumed from (`train/memory_tier.py`), where
+    the run dir is readable here."""
+    if not backend.run_dir_here:
+        return None
+    from ...train.memory_tier import last_restore
+
+    return last_restore(ref.run_dir)
+
+
 def _status_line(ref: JobRef, st: JobStatus, prog: Progress | None) -> str:
     detail = f" — {st.detail}" if st.detail else ""
     step = f"; {prog.short()}" if prog is not None else ""
@@ -143,6 +153,7 @@ def _status_json(
     why: str,
     slow: str | None,
     good: Goodput | None = None,
+    restore: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         **ref.to_json(),
@@ -153,6 +164,8 @@ def _status_json(
         "why": why if prog is None else "",
         "straggler": slow,
         "goodput": good.to_json() if good is not None else None,
+        # The last resume: tier (memory, durable), step, lost_steps (None: no resume).
+        "restore": restore,
         # The code it runs, recorded at submit (clusters/records.code_version); None
         # for a record from before it was kept.
         "code": ref.extra.get("code"),
@@ -200,8 +213,9 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
             if seen != last:
                 slow = _straggler(backend, ref)
                 good = _goodput(backend, ref, st)
+                restore = _last_restore(backend, ref)
                 if output == "json":
-                    data = _status_json(ref, st, prog, why, slow, good)
+                    data = _status_json(ref, st, prog, why, slow, good, restore)
                     if watch:  # one JSON document per line, one line per change
                         import json
 
@@ -216,6 +230,10 @@ def status(job: str, watch: bool, interval: float | None, output: str) -> None:
                         click.echo(f"  straggler: {slow}")
                     if good is not None:
                         click.echo(f"  {good.line()}")
+                    if restore is not None:
+                        from ...train.memory_tier import restore_words
+
+                        click.echo(f"  {restore_words(restore)}")
                 last = seen
             if not watch:
                 return
