@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.s3_server import S3Server, start_s3_server
+from helpers.s3_server import S3Server, isolate_aws_settings, start_s3_server
 from shardctl.orchestrator.errors import ObjectStoreError, ObjectUrlError
 from shardctl.orchestrator.s3 import S3Client, S3Url, is_s3_url, parse_s3_url
 
@@ -24,12 +24,7 @@ MiB = 1024 * 1024
 def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     """Point the standard AWS variables at a server, as a given identity, with no AWS
     files of this machine's user read and no instance metadata asked."""
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws_settings(monkeypatch, tmp_path)
 
     def point(values: dict[str, str]) -> None:
         for name, value in values.items():

