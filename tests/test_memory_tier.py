@@ -222,7 +222,9 @@ def test_rank_killed_three_steps_after_a_memory_copy_resumes_from_it(tmp_path: P
         env=env, cwd=ROOT, start_new_session=True,
     )  # fmt: skip
     try:
-        _wait_for([hold / "held-0", hold / "held-1"], proc, timeout=300)
+        # Held at step 7, and the copy of step 4 (written behind training) committed.
+        held = [hold / "held-0", hold / "held-1", memory / "step-00000004" / "manifest.json"]
+        _wait_for(held, proc, timeout=300)
         # The copy to restore from on disk, taken while every rank is held at step 7.
         disk = tmp_path / "disk" / "checkpoints"
         disk.mkdir(parents=True)

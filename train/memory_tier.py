@@ -18,9 +18,13 @@ step. A copy that fails its hash is refused with a log line and the durable tier
 serves. Rank 0 records which tier served in `<run dir>/logs/restores.jsonl`, which
 `shardctl status` shows.
 
-The copy is blocking (`CheckpointManager.save`, synchronous): the backends' one
-async stager belongs to the durable save. Its stall is measured per copy
-(`MemoryTier.stall_s`) and in `benchmarks/memory_tier.py`.
+The copy runs behind training where the backend saves asynchronously (FSDP's DCP:
+the state is staged into CPU memory, then written, hashed and committed by a
+background thread, as `checkpoint.async` does for the durable tier; the tier has its
+own copy of the `StateIO`, so its staging buffers are not the durable save's); with
+DeepSpeed (synchronous saves only) it blocks. The next copy waits for the one before.
+The stall each copy costs the loop is kept in `MemoryTier.stall_s` and measured by
+`benchmarks/memory_tier.py`.
 
 What it survives: a rank's process dying (a crash, SIGKILL, a hang ended by the
 watchdog) while the node lives. Not the node's loss, nor a requeue onto other nodes:
@@ -34,6 +38,7 @@ import json
 import logging
 import os
 import time
+from copy import copy as shallow_copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,19 +112,26 @@ class MemoryTier:
         rank: int,
         world_size: int,
         model_meta: dict[str, Any] | None = None,
+        background: bool = True,
     ) -> None:
         from .checkpoint import CheckpointManager
 
         self.every = every
         self.dir = Path(directory)
+        self.background = background and state_io.sync_only_reason is None
+        # The tier's own StateIO when it saves in the background: its own staging
+        # buffers, released by its own close (the durable manager closes the original).
+        self.state_io = shallow_copy(state_io) if self.background else state_io
+        if self.background and hasattr(self.state_io, "_stager"):
+            self.state_io._stager = None  # type: ignore[attr-defined]
         fence = AttemptFence.from_env()
         storage = PosixStorage(
             self.dir, durable=False, fence=fence.check if fence is not None else None
         )
         # A collective (the manager makes its gloo group): every rank builds it.
         self.manager = CheckpointManager(
-            MemoryConfig(str(self.dir)),
-            state_io,
+            MemoryConfig(str(self.dir), async_save=self.background),
+            self.state_io,
             rank=rank,
             world_size=world_size,
             directory=self.dir,
@@ -133,11 +145,12 @@ class MemoryTier:
         return step % self.every == 0
 
     def copy(self, step: int, trainer: Stateful | None) -> None:
-        """Save `step` into memory (a collective, blocking). A tmpfs that fills up
-        turns the tier off for this attempt (said once): the durable tier goes on."""
+        """Save `step` into memory (a collective; staged, then written behind training
+        where the backend allows). A tmpfs that fills up turns the tier off for this
+        attempt (said once): the durable tier goes on."""
         t0 = time.perf_counter()
         try:
-            self.manager.save(step, trainer, final=True)
+            self.manager.save(step, trainer, final=not self.background)
         except StorageError as exc:
             log.error("memory tier off for this attempt: %s", exc)
             self.every = 0
@@ -149,8 +162,12 @@ class MemoryTier:
         return self.every > 0
 
     def close(self) -> None:
-        # Only wait: the `StateIO` is the durable manager's too, which closes it.
-        self.manager.wait()
+        """Wait for a copy in flight; release the tier's own staging buffers (a
+        shared `StateIO` is the durable manager's to close)."""
+        if self.background:
+            self.manager.close()
+        else:
+            self.manager.wait()
 
 
 @dataclass(frozen=True)
