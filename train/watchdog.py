@@ -747,10 +747,6 @@ def main(argv: list[str] | None = None) -> int:
     return Watchdog(words).run()
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _launcher_name(command: list[str]) -> str:
     """The launcher a command runs: torchrun, not the Python that runs it under
     `shardctl.orchestrator.launch_wrapper` (which records each rank's end)."""
@@ -758,3 +754,7 @@ def _launcher_name(command: list[str]) -> str:
         if word == "-m" and command[i + 1].endswith("launch_wrapper") and i + 2 < len(command):
             return command[i + 2]
     return command[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
