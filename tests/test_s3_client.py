@@ -374,6 +374,27 @@ def test_a_server_killed_mid_upload_fails_after_the_retries(aws_env, tmp_path: P
     assert not doomed.alive()
 
 
+def test_a_server_killed_mid_read_is_named(aws_env, tmp_path: Path) -> None:
+    doomed = start_s3_server(tmp_path / "doomed")
+    try:
+        bucket = doomed.make_bucket("doomed")
+        doomed.boto3_client().put_object(Bucket=bucket, Key="big.bin", Body=os.urandom(40 * MiB))
+        aws_env(doomed.env())
+        url = parse_s3_url(f"s3://{bucket}/big.bin")
+        with S3Client(max_attempts=2).open(url) as stream:
+            assert len(stream.read(MiB)) == MiB
+            doomed.kill()
+            with pytest.raises(ObjectStoreError) as caught:
+                while stream.read(MiB):
+                    pass
+    finally:
+        doomed.stop()
+    assert one_line(caught) == (
+        f"S3 read of {url} failed: the connection to "
+        f"http://127.0.0.1:{doomed.ports['s3.port']} was cut while the object was read"
+    )
+
+
 def test_the_secret_key_is_never_in_a_message_or_a_log_line(
     s3_server: S3Server, aws_env, bucket: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,6 +92,9 @@ def failure_reason(error: BaseException, action: str, ctx: Context) -> str | Non
         )
     if isinstance(error, bce.ProfileNotFound):
         return f"{error} (check AWS_PROFILE)"
+    if isinstance(error, bce.ResponseStreamingError | bce.IncompleteReadError):
+        # A stream being read is not retried by botocore: the reader starts again.
+        return f"the connection to {ctx.endpoint} was cut while the object was read"
     if isinstance(error, bce.ConnectionClosedError):
         return f"the connection to {ctx.endpoint} was closed during the transfer, {_attempts(ctx)}"
     if isinstance(error, bce.ConnectTimeoutError | bce.ReadTimeoutError):
@@ -149,6 +152,7 @@ def _verb(action: str) -> str:
     return {
         "upload": "write",
         "put": "write",
+        "copy": "write",
         "delete": "delete",
         "list": "list",
         "download": "read",
