@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
@@ -264,3 +265,73 @@ def test_fetch_refuses_an_entry_that_is_not_complete(storage: S3Storage) -> None
     assert str(caught.value) == (
         f"{storage.url}/step-00000020 is not a complete checkpoint (no manifest.json)"
     )
+
+
+def behind_of(storage: S3Storage) -> S3Storage:
+    """The same storage with its uploads behind training."""
+    return S3Storage(
+        storage.url, storage.root, client=storage.client, staging_marker=MARKER, behind=True
+    )
+
+
+def test_behind_training_publish_returns_first_and_the_next_save_waits(
+    storage: S3Storage,
+) -> None:
+    behind = behind_of(storage)
+    reached, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold_the_manifest(params: dict, **_: object) -> None:
+        if params["Key"].endswith("/manifest.json"):
+            reached.set()
+            assert release.wait(timeout=120), "the test never released the upload"
+            order.append("commit")
+
+    behind.client._client.meta.events.register(
+        "provide-client-params.s3.PutObject", hold_the_manifest
+    )
+    staged = stage(behind, "step-00000010", {"a.bin": b"a" * 100, "b.bin": b"b"})
+    behind.sync(staged, ["a.bin", "b.bin"])
+    assert keys(behind) == {}  # nothing goes up while the ranks write
+    final = behind.publish("step-00000010")
+
+    # publish returned; the upload runs on and holds before its commit.
+    assert (final / "a.bin").read_bytes() == b"a" * 100  # the local copy, at once
+    assert reached.wait(timeout=120)
+    assert set(keys(behind)) == {"step-00000010/a.bin", "step-00000010/b.bin"}
+    assert complete_checkpoints(behind) == []  # not committed: never listed
+
+    def next_save() -> None:
+        behind.new_staging("step-00000020")
+        order.append("next save staged")
+
+    waiting = threading.Thread(target=next_save)
+    waiting.start()
+    waiting.join(timeout=2)
+    assert waiting.is_alive()  # it waits for the upload still running
+    release.set()
+    waiting.join(timeout=120)
+    assert not waiting.is_alive()
+    assert order == ["commit", "next save staged"]
+    assert [c.name for c in complete_checkpoints(behind)] == ["step-00000010"]
+
+
+def test_behind_training_a_failed_upload_is_raised_once_by_wait(storage: S3Storage) -> None:
+    behind = behind_of(storage)
+    calls: list[str] = []
+
+    def stale_once_the_upload_runs(name: str) -> None:
+        calls.append(name)
+        # new_staging's and publish's checks pass; the one just before the commit, in
+        # the upload's thread, finds the attempt replaced.
+        if len(calls) > 2:
+            raise CheckpointError(f"attempt no longer current: {name} not published")
+
+    behind.fence = stale_once_the_upload_runs
+    stage(behind, "step-00000010", {"a.bin": b"a"})
+    behind.publish("step-00000010")
+    with pytest.raises(CheckpointError, match="attempt no longer current"):
+        behind.wait()
+    behind.wait()  # told once
+    assert "step-00000010/manifest.json" not in keys(behind)
+    assert complete_checkpoints(behind) == []

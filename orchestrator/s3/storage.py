@@ -16,6 +16,14 @@ objects into place inside the store and commits. S3 has no atomic rename, so bet
 that first delete and the new manifest no entry of that name is complete (a crash
 there costs this name, and resume takes the previous checkpoint), never a mixed one.
 
+Behind training (`behind=True`): `sync` uploads nothing and `publish` returns once the
+local copy is in place, the upload and the commit running on in a thread; the next
+save waits for it (`new_staging`), and so do `clean_stale` and a `delete` or `discard`
+of that name. Its failure is raised by `wait`, which a rank calls before it exits:
+the checkpoint it was for is then not committed, and the previous one is still the
+newest complete checkpoint (a node lost mid-upload costs that checkpoint, never a
+corrupt one).
+
 `delete` removes the manifest first, then the rest. The staging folder must hold every
 file of the save when `publish` runs (a shared file system, as today); a save staged
 on each node's own disk needs every rank's `sync` to have run first, and `publish`
@@ -25,6 +33,7 @@ then checks the sizes of what is there against the local files it has.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -55,6 +64,7 @@ class S3Storage:
         client: S3Client | None = None,
         staging_marker: str | None = None,
         fence: Callable[[str], None] | None = None,
+        behind: bool = False,
     ) -> None:
         self.url = url
         self.root = Path(root)
@@ -64,6 +74,8 @@ class S3Storage:
         # The local side (staging folders, the published copy) is a POSIX storage
         # without fsync: the store holds the durable copy.
         self._local = PosixStorage(self.root, durable=False, staging_marker=staging_marker)
+        self.behind = behind
+        self._upload: _Upload | None = None
 
     # -- the write side ----------------------------------------------------------------
 
@@ -73,6 +85,7 @@ class S3Storage:
     def new_staging(self, name: str) -> Path:
         """The local staging folder, and in the store no upload of an earlier try of
         `name` left (so every object `publish` finds is this save's)."""
+        self.wait()  # the next save waits only for an upload still running
         if self.fence is not None:
             self.fence(name)
         staged = self._local.new_staging(name)
@@ -82,41 +95,70 @@ class S3Storage:
         return staged
 
     def sync(self, staged: Path, files: Iterable[str]) -> None:
-        """Upload these files of the staged save (each rank its share)."""
+        """Upload these files of the staged save (each rank its share); behind training,
+        `publish` uploads them all instead."""
+        if self.behind:
+            return
         target = self._upload_prefix(_entry_name(staged))
         for rel in files:
             if rel != self.staging_marker:
                 self.client.put_file(staged / rel, target.child(rel))
 
     def publish(self, name: str, *, replace: bool = False) -> Path:
-        staged, entry, beside = self.staging_path(name), self._entry(name), self._beside(name)
-        local = self._local_files(staged)
-        if COMMIT_MARKER not in local:
+        staged, entry = self.staging_path(name), self._entry(name)
+        files = self._local_files(staged)
+        if COMMIT_MARKER not in files:
             raise CheckpointError(f"{staged} holds no {COMMIT_MARKER}: nothing to publish")
         if self.fence is not None:
             self.fence(name)
         committed = self._committed(name)
         if committed and not replace:
             raise CheckpointError(f"{entry} already exists; nothing was replaced")
+        if not self.behind:
+            self._commit(name, staged, files, committed)
+            return self._local.publish(name, replace=True)
+        self.wait()
+        final = self._local.publish(name, replace=True)
+        self._upload = _Upload(name, lambda: self._commit(name, final, files, committed))
+        return final
+
+    def wait(self) -> None:
+        """Until the upload running behind training (`behind=True`) has ended; its
+        failure is raised here, once (the checkpoint it was for is not committed)."""
+        upload, self._upload = self._upload, None
+        if upload is not None:
+            upload.join()
+
+    def _wait_for(self, name: str) -> None:
+        if self._upload is not None and self._upload.name == name:
+            self.wait()
+
+    def _commit(self, name: str, source: Path, files: dict[str, int], committed: bool) -> None:
+        """Upload what `sync` did not, then the manifest: `files` (sizes by relative
+        path) are read from `source`. A complete entry of that name stays whole while
+        the new files go up beside it; it is uncommitted only to be replaced."""
+        entry, beside = self._entry(name), self._beside(name)
         old = {_relative(o.url, entry) for o in self.client.list(entry).objects}
         if committed:
-            # The old entry stops being complete before any of its objects changes;
-            # this save's files are those uploaded beside it (`sync`).
+            there = {_relative(o.url, beside): o.size for o in self.client.list(beside).objects}
+            for rel, size in files.items():
+                if rel != COMMIT_MARKER and there.get(rel) != size:
+                    self.client.put_file(source / rel, beside.child(rel))
+            # The old entry stops being complete before any of its objects changes.
             self.client.delete([entry.child(COMMIT_MARKER)])
-            uploaded = self._move_in(beside, entry, local)
+            uploaded = self._move_in(beside, entry, files)
         else:
             # `new_staging` emptied `<name>/`: what is there, `sync` uploaded.
             uploaded = {_relative(o.url, entry): o.size for o in self.client.list(entry).objects}
-        for rel, size in local.items():
+        for rel, size in files.items():
             if rel != COMMIT_MARKER and uploaded.get(rel) != size:
-                self.client.put_file(staged / rel, entry.child(rel))
+                self.client.put_file(source / rel, entry.child(rel))
         # The replaced entry's objects that this save does not hold.
-        self.client.delete(entry.child(rel) for rel in old if rel not in local)
+        self.client.delete(entry.child(rel) for rel in old if rel not in files)
         if self.fence is not None:  # last, just before the commit
             self.fence(name)
-        self.client.put_file(staged / COMMIT_MARKER, entry.child(COMMIT_MARKER))
+        self.client.put_file(source / COMMIT_MARKER, entry.child(COMMIT_MARKER))
         self.client.delete_prefix(beside)
-        return self._local.publish(name, replace=True)
 
     def _move_in(self, beside: S3Url, entry: S3Url, local: dict[str, int]) -> dict[str, int]:
         """Copy the objects uploaded beside the entry into it (inside the store); their
@@ -131,6 +173,7 @@ class S3Storage:
 
     def delete(self, name: str) -> None:
         """Uncommit (the manifest first), then the rest, then the local copy."""
+        self._wait_for(name)
         entry = self._entry(name)
         self.client.delete([entry.child(COMMIT_MARKER)])
         self.client.delete_prefix(entry)
@@ -139,6 +182,7 @@ class S3Storage:
 
     def discard(self, name: str) -> None:
         """Abandon a staged save: its local folder and what it uploaded."""
+        self._wait_for(name)
         self._local.discard(name)
         self.client.delete_prefix(self._beside(name))
         if not self._committed(name):
@@ -147,6 +191,7 @@ class S3Storage:
     def clean_stale(self, ours: Callable[[str], bool]) -> list[str]:
         """The local leftovers, and in the store every `<name>.tmp/` and every `<name>/`
         without a manifest whose name `ours` accepts (uploads of crashed saves)."""
+        self.wait()  # an upload running behind is no crashed save's
         removed = self._local.clean_stale(ours)
         for folder in self.client.list(self.url, folders=True).folders:
             name = _relative(folder, self.url)
@@ -235,6 +280,29 @@ class S3Storage:
             for path in sorted(staged.rglob("*"))
             if path.is_file() and path.relative_to(staged).as_posix() != self.staging_marker
         }
+
+
+class _Upload:
+    """One upload running behind training, in a thread of its own (not a daemon: a rank
+    that ends without `wait` still finishes it before the interpreter exits)."""
+
+    def __init__(self, name: str, run: Callable[[], None]) -> None:
+        self.name = name
+        self._run = run
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"s3-upload-{name}")
+        self._thread.start()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:  # handed to the thread that waits
+            self._error = error
+
+    def join(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _has_size(path: Path, size: int) -> bool:
