@@ -1,6 +1,7 @@
 """Knowing when to stop: a script's "do not retry" (exit 78) and attempts without a new
-checkpoint end a run instead of burning requeues — job.sbatch's own shell and the Slurm
-node task with stand-ins for srun and scontrol, and a real local run (torchrun, 2 ranks)."""
+checkpoint end a run instead of burning requeues — the Slurm node task, on its own and
+as job.sbatch runs it, with stand-ins for srun and scontrol, and a real local run
+(torchrun, 2 ranks)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ esac
 """
 
 
+# srun that runs its command here: srun's own words end at the first that is not an option.
+RUN_HERE = """#!/bin/bash
+while [ "${1#--}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
 def _stand_ins(tmp_path: Path) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -73,8 +81,12 @@ def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     data["restart"] = {"max_in_allocation": 0}  # these attempts end the allocation
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
+    bin_dir = _stand_ins(tmp_path)
+    # srun runs job.sbatch's node task here (node 0); the attempt's end is launch.sh's.
+    (bin_dir / "srun").write_text(RUN_HERE)
+    (tmp_path / "launch.sh").write_text(SRUN)
     env = {
-        "PATH": f"{_stand_ins(tmp_path)}{os.pathsep}/usr/bin:/bin",
+        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
         "SLURM_JOB_ID": "7",
         "FAKE_SCRIPT": str(script),
         "FAKE_OUT": str(tmp_path / "calls"),
@@ -85,10 +97,13 @@ def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 def _attempt(script: Path, env: dict[str, str], restarts: int, end: str):
+    """One allocation of job.sbatch; what its node task said is in `stderr`."""
     env = {**env, "SLURM_RESTART_COUNT": str(restarts), "FAKE_END": end}
-    return subprocess.run(
+    proc = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=90
     )
+    proc.stderr = proc.stdout + proc.stderr
+    return proc
 
 
 def _requeues(tmp_path: Path) -> int:
@@ -104,11 +119,11 @@ def test_job_sbatch_stops_after_three_attempts_without_a_new_checkpoint(tmp_path
         assert proc.returncode == 0 and "requeueing job 7" in proc.stderr, proc.stderr
     assert _requeues(tmp_path) == 2
     proc = _attempt(script, env, 2, "hung")
-    assert proc.returncode == 124, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert _requeues(tmp_path) == 2  # the third attempt is not requeued
     assert (
-        "shardctl: hung at step 25 (node 1's watchdog); stopped: no new checkpoint in 3 "
-        "attempts (last at step 20); not requeued" in proc.stderr
+        "shardctl: job 7: hung at step 25 (node 1's watchdog); stopped: no new checkpoint "
+        "in 3 attempts (last at step 20); not requeued" in proc.stderr
     ), proc.stderr
     lines = [json.loads(x) for x in (tmp_path / "run" / "attempts.jsonl").read_text().splitlines()]
     assert [(x["attempt"], x["decision"], x["checkpoint_step"]) for x in lines] == [
@@ -123,7 +138,7 @@ def test_job_sbatch_a_new_checkpoint_starts_the_count_over(tmp_path: Path) -> No
         assert proc.returncode == 0 and "requeueing job 7" in proc.stderr, (end, proc.stderr)
     assert _requeues(tmp_path) == 5
     proc = _attempt(script, env, 5, "hung")
-    assert proc.returncode == 124 and _requeues(tmp_path) == 5
+    assert proc.returncode == 1 and _requeues(tmp_path) == 5
     assert "stopped: no new checkpoint in 3 attempts (last at step 40)" in proc.stderr
     # Another job of the same run (submitted again) starts with a clean slate.
     proc = _attempt(script, {**env, "SLURM_JOB_ID": "8"}, 0, "hung")
@@ -135,8 +150,8 @@ def test_job_sbatch_never_requeues_a_script_that_said_do_not_retry(tmp_path: Pat
     proc = _attempt(script, env, 0, "do-not-retry")
     assert proc.returncode == 1 and _requeues(tmp_path) == 0, proc.stderr
     assert (
-        "shardctl: the script said do not retry (rank 1 exited with code 78): bad config; "
-        "not requeued" in proc.stderr
+        "shardctl: node 0 of job 7: the script said do not retry (rank 1 exited with code 78): "
+        "bad config; not requeued" in proc.stderr
     ), proc.stderr
 
 

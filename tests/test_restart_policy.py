@@ -17,7 +17,7 @@ from helpers.node_task_run import SCRIPT as NODE_TASK
 from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.outcome import Decision, Kind, Outcome, Progress, decide
 from shardctl.orchestrator.spec import load_spec, parse_spec
-from test_give_up import _stand_ins
+from test_give_up import RUN_HERE, _stand_ins
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -161,8 +161,8 @@ def test_job_sbatch_restarts_in_place_then_finishes(tmp_path: Path) -> None:
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
     bin_dir = _stand_ins(tmp_path)
-    # srun runs the stand-in launcher (one node here; the shell loop is what is tested).
-    (bin_dir / "srun").write_text(f"#!/bin/bash\nexec bash {tmp_path / 'launch.sh'}\n")
+    # srun runs job.sbatch's node task here (one node), which runs launch.sh beside it.
+    (bin_dir / "srun").write_text(RUN_HERE)
     (tmp_path / "launch.sh").write_text(LAUNCHER)
     env = {
         "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
@@ -177,7 +177,7 @@ def test_job_sbatch_restarts_in_place_then_finishes(tmp_path: Path) -> None:
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
-    assert "restarting every rank in this allocation (2 of at most 3)" in proc.stderr
+    assert "restarting every rank in this allocation (2 of at most 3)" in proc.stdout
     assert not (tmp_path / "calls").exists()
     assert _attempts(run_dir) == [
         (0, "failed", "restart"), (1, "hung", "restart"), (2, "done", "finish"),

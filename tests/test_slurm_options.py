@@ -144,7 +144,7 @@ def test_container_renders_into_the_one_srun_line_of_both_scripts() -> None:
         "/shared/runs/opt-job,/scratch/opt-job/ckpt,'\"${here}\"':'\"${here}\"'' "
     )
     mine = words.split(" ", 2)[2]  # after the image and the mounts
-    assert f"srun --unbuffered '--container-image={IMAGE}' {mounts}{mine}bash -c " in standalone
+    assert f"srun --unbuffered '--container-image={IMAGE}' {mounts}{mine}env " in standalone
     for text in (sbatch, standalone):
         assert (
             f"# pyxis runs every node's launcher in {IMAGE}; mounted at their own paths by "

@@ -289,7 +289,8 @@ def test_state_table(native: str, state: JobState) -> None:
 
 
 def test_standalone_batch_script_has_the_same_resources_and_requeues(tmp_path: Path) -> None:
-    """job.sbatch: sbatch-able by hand: same flags, one srun of launch.sh, requeue on PREEMPTED."""
+    """job.sbatch: sbatch-able by hand: the same flags as sbatch.sh, one srun of shardctl's
+    node task (the one submitit runs) on every node, running launch.sh."""
     spec = load_spec(ROOT / "examples" / "slurm-2node.yaml")
     files = rs.slurm_artifacts(spec)
     standalone, submitit_text = files[rs.STANDALONE_FILE], files["sbatch.sh"]
@@ -297,11 +298,11 @@ def test_standalone_batch_script_has_the_same_resources_and_requeues(tmp_path: P
         line = next(x for x in submitit_text.splitlines() if x.startswith(f"#SBATCH {flag}"))
         assert line in standalone.splitlines(), flag
     assert "_submit" not in standalone and "SUBMITIT" not in standalone
-    assert 'shardctl-node "${here}/launch.sh"' in standalone
-    # The policy is the classifier's (python -m), not a bash copy of it.
-    assert "-m shardctl.orchestrator.outcome" in standalone
-    assert f"--max-retries {spec.slurm.max_requeues}" in standalone
-    assert "scontrol requeue" in standalone and "PREEMPTED" not in standalone
+    assert "-m shardctl.orchestrator.clusters.slurm --run-dir " in standalone
+    assert f"--max-requeues {spec.slurm.max_requeues} " in standalone
+    assert '-- bash "${here}/launch.sh" &\n' in standalone
+    # The policy is the node task's, not a bash copy of it.
+    assert "scontrol requeue" not in standalone and "PREEMPTED" not in standalone
 
 
 STANDALONE_SCONTROL = """#!/bin/bash
@@ -314,7 +315,13 @@ esac
 # The ranks' side of an attempt: a node watchdog writes HUNG and srun ends with 124,
 # or the ranks save (PREEMPTED: on the warning; written before typed markers; on a
 # TERM alone, i.e. `scancel --signal=TERM`), or a plain failure.
+# srun runs the node task here, on this machine, as node 0: its own words end at the
+# first that is not an option.
 STANDALONE_SRUN = """#!/bin/bash
+while [ "${1#--}" != "$1" ]; do shift; done
+exec "$@"
+"""
+STANDALONE_LAUNCH = """#!/bin/bash
 case "${FAKE_END}" in
   hung) echo '{"kind": "hung", "step": 20, "node": 1}' > "${FAKE_RUN}/HUNG"; exit 124 ;;
   preempted) echo '{"kind": "preempted", "step": 20, "signal": "SIGUSR2"}' \\
@@ -331,25 +338,21 @@ esac
 @pytest.mark.parametrize(
     ("end", "restarts", "code", "requeued", "said"),
     [
-        ("hung", "0", 0, True, "shardctl: hung at step 20 (node 1's watchdog); requeueing job 7"),
-        ("hung", "3", 124, False, "out of retries (3 of at most 3); not requeued"),
-        (
-            "preempted",
-            "0",
-            0,
-            True,
-            "preempted (signal SIGUSR2), checkpoint saved at step 20; requeueing job 7",
-        ),
-        ("old-preempted", "0", 0, True, "preempted, checkpoint saved at step 20; requeueing"),
-        # A save on TERM alone is a cancel, as in the node task: never requeued.
-        ("term", "0", 1, False, "cancelled (signal SIGTERM); checkpoint at step 20; not requeued"),
-        ("failed", "0", 3, False, "failed: the launcher exited with code 3; not requeued"),
+        ("hung", "0", 0, True, "hung at step 20 (node 1's watchdog); requeueing job 7 (1 of"),
+        ("hung", "3", 1, False, "after 3 requeue(s), which is slurm.max_requeues (3); not"),
+        ("preempted", "0", 0, True, "node 0: preempted (saved step 20); requeueing job 7"),
+        ("old-preempted", "0", 0, True, "node 0: preempted (saved step 20); requeueing job 7"),
+        # A save on TERM alone is a cancel: never requeued.
+        ("term", "0", 0, False, "node 0: stopped by SIGTERM (cancel)"),
+        ("failed", "0", 1, False, "the launcher exited with code 3; the job failed"),
     ],
 )
 def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
     tmp_path: Path, end: str, restarts: str, code: int, requeued: bool, said: str
 ) -> None:
-    """job.sbatch's own shell, with stand-ins for srun and scontrol."""
+    """job.sbatch's shell, with stand-ins for srun (it runs the node task here, as node
+    0) and scontrol, and a launch.sh beside the script that ends each way: the node task
+    judges the attempt and fences it (its attempt token is the run's current one)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "HUNG").write_text("{}")  # an earlier attempt's: older than this one
@@ -364,6 +367,7 @@ def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
     for name, text in (("scontrol", STANDALONE_SCONTROL), ("srun", STANDALONE_SRUN)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
+    (tmp_path / "launch.sh").write_text(STANDALONE_LAUNCH)
     out = tmp_path / "calls"
     env = {
         "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
@@ -373,15 +377,18 @@ def test_standalone_batch_script_requeues_a_hung_or_preempted_attempt(
         "FAKE_OUT": str(out),
         "FAKE_RUN": str(run_dir),
         "FAKE_END": end,
-        # The classifier's interpreter (the batch host's python3 would lack shardctl here).
+        # The node task's interpreter (this machine's python3 would lack shardctl).
         "SHARDCTL_PYTHON": sys.executable,
     }
     proc = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=60
     )
-    assert proc.returncode == code, proc.stderr
+    told = proc.stdout + proc.stderr
+    assert proc.returncode == code, told
     assert (out.exists() and out.read_text() == "requeue 7\n") is requeued
-    assert said in proc.stderr
+    assert said in told
+    token = json.loads((run_dir / "CURRENT_ATTEMPT").read_text())["token"]
+    assert token == f"slurm-7-{restarts}"
 
 
 def test_sbatch_error_message_is_parsed() -> None:

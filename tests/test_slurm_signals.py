@@ -11,14 +11,18 @@ signal from Slurm to the node tasks. Every job is cancelled when its test fails.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from test_slurm_cluster import (  # the dev cluster's fixture and the e2e helpers
+    SHARDCTL,
     _finished,
     _spec,
     _submitted,
@@ -109,3 +113,49 @@ def test_time_limit_signal_to_the_batch_shell_while_starting_requeues(
     assert logs.count("got SIGUSR2 (sent to the batch shell)") == 2, logs
     assert "nothing was saved" in logs, logs
     assert all((tmp_path / f"ready-{r}").exists() for r in (0, 1))
+
+
+def test_job_sbatch_by_hand_runs_the_node_task_fenced_and_requeues(
+    slurm_cluster: None,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """`shardctl render --cluster slurm`, then plain `sbatch rendered/job.sbatch`: every
+    node runs shardctl's node task (the one submitit runs), so node 0 claims the
+    attempt's token (fenced: `CURRENT_ATTEMPT`), records the attempt, and a USR2 sent
+    to the batch shell alone is taken by both nodes and requeues the job, which resumes
+    under the next token and COMPLETES."""
+    spec = _plain_spec("sig-by-hand", tmp_path)
+    spec["run_dir"] = str(tmp_path / "runs" / "sig-by-hand")
+    path = tmp_path / "sig-by-hand.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    rendered = tmp_path / "rendered"
+    subprocess.run(
+        [*SHARDCTL, "render", str(path), "--cluster", "slurm", "--out", str(rendered)],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--export=ALL,SHARDCTL_PYTHON={sys.executable}",
+         str(rendered / "job.sbatch")],
+        cwd=tmp_path, check=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().split(";")[0]
+    run_dir = Path(spec["run_dir"])
+    ref = JobRef("slurm", job_id, "sig-by-hand", str(run_dir))
+    log = tmp_path / f"slurm-{job_id}.out"
+    try:
+        _both_ranks_ready(ref, tmp_path)
+        token = json.loads((run_dir / "CURRENT_ATTEMPT").read_text())["token"]
+        assert token == f"slurm-{job_id}-0"
+        subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], check=True, timeout=30)
+        cluster = SlurmCluster()
+        _wait(ref, lambda: "requeued 1 time" in cluster.status(ref).detail, 120, "the requeue")
+        state = _finished(ref)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+    said = log.read_text(errors="replace")
+    assert state is JobState.SUCCEEDED, said
+    assert said.count("got SIGUSR2 (sent to the batch shell)") == 2, said
+    assert f"requeueing job {job_id}" in said, said
+    assert json.loads((run_dir / "CURRENT_ATTEMPT").read_text())["token"] == f"slurm-{job_id}-1"
+    attempts = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    assert [(a["attempt"], a["decision"]) for a in attempts] == [(0, "retry"), (1, "finish")]

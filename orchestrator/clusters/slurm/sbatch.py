@@ -283,94 +283,65 @@ def submission(spec: JobSpec, *, python: str = "python3", run_dir: str | None = 
 
 
 def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str:
-    """A batch script to `sbatch` by hand, without shardctl or submitit on the nodes.
+    """A batch script to `sbatch` by hand, without shardctl's CLI or submitit.
 
-    The same resources, time, signal and requeue flags as the submitit script; one
-    `srun` starts the node launch script (found beside this script) on every node.
-    The launcher ignores the preemption signal while the ranks catch it and save;
-    afterwards the batch shell asks shardctl's one classifier (`python -m
-    shardctl.orchestrator.outcome`, the same policy as the node task): a crash or a
-    hang with restarts left (`restart.max_in_allocation`) runs the srun line again in
-    this allocation; otherwise it requeues when it says retry (a preemption, a hang),
-    at most `slurm.max_requeues` times.
-    With no submitit task to translate, the ranks' own signal USR2 is asked for
-    whatever `slurm.signal` says. `params`: `submitit_parameters(spec)` when the
-    caller has them already.
+    The same resources, time, signal and requeue flags as `sbatch.sh`, the same trap of
+    the preemption signal in the batch shell and the same node task: one `srun` runs
+    `python -m shardctl.orchestrator.clusters.slurm` (`NodeTask`) on every node, which
+    runs the node's launch script (found beside this script), so a job started by hand
+    is fenced by attempt, restarts in place within `restart.max_in_allocation`,
+    requeues itself within `slurm.max_requeues` and leaves a bad node behind as a
+    submitted one does. The nodes' python (`SHARDCTL_PYTHON`, default `python3`) must
+    import shardctl. `params`: `submitit_parameters(spec)` when the caller has them.
     """
     if params is None:
         params = submitit_parameters(spec)
-    flags = batch_flags(spec, params)
-    flags["signal"] = f"USR2@{spec.slurm.signal_delay_s}"
+    s = spec.slurm
     lines = [
         "#!/bin/bash",
         f"# Batch script of job {spec.name}, rendered by shardctl, for `sbatch` by hand:",
         f"#   sbatch {STANDALONE_FILE}     (launch.sh and job.yaml must lie beside it)",
-        "# `shardctl submit --cluster slurm` uses sbatch.sh (submitit) instead.",
-        *_sbatch_lines(flags),
+        "# `shardctl submit --cluster slurm` uses sbatch.sh (submitit) instead; both run",
+        "# shardctl's node task on every node.",
+        *_sbatch_lines(batch_flags(spec, params)),
         "set -uo pipefail",
+        "",
+        *trap_lines(spec.run_dir, s.signal),
     ]
     setup = setup_lines(spec)
     if setup:
         lines += ["", "# setup (slurm.setup)", *setup]
-    srun = ["srun", "--unbuffered", *srun_args(spec, standalone=True)]
+    task = [
+        "-m", "shardctl.orchestrator.clusters.slurm", "--run-dir", spec.run_dir,
+        "--checkpoint-dir", spec.checkpoint_dir, "--signal", s.signal,
+        "--max-requeues", str(s.max_requeues),
+        "--max-restarts", str(spec.restart.max_in_allocation), "--", "bash",
+    ]  # fmt: skip
+    srun = ["srun", "--unbuffered", *srun_args(spec, standalone=True), *hold_words(s.signal)]
+    srun_line = (
+        " ".join(shlex.quote(w).replace(_HERE, "'\"${here}\"'") for w in srun)
+        + ' "${python}" '
+        + " ".join(shlex.quote(w) for w in task)
+        + f' "${{here}}/{LAUNCH_FILE}"'
+    )
     mounts_here = (
         ["# pyxis also mounts this script's folder (launch.sh, job.yaml) at its own path."]
-        if spec.slurm.container is not None
+        if s.container is not None
         else []
     )
-    max_requeues = spec.slurm.max_requeues
-    max_restarts = spec.restart.max_in_allocation
     lines += [
         "",
         "# Slurm keeps a copy of this script; the original's folder holds launch.sh.",
         'script="$(scontrol show job -o "${SLURM_JOB_ID:?run this with sbatch}" '
         "| sed -n 's/.* Command=\\([^ ]*\\).*/\\1/p' || true)\"",
         'here="$(dirname -- "${script:-${SLURM_SUBMIT_DIR:-.}/x}")"',
-        f"run_dir={shlex.quote(spec.run_dir)}",
-        f"checkpoint_dir={shlex.quote(spec.checkpoint_dir)}",
         'python="${SHARDCTL_PYTHON:-python3}"',
         *mounts_here,
-        "# A crash or a hang with restarts left (restart.max_in_allocation) starts every",
-        "# node's launcher again in this allocation; the ranks resume from the newest",
-        "# complete checkpoint.",
-        "export SHARDCTL_RESTART=0",
-        "while :; do",
-        '    started="$(date +%s)"',
-        "    rc=0",
-        "    # The launcher must outlive USR2 (its default action kills); the ranks catch it.",
-        "    # shellcheck disable=SC2016  # $1 is expanded by the inner bash, on purpose",
-        "    "
-        + " ".join(shlex.quote(w).replace(_HERE, "'\"${here}\"'") for w in srun)
-        + ' bash -c \'trap "" USR2; exec bash "$1"\' shardctl-node "${here}/'
-        + LAUNCH_FILE
-        + '" || rc=$?',
-        "    # How the attempt ended and whether to go again: shardctl's one classifier",
-        "    # (docs/guides/faults.md), from the exit code, this attempt's markers and",
-        "    # its progress (a new complete checkpoint), recorded per attempt in",
-        "    # attempts.jsonl.",
-        '    verdict="$("${python}" -m shardctl.orchestrator.outcome "${run_dir}" '
-        '--exit-code "${rc}" --since "${started}" --wait 10 '
-        f'--retries "${{SLURM_RESTART_COUNT:-0}}" --max-retries {max_requeues} '
-        f'--restarts "${{SHARDCTL_RESTART}}" --max-restarts {max_restarts} '
-        '--job "${SLURM_JOB_ID}" --checkpoint-dir "${checkpoint_dir}")" || verdict=""',
-        '    case "${verdict%% *}" in',
-        "        restart)",
-        '            echo "shardctl: ${verdict#* }" >&2',
-        '            rm -f -- "${run_dir}/HUNG" "${run_dir}/FAILED"',
-        "            SHARDCTL_RESTART=$((SHARDCTL_RESTART + 1))",
-        "            continue ;;",
-        "        retry)",
-        '            echo "shardctl: ${verdict#* }; requeueing job ${SLURM_JOB_ID}" >&2',
-        '            scontrol requeue "${SLURM_JOB_ID}" && exit 0 ;;',
-        "        finish) ;;",
-        "        stop)",
-        '            echo "shardctl: ${verdict#* }; not requeued; sbatch again to resume" >&2 ;;',
-        "        *)",
-        '            echo "shardctl: ${python} -m shardctl.orchestrator.outcome could not judge '
-        'this attempt (is shardctl installed for it? set SHARDCTL_PYTHON); not requeued" >&2 ;;',
-        "    esac",
-        '    exit "${rc}"',
-        "done",
+        "# Every node's task runs its launcher, passes the signal on to the ranks and",
+        "# judges the attempt with shardctl's one classifier (docs/guides/faults.md): a",
+        "# crash or a hang with restarts left starts every launcher again here; node 0",
+        "# requeues the job after a preemption or a hang, or stops it, saying why.",
+        *background_and_wait(srun_line, s.signal),
         "",
     ]
     return "\n".join(lines)
