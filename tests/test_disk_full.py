@@ -63,6 +63,32 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def foreign_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another tool's checkpoint: a plain script's `dcp.save({"model", "optim"})` folder
+    of a tiny Llama after one AdamW step."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    model = tiny_llama(tied=False, seed=1).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 8), generator=torch.Generator())
+    model(input_ids=tokens, labels=tokens).loss.backward()
+    optimizer.step()
+    folder = tmp_path_factory.mktemp("foreign") / "dcp"
+    optim = get_optimizer_state_dict(model, optimizer)
+    dcp.save(
+        {"model": get_model_state_dict(model), "optim": optim},
+        checkpoint_id=str(folder),
+        no_dist=True,
+    )
+    return folder
+
+
 # ------------------------------------------------------------------------ the messages
 
 
@@ -124,7 +150,9 @@ def test_consolidate_onto_a_full_disk_names_it_and_keeps_the_old_model(run_dir: 
 
 
 @needs_root
-def test_consolidate_convert_and_plot_onto_a_read_only_disk(run_dir: Path) -> None:
+def test_consolidate_convert_and_plot_onto_a_read_only_disk(
+    run_dir: Path, foreign_dcp: Path
+) -> None:
     from shardctl.train.metrics import metrics_path
 
     metrics_path(run_dir).parent.mkdir(parents=True, exist_ok=True)
@@ -136,6 +164,8 @@ def test_consolidate_convert_and_plot_onto_a_read_only_disk(run_dir: Path) -> No
             ["consolidate", str(run_dir), "--out", str(ro / "model"), "--no-progress"],
             ["convert", str(run_dir), "--to", "deepspeed", "--world-size", "1",
              "--out", str(ro / "ds")],
+            ["convert", str(foreign_dcp), "--to", "deepspeed", "--world-size", "1",
+             "--out", str(ro / "ds-foreign")],
             ["plot", str(run_dir), "--out", str(ro / "loss.png")],
         ):  # fmt: skip
             res = CliRunner().invoke(cli, args)
