@@ -446,6 +446,7 @@ class Checkpointer:
         if self._saved_step != step:
             manager.save(step, self._rank_state, final=True)
         manager.wait()
+        self._clear_memory()
         self._saved_step = step
         if self.rank == 0:
             if self.run_dir is not None:
@@ -470,6 +471,7 @@ class Checkpointer:
             manager.save(step, self._rank_state, final=True)
             self._saved_step = step
         manager.wait()
+        self._clear_memory()
         _heartbeat.beat(step, "finish")
         if self.rank == 0:
             if self.run_dir is not None:
@@ -495,6 +497,11 @@ class Checkpointer:
         self.close()
 
     # -- internals -----------------------------------------------------------------
+
+    def _clear_memory(self) -> None:
+        """The memory copies are older than the durable save just made: free them."""
+        if self._memory is not None:
+            self._memory.clear()
 
     def _memory_tier(self, io: Any, states: Mapping[str, Any]) -> MemoryTier | None:
         """The memory tier when `memory_every_steps` is set (a collective), its tmpfs

@@ -390,6 +390,8 @@ class Trainer:
                     save_s = time.perf_counter() - save_s
                 if stop:
                     self.ckpt.wait()
+                    if self.memory is not None:  # the durable save is newer
+                        self.memory.clear()
                     if env.is_main:
                         reason = flag.reason(self.stop_signal)
                         marker = preempted_marker(step, self.stop_signal, reason)
@@ -404,6 +406,8 @@ class Trainer:
                 # included) except the time spent saving a checkpoint.
                 t_last = time.perf_counter() - save_s
             self.ckpt.wait()
+            if self.memory is not None:  # the final durable checkpoint is newer
+                self.memory.clear()
             heartbeat.beat(step, "finish")  # consolidation (rank 0) is not a step
             outcome = "finished"
             return EXIT_OK, step

@@ -33,6 +33,7 @@ a partner node's copy needs the node agent (not built yet); the durable tier ser
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -92,12 +93,24 @@ def room_problem(directory: str | Path, copy_bytes: int) -> str | None:
     if free is None or free >= needed:
         return None
     return (
-        f"checkpoint.memory_dir {str(directory)!r}: {free / 2**20:.1f} MiB free, but the "
-        f"memory tier needs about {needed / 2**20:.1f} MiB ({COPIES_HELD} copies of "
-        f"{copy_bytes / 2**20:.1f} MiB: parameters and optimizer state, the newest copy and "
-        "the one being written); accepted: a larger tmpfs (e.g. /dev/shm's size), another "
-        "checkpoint.memory_dir, or checkpoint.memory_every_steps unset"
+        f"checkpoint.memory_dir {str(directory)!r}: {_size(free)} free, but the memory tier "
+        f"needs about {_size(needed)} ({COPIES_HELD} copies of {_size(copy_bytes)}: "
+        "parameters and optimizer state, the newest copy and the one being written); "
+        "accepted: a larger tmpfs (e.g. /dev/shm's size), another checkpoint.memory_dir, "
+        "or checkpoint.memory_every_steps unset"
     )
+
+
+def _size(n: int) -> str:
+    """`1000 bytes`, `1.4 KiB`, `2.3 GiB`."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 class MemoryTier:
@@ -157,6 +170,22 @@ class MemoryTier:
             return
         self.stall_s.append(time.perf_counter() - t0)
 
+    def clear(self) -> None:
+        """Once a durable checkpoint of the last step exists (the run finished or was
+        preempted) the copies are older than it: rank 0 frees the memory they hold,
+        after every rank's copy in flight committed (a collective)."""
+        self.manager.wait()
+        self.manager._barrier()
+        if self.rank != 0:
+            return
+        storage = self.manager.storage
+        storage.clean_stale(lambda name: True)
+        for name in storage.listdir(""):
+            if name.startswith("step-"):
+                storage.delete(name)
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()  # only when empty: a folder the user named may hold more
+
     @property
     def enabled(self) -> bool:
         return self.every > 0
@@ -180,11 +209,13 @@ class Restored:
     refused: str | None = None  # a newer memory copy that failed verification
 
     def words(self) -> str:
-        """`resumed at step 40 from memory (verified and loaded in 0.21 s)`."""
+        """`resumed at step 40 (from memory: checkpoint verified and loaded in 0.21 s)`."""
         if self.step is None:
             return "starting at step 0"
-        where = f" from {self.tier}" if self.tier else ""
-        return f"resumed at step {self.step}{where} (verified and loaded in {self.seconds:.2f} s)"
+        return (
+            f"resumed at step {self.step} (from {self.tier}: checkpoint verified and loaded "
+            f"in {self.seconds:.2f} s)"
+        )
 
 
 def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | None) -> Restored:
@@ -212,7 +243,9 @@ def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | 
 def check_room(memory: MemoryTier, parameters: Any) -> None:
     """Before training starts: a tmpfs too small for the tier stops the run with one
     line naming both sizes (every retry would find the same tmpfs)."""
-    problem = room_problem(memory.dir, state_bytes(parameters))
+    size = state_bytes(parameters)
+    # Rank 0 asks, every rank hears the same answer: all stop, or none does.
+    problem = memory.manager._rank0_do(lambda: room_problem(memory.dir, size))
     if problem is not None:
         raise PermanentError(problem)
 
