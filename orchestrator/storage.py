@@ -298,3 +298,52 @@ class PosixStorage:
     def _sync_root(self) -> None:
         if self.durable:
             fsync_dir(self.root)
+
+
+# Below the run dir (shared by a run's nodes where its checkpoints would be: local,
+# Slurm), the local side of an object-store location: staging, the published copy.
+S3_CACHE_DIR = "s3-cache"
+
+
+def is_object_url(location: object) -> bool:
+    """Whether `location` names an object store (`s3://...`, even a malformed one, which
+    `checkpoint_storage` then refuses in one line) rather than a local path."""
+    from .s3.url import is_s3_url  # torch- and boto3-free
+
+    return is_s3_url(location)
+
+
+def local_root(location: str, run_dir: str | Path | None = None) -> Path:
+    """Where the files of the object-store `location` are staged and mirrored locally:
+    `<run_dir>/s3-cache/<bucket>/<prefix>` for a run, else a folder of this user's
+    under the temporary directory (the CLI reading a bucket)."""
+    from .s3.url import parse_s3_url
+
+    url = parse_s3_url(location)
+    if run_dir:
+        base = Path(run_dir) / S3_CACHE_DIR
+    else:
+        import tempfile
+
+        base = Path(tempfile.gettempdir()) / f"shardctl-s3-{os.getuid()}"
+    return base.joinpath(url.bucket, *url.prefix.split("/")) if url.prefix else base / url.bucket
+
+
+def checkpoint_storage(
+    location: str | Path,
+    *,
+    run_dir: str | Path | None = None,
+    fence: Callable[[str], None] | None = None,
+    behind: bool = False,
+    durable: bool = True,
+) -> CheckpointStorage:
+    """The storage of the checkpoints at `location`: `PosixStorage` for a folder,
+    `S3Storage` for `s3://BUCKET/PREFIX` (staged in `local_root(location, run_dir)`,
+    uploaded behind training when `behind`). A malformed URL is `ObjectUrlError`."""
+    if not is_object_url(location):
+        return PosixStorage(location, durable=durable, fence=fence)
+    from .s3.storage import S3Storage
+    from .s3.url import parse_s3_url
+
+    url = parse_s3_url(str(location))
+    return S3Storage(url, local_root(str(location), run_dir), fence=fence, behind=behind)

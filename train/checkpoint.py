@@ -56,6 +56,7 @@ thread hashes, writes the manifest and renames once every rank's write finished
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -70,7 +71,8 @@ import torch.distributed as dist
 from ..orchestrator.durable import one_line, storage_error
 from ..orchestrator.errors import CheckpointError, StorageError
 from ..orchestrator.fence import AttemptFence, StaleAttemptError
-from ..orchestrator.storage import CheckpointStorage, PosixStorage
+from ..orchestrator.rundir import ENV_RUN_DIR
+from ..orchestrator.storage import CheckpointStorage, checkpoint_storage, is_object_url
 from . import heartbeat
 from .backends.base import Stateful, StateIO
 from .manifest import (
@@ -241,14 +243,19 @@ class CheckpointManager:
         where = directory if directory is not None else config.dir
         if where is None:
             raise CheckpointError("checkpoint.dir is not set (validate the spec first)")
-        self.dir = Path(where)
-        # Where checkpoints live and how one is published (POSIX unless given).
-        # A rank started by a fencing supervisor saves only while its attempt is the
-        # run's current one (`orchestrator/fence.py`).
+        # Where checkpoints live and how one is published: a folder, or an `s3://` URL
+        # (staged and mirrored under the run dir, uploaded behind training). A rank
+        # started by a fencing supervisor saves only while its attempt is the run's
+        # current one (`orchestrator/fence.py`).
         fence = AttemptFence.from_env()
-        self.storage: CheckpointStorage = storage or PosixStorage(
-            self.dir, fence=fence.check if fence is not None else None
+        self.storage: CheckpointStorage = storage or checkpoint_storage(
+            where,
+            run_dir=os.environ.get(ENV_RUN_DIR),
+            fence=fence.check if fence is not None else None,
+            behind=True,
         )
+        # Where readers find a checkpoint's files by path (a bucket's local mirror).
+        self.dir = self.storage.root if is_object_url(where) else Path(where)
         self.keep: int = config.keep
         self.model_meta = model_meta or {}
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -344,6 +351,8 @@ class CheckpointManager:
                 self.state_io.save(tmp, self.group)
                 self.timings["write"] = time.perf_counter() - t0
                 self._finalize(step, tmp, final_dir, t0)
+                if final:  # the run ends (or is preempted) only once its upload is in
+                    self._rank0_do(lambda: self._upload_done(final_dir))
         except StaleAttemptError:
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -494,8 +503,23 @@ class CheckpointManager:
                     raise exc
                 raise CheckpointError(f"the background checkpoint save failed: {exc}") from exc
 
+    def _wait_for_upload(self) -> None:
+        """Until the storage's upload behind training (an object store's) has ended;
+        its failure is raised (that checkpoint is not committed)."""
+        wait = getattr(self.storage, "wait", None)
+        if wait is not None:
+            wait()
+
+    def _upload_done(self, newest: Path) -> None:
+        """Wait for the upload behind training, then apply retention again: while it
+        ran, the checkpoint it uploads was not yet complete, so none was deleted for it."""
+        if hasattr(self.storage, "wait"):
+            self._wait_for_upload()
+            self._retention(newest)
+
     def close(self) -> None:
         self.wait()
+        self._wait_for_upload()  # rank 0's: a rank never exits with its upload unfinished
         self.state_io.close()
 
     # -- restore --------------------------------------------------------------------
@@ -520,7 +544,7 @@ class CheckpointManager:
             return None
         explicit = mode != "auto"
         if explicit:
-            candidates = [self._rank0_do(lambda: str(self._check_explicit(Path(mode))))]
+            candidates = [self._rank0_do(lambda: str(self._check_explicit(self._local(mode))))]
         else:
             candidates = self._rank0_do(
                 lambda: [
@@ -532,6 +556,8 @@ class CheckpointManager:
         rejected: list[str] = []
         for cand in candidates:
             path = Path(cand)
+            if not explicit:  # from a bucket: brought down first (rank 0, shared run dir)
+                self._rank0_do(lambda p=path: self._fetch(p))
             manifest, unreadable = self._rank0_do(lambda p=path: _read_or_why(p))
             if unreadable is not None:  # a damaged manifest: like a failed verification
                 if explicit:
@@ -573,6 +599,25 @@ class CheckpointManager:
         if self.rank == 0 and newer_than is None:
             log.info("no complete checkpoint in %s: starting from step 0", self.dir)
         return None
+
+    def _fetch(self, path: Path) -> None:
+        """Bring the checkpoint `path` (in the bucket's local mirror) down, if the
+        storage is an object store's; its files are verified as they are read."""
+        fetch = getattr(self.storage, "fetch", None)
+        if fetch is not None:
+            fetch(path.name)
+
+    def _local(self, resume: str) -> Path:
+        """The folder of `checkpoint.resume`: as given, or one in a bucket fetched into
+        the run dir's mirror of it."""
+        if not is_object_url(resume):
+            return Path(resume)
+        parent, _, name = resume.rstrip("/").rpartition("/")
+        storage = checkpoint_storage(parent, run_dir=os.environ.get(ENV_RUN_DIR))
+        try:
+            return storage.fetch(name)  # type: ignore[attr-defined]
+        except CheckpointError as exc:
+            raise CheckpointError(f"checkpoint.resume {resume!r}: {exc}") from None
 
     def _check_explicit(self, path: Path) -> Path:
         if not path.is_dir():

@@ -21,11 +21,15 @@ from typing import Any
 import click
 
 from ..checkpoint_list import committed_folder
+from ..storage import is_object_url
 from .common import echo_json, handle_errors, human_size, output_option
 
 
-def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
+def collect(path: Path | str, check_hashes: bool) -> dict[str, Any]:
     """What `shardctl checkpoints` shows, as plain data."""
+    if is_object_url(path):
+        return _collect_s3(str(path), check_hashes)
+    path = Path(path)
     from ...train.foreign import identify, list_foreign
     from ...train.manifest import list_checkpoints, resolve_checkpoint_dir, verify
 
@@ -86,6 +90,22 @@ def collect(path: Path, check_hashes: bool) -> dict[str, Any]:
     }
 
 
+def _collect_s3(location: str, check_hashes: bool) -> dict[str, Any]:
+    """The same data for checkpoints in a bucket, read there (nothing is downloaded)."""
+    from ..s3.local import checkpoint_rows
+
+    rows = checkpoint_rows(location, check_hashes)
+    usable = [r for r in rows if r["status"] in ("complete", "verified")]
+    published = [r for r in rows if r["status"] != "incomplete"]
+    return {
+        "checkpoint_dir": location,
+        "checkpoints": rows,
+        "latest_complete": usable[-1]["path"] if usable else None,
+        "resume_auto": "resume" if usable else ("error" if published else "start"),
+        "verified": check_hashes,
+    }
+
+
 # Said of every checkpoint another tool wrote: its format records no hashes.
 NO_SHA256 = "no sha256 recorded (not written by shardctl): sizes and structure checked"
 
@@ -132,7 +152,7 @@ def _resume_line(data: dict[str, Any]) -> str:
 
 
 @click.command("checkpoints")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path")
 @click.option(
     "--verify",
     "check_hashes",
@@ -141,9 +161,10 @@ def _resume_line(data: dict[str, Any]) -> str:
 )
 @output_option
 @handle_errors
-def checkpoints_cmd(path: Path, check_hashes: bool, output: str) -> None:
+def checkpoints_cmd(path: str, check_hashes: bool, output: str) -> None:
     """List the checkpoints of PATH: a run directory, its checkpoints/ folder or one
-    step-NNNNNNNN folder. Shows step, complete or not, size, world size, backend."""
+    step-NNNNNNNN folder, or s3://BUCKET/PREFIX (a checkpoint dir in a bucket, or one
+    step in it). Shows step, complete or not, size, world size, backend."""
     data = collect(path, check_hashes)
     rows = data["checkpoints"]
     if output == "json":

@@ -12,6 +12,7 @@ import click
 
 from ..errors import UsageError
 from ..rundir import CHECKPOINTS_DIR, SPEC_FILE, RunDir
+from ..storage import is_object_url
 from .common import echo_json, handle_errors, human_size, output_option
 
 _UNITS = {
@@ -65,7 +66,7 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
 
 
 @click.command("consolidate")
-@click.argument("checkpoint", type=click.Path(path_type=Path))
+@click.argument("checkpoint")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -103,7 +104,7 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
 @output_option
 @handle_errors
 def consolidate_cmd(
-    checkpoint: Path,
+    checkpoint: str,
     out: Path | None,
     dtype: str,
     max_shard_size: str,
@@ -116,7 +117,9 @@ def consolidate_cmd(
     """Write the model weights of CHECKPOINT as safetensors with its HF config.
 
     CHECKPOINT is a step-NNNNNNNN folder, a checkpoints/ or run folder, or the job
-    spec (the newest complete checkpoint is used). FSDP (DCP) and DeepSpeed ZeRO 1/2/3 checkpoints;
+    spec (the newest complete checkpoint is used), or s3://BUCKET/PREFIX[/step-NNNNNNNN]
+    (downloaded first into a cache folder under the temporary directory; --out is
+    then required). FSDP (DCP) and DeepSpeed ZeRO 1/2/3 checkpoints;
     DeepSpeed's fp32 master weights are what is written. Memory stays bounded by the
     largest tensor, whatever the model size.
 
@@ -128,7 +131,22 @@ def consolidate_cmd(
     from ...train.consolidate import consolidate, resolve_checkpoint
 
     max_bytes = parse_size(max_shard_size)
-    where, run_dir = _checkpoints_and_run_dir(checkpoint)
+    if out is not None and is_object_url(str(out)):
+        raise UsageError(
+            f"--out {str(out)!r}: the model is written to a local folder; accepted: a "
+            "folder path (upload it from there with the tool of your choice)"
+        )
+    if is_object_url(checkpoint):
+        if out is None:
+            raise UsageError(
+                f"{checkpoint} is in a bucket, outside any run directory: say where the "
+                "model goes with --out FOLDER"
+            )
+        from ..s3.local import fetch_checkpoint
+
+        where, run_dir = fetch_checkpoint(checkpoint), None
+    else:
+        where, run_dir = _checkpoints_and_run_dir(Path(checkpoint))
     resolve_checkpoint(where)  # a wrong path is named before the output is
     if out is None:
         if run_dir is None:

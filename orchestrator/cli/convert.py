@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..errors import ShardctlError, UsageError
+from ..storage import is_object_url
 from .common import echo_json, handle_errors
 
 STDIN = "-"
 
 
 @click.command("convert")
-@click.argument("config", type=click.Path(allow_dash=True, path_type=Path))
+@click.argument("config_arg", metavar="CONFIG")
 @click.option(
     "--to",
     "to",
@@ -25,7 +27,7 @@ STDIN = "-"
 )
 @click.option(
     "--out",
-    type=click.Path(path_type=Path),
+    "out_arg",
     default=None,
     help="Write the accelerate config here (default: stdout). For a checkpoint: the new "
     "checkpoint folder (must not exist).",
@@ -106,9 +108,9 @@ STDIN = "-"
 )
 @handle_errors
 def convert_cmd(
-    config: Path,
+    config_arg: str,
     to: str,
-    out: Path | None,
+    out_arg: str | None,
     force: bool,
     ds_json: Path | None,
     fsdp_version: str | None,
@@ -133,7 +135,9 @@ def convert_cmd(
     weights, Adam moments and step counts, the trainer state and a manifest:
     shardctl convert runs/x/checkpoints/step-00000200 --to fsdp --out ck/fsdp-200
     shardctl convert runs/x/checkpoints/step-00000200 --to deepspeed --world-size 8 --out ck/ds8
-    Resume it with the other backend and checkpoint.resume: its path.
+    Resume it with the other backend and checkpoint.resume: its path. Either may be
+    in a bucket, s3://BUCKET/PREFIX/NAME (the source is downloaded first into a cache
+    folder under the temporary directory; an s3:// --out is uploaded once converted).
 
     \b
     A checkpoint accelerate, the HF Trainer, DeepSpeed or a DCP script wrote is
@@ -158,6 +162,14 @@ def convert_cmd(
         "--layout": layout,
         "--verify/--no-verify": verify,
     }
+    config, out = Path(config_arg), Path(out_arg) if out_arg is not None else None
+    if is_object_url(config_arg) or (out_arg is not None and is_object_url(out_arg)):
+        _convert_in_bucket(
+            config_arg, to, out_arg, world_size=world_size, zero_stage=zero_stage,
+            precision=precision, allow_downcast=allow_downcast, verify=verify is not False,
+            output=output, ds_writer=ds_writer, layout=layout,
+        )  # fmt: skip
+        return
     if str(config) != STDIN and config.is_dir():
         if ds_json is not None or fsdp_version is not None or force:
             raise UsageError(
@@ -264,6 +276,30 @@ def _write(path: Path, text: str) -> None:
         )  # fmt: skip
         fallback = ShardctlError(f"cannot write {str(path)!r}: {exc.strerror or exc}")
         raise problem or fallback from None
+
+
+def _convert_in_bucket(source: str, to: str, out: str | None, **options: Any) -> None:
+    """A checkpoint conversion where the source or --out (or both) is an s3:// URL: the
+    source comes down first (verified while converted), the output goes up at the end
+    (its manifest last); a local --out stays where it is."""
+    from ..s3.local import fetch_checkpoint, publish_folder, refuse_existing
+
+    if out is None:
+        raise UsageError(f"{source} is a checkpoint: give --out NEW_FOLDER (or s3://...)")
+    if is_object_url(out):
+        refuse_existing(out)
+    local_source = fetch_checkpoint(source) if is_object_url(source) else Path(source)
+    if not is_object_url(out):
+        _convert_checkpoint(local_source, to, Path(out), **options)
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="shardctl-convert-") as scratch:
+        local_out = Path(scratch) / out.rstrip("/").rpartition("/")[2]
+        _convert_checkpoint(local_source, to, local_out, **options)
+        publish_folder(local_out, out)
+    # On stderr under -o json: stdout is then one JSON document.
+    click.echo(f"uploaded to {out}", err=options["output"] == "json")
 
 
 def _convert_checkpoint(

@@ -24,6 +24,9 @@ the checkpoint it was for is then not committed, and the previous one is still t
 newest complete checkpoint (a node lost mid-upload costs that checkpoint, never a
 corrupt one).
 
+A manifest that records how long the save took (`save_s`) records how long its upload
+took too (`upload_s`): it is added just before the manifest goes up.
+
 `delete` removes the manifest first, then the rest. The staging folder must hold every
 file of the save when `publish` runs (a shared file system, as today); a save staged
 on each node's own disk needs every rank's `sync` to have run first, and `publish`
@@ -32,8 +35,11 @@ then checks the sizes of what is there against the local files it has.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -137,6 +143,7 @@ class S3Storage:
         """Upload what `sync` did not, then the manifest: `files` (sizes by relative
         path) are read from `source`. A complete entry of that name stays whole while
         the new files go up beside it; it is uncommitted only to be replaced."""
+        started = time.perf_counter()
         entry, beside = self._entry(name), self._beside(name)
         old = {_relative(o.url, entry) for o in self.client.list(entry).objects}
         if committed:
@@ -155,6 +162,7 @@ class S3Storage:
                 self.client.put_file(source / rel, entry.child(rel))
         # The replaced entry's objects that this save does not hold.
         self.client.delete(entry.child(rel) for rel in old if rel not in files)
+        _record_upload_time(source / COMMIT_MARKER, time.perf_counter() - started)
         if self.fence is not None:  # last, just before the commit
             self.fence(name)
         self.client.put_file(source / COMMIT_MARKER, entry.child(COMMIT_MARKER))
@@ -303,6 +311,22 @@ class _Upload:
         self._thread.join()
         if self._error is not None:
             raise self._error
+
+
+def _record_upload_time(manifest: Path, seconds: float) -> None:
+    """`upload_s` (the data objects' upload, in seconds) added to the manifest before it
+    goes up, beside the writer's `save_s`; a manifest without `save_s` (a converter's
+    output, which times nothing) is left as it is."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except ValueError:
+        return
+    if not isinstance(data, dict) or "save_s" not in data:
+        return
+    data["upload_s"] = round(seconds, 3)
+    partial = manifest.with_name(f"{manifest.name}.partial")
+    partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(partial, manifest)  # a reader of the local copy sees one or the other
 
 
 def _has_size(path: Path, size: int) -> bool:

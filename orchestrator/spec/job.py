@@ -20,6 +20,8 @@ from ..rundir import (
     default_checkpoint_dir,
     default_run_dir,
 )  # fmt: skip
+from ..s3.url import ACCEPTED as S3_ACCEPTED
+from ..s3.url import is_s3_url, url_problem
 from ..yamlio import read_yaml_file
 from .common import (
     ENV_NAME_RE,
@@ -288,7 +290,10 @@ def _search_path_problem(value: Any) -> str | None:
 def _checkpoint_dir_problems(ckpt_dir: str, run_dir: str) -> list[str]:
     """checkpoint.dir may be anywhere except on top of the run dir's own files: retention
     deletes old step folders there, and the run dir's logs/, model/ and rendered/ must
-    not hold step folders that resume would read."""
+    not hold step folders that resume would read. An `s3://` URL must be a valid one."""
+    if is_s3_url(ckpt_dir):
+        problem = url_problem(ckpt_dir)
+        return [f"checkpoint.dir {show(ckpt_dir)}: {problem}; {S3_ACCEPTED}"] if problem else []
     ckpt, run = posixpath.normpath(ckpt_dir), posixpath.normpath(run_dir)
     taken = {run: "the run directory itself (run_dir)"}
     for sub in (LOGS_DIR, MODEL_DIR, RENDERED_DIR):

@@ -12,6 +12,9 @@ The files the ranks read (corpus, pretrained model, resume checkpoint, TensorBoa
 folder) are read where the cluster's ranks run. On a cluster whose section says
 `reads_local_paths = False` (Kubernetes: the pods read them inside the pod, relative
 to its working directory on the run volume), those stay as written.
+
+An `s3://BUCKET/PREFIX` URL (`checkpoint.dir`, `checkpoint.resume`) is no path: it is
+kept as written, and validation refuses a malformed one (`orchestrator/s3/url.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import default_run_dir
+from ..s3.url import is_s3_url
 
 # Paths this machine reads or writes whatever the cluster: the run dir (status, logs,
 # the submit claim), the checkpoint dir, and the entrypoint's code (read here to travel).
@@ -81,7 +85,7 @@ def _resolve_one(data: dict[str, Any], keys: list[str], base: Path, words: Seque
         return
     value = node.get(keys[-1])
     # Anything that is not a plain relative path is left for validation to judge.
-    if not isinstance(value, str) or not value.strip() or value in words:
+    if not isinstance(value, str) or not value.strip() or value in words or is_s3_url(value):
         return
     if not posixpath.isabs(value) and "\x00" not in value:
         node[keys[-1]] = _joined(base, value)

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ..s3.url import ACCEPTED as S3_ACCEPTED
+from ..s3.url import is_s3_url, url_problem
 from ..sizes import MemorySize
 from .common import (
     CONTROL_RE,
@@ -267,7 +269,10 @@ class Checkpoint(Section):
     dir: PathText | None = None
     """Where `step-NNNNNNNN/` folders go; default `<run_dir>/checkpoints`. May point
     elsewhere (a scratch file system); logs and the model stay in the run dir. Never
-    the run dir itself, nor its logs/, model/ or rendered/ folders."""
+    the run dir itself, nor its logs/, model/ or rendered/ folders. `s3://BUCKET/PREFIX`
+    puts them in an S3 bucket (the `s3` extra; endpoint and credentials from the
+    standard AWS variables and files), staged in `<run_dir>/s3-cache/` and uploaded
+    behind training."""
     every_steps: Steps = 100
     """Steps between periodic checkpoints; 1 to `train.steps`."""
     keep: Annotated[int, Field(ge=2, le=MAX_KEEP, strict=True)] = 3
@@ -276,7 +281,8 @@ class Checkpoint(Section):
     async_save: bool = Field(default=False, alias="async")
     """Stage state and write it in the background while training goes on."""
     resume: str = "auto"
-    """`auto` (newest complete checkpoint), `never`, or the path of one checkpoint."""
+    """`auto` (newest complete checkpoint), `never`, or the path of one checkpoint
+    (`s3://BUCKET/PREFIX/step-NNNNNNNN` for one in a bucket)."""
     consolidate_on_finish: bool = False
     """Write one full state dict to `<run_dir>/model` at the end (replacing the one it
     wrote before; a `model/` holding other files is left alone, and the run says so)."""
@@ -315,6 +321,11 @@ class Checkpoint(Section):
                 f"{show(v)} is empty; accepted: 'auto', 'never' or the path of one "
                 "step-NNNNNNNN checkpoint folder"
             )
+        if is_s3_url(v):  # one checkpoint in a bucket: s3://BUCKET/PREFIX/step-NNNNNNNN
+            problem = url_problem(v)
+            if problem:
+                raise ValueError(f"{show(v)}: {problem}; {S3_ACCEPTED}")
+            return v
         path_text(v)
         return v
 

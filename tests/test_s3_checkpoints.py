@@ -1,0 +1,223 @@
+"""Checkpoints in a bucket through shardctl (issue 33): `checkpoint.dir` and
+`checkpoint.resume` take `s3://BUCKET/PREFIX`, the CheckpointManager saves there (the
+upload behind training, the final save waiting for it) and resumes from there on a
+machine without the local copy, and `shardctl checkpoints` reads a bucket. Against the
+session's real S3 server (SeaweedFS, `s3_server`)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from click.testing import CliRunner
+from helpers.render_util import example_data, merge
+from helpers.s3_server import S3Server, isolate_aws_settings
+from shardctl.orchestrator.cli import cli
+from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.rundir import ENV_RUN_DIR
+from shardctl.orchestrator.spec import load_spec, parse_spec
+from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
+from shardctl.train.checkpoint import CheckpointManager
+
+
+@pytest.fixture
+def bucket(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh bucket, this process pointed at the server as its admin; the ranks' run
+    dir (where the bucket's local mirror goes) in `tmp_path/run`."""
+    isolate_aws_settings(monkeypatch, tmp_path)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv(ENV_RUN_DIR, str(tmp_path / "run"))
+    return s3_server.make_bucket(f"ck-{uuid.uuid4().hex[:12]}")
+
+
+def objects(s3_server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
+    """Every object below `prefix`, read with plain boto3 (not the code under test)."""
+    raw = s3_server.boto3_client()
+    found = {}
+    for item in raw.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+        found[item["Key"]] = raw.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    return found
+
+
+# -- the spec ------------------------------------------------------------------------
+
+
+def test_a_spec_file_keeps_s3_urls_as_written(tmp_path: Path) -> None:
+    """They were taken as relative paths: checkpoints in '<spec dir>/s3:/bkt/x'."""
+    url = "s3://my-bucket/runs/a/checkpoints"
+    data = merge(example_data(), {"checkpoint": {"dir": url, "resume": f"{url}/step-00000010"}})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = load_spec(path)
+    assert spec.checkpoint_dir == url
+    assert spec.checkpoint.resume == f"{url}/step-00000010"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("dir", "s3://My_Bucket/x", "bucket name 'My_Bucket' is not"),
+        ("dir", "s3://bkt//x", "empty part"),
+        ("dir", "S3://bkt/x", "lowercase 's3://'"),
+        ("resume", "s3://ab/step-00000001", "bucket name 'ab' is not"),
+    ],
+)
+def test_a_malformed_url_is_refused_in_one_line(field: str, value: str, why: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(merge(example_data(), {"checkpoint": {field: value}}))
+    line = next(x for x in str(caught.value).splitlines() if f"checkpoint.{field}" in x)
+    assert repr(value) in line and why in line and "accepted: s3://BUCKET" in line
+
+
+# -- the CheckpointManager -------------------------------------------------------------
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = sd["step"]
+
+
+class Setup:
+    """A small model and optimizer whose checkpoints go to `location`."""
+
+    def __init__(self, location: str, seed: int = 0, **checkpoint: object) -> None:
+        torch.manual_seed(seed)
+        spec = parse_spec(
+            {
+                "name": "s3unit",
+                "strategy": {"backend": "fsdp", "precision": "fp32"},
+                "train": {
+                    "model": {"factory": "pkg.mod:fn"},
+                    "data": {"builtin": "python-stdlib"},
+                    "steps": 100,
+                },
+                "checkpoint": {"dir": location, "keep": 2, **checkpoint},
+            }
+        )
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.trainer = Trainer()
+        state_io = DcpStateIO(
+            {"model": ModelState(self.model), "optim": OptimizerState(self.model, self.optim)},
+            spec.strategy,
+        )
+        self.mgr = CheckpointManager(spec.checkpoint, state_io, rank=0, world_size=1)
+
+    def train_to(self, step: int) -> None:
+        while self.trainer.step < step:
+            loss = self.model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            self.optim.step()
+            self.optim.zero_grad()
+            self.trainer.step += 1
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.model.parameters()]
+
+
+def test_saves_go_to_the_bucket_and_resume_on_a_machine_without_the_local_copy(
+    s3_server: S3Server, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = f"s3://{bucket}/runs/a/checkpoints"
+    first = Setup(location)
+    for step in (2, 4, 6):
+        first.train_to(step)
+        first.mgr.save(step, first.trainer, final=step == 6)
+    # The final save returned only once its upload was committed (behind training
+    # otherwise): the manifest is in the bucket, with how long the upload took.
+    stored = objects(s3_server, bucket, "runs/a/checkpoints/")
+    committed = sorted(k.split("/")[3] for k in stored if k.endswith("/manifest.json"))
+    assert committed == ["step-00000004", "step-00000006"]  # keep: 2
+    manifest = json.loads(stored["runs/a/checkpoints/step-00000006/manifest.json"])
+    assert manifest["step"] == 6 and isinstance(manifest["upload_s"], float)
+    assert f"runs/a/checkpoints/step-00000006/{next(iter(manifest['files']))}" in stored
+    assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
+    expected = first.weights()
+    first.mgr.close()
+
+    # Another machine: another run dir, so no local copy; a different initialization.
+    monkeypatch.setenv(ENV_RUN_DIR, str(tmp_path / "elsewhere"))
+    second = Setup(location, seed=1)
+    assert second.mgr.restore(second.trainer) == 6
+    assert second.trainer.step == 6
+    for got, want in zip(second.weights(), expected, strict=True):
+        assert torch.equal(got, want)
+    second.mgr.close()
+
+    # One checkpoint named by its URL.
+    monkeypatch.setenv(ENV_RUN_DIR, str(tmp_path / "third"))
+    third = Setup(location, seed=2, resume=f"{location}/step-00000004")
+    assert third.mgr.restore(third.trainer) == 4
+    third.mgr.close()
+
+
+def test_a_save_uploads_behind_and_the_next_save_waits_for_it(
+    s3_server: S3Server, bucket: str
+) -> None:
+    location = f"s3://{bucket}/behind"
+    setup = Setup(location)
+    setup.train_to(2)
+    setup.mgr.save(2, setup.trainer)  # not final: publish returns before the upload ends
+    setup.train_to(4)
+    setup.mgr.save(4, setup.trainer)  # waits for step 2's upload first
+    assert "behind/step-00000002/manifest.json" in objects(s3_server, bucket, "behind/")
+    setup.mgr.close()  # waits for step 4's
+    assert "behind/step-00000004/manifest.json" in objects(s3_server, bucket, "behind/")
+
+
+# -- shardctl checkpoints s3://... ---------------------------------------------------
+
+
+def test_checkpoints_lists_and_verifies_a_bucket(s3_server: S3Server, bucket: str) -> None:
+    location = f"s3://{bucket}/cli/checkpoints"
+    setup = Setup(location)
+    for step in (2, 4):
+        setup.train_to(step)
+        setup.mgr.save(step, setup.trainer, final=True)
+    setup.mgr.close()
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["checkpoints", location, "-o", "json"])
+    assert listed.exit_code == 0, listed.output
+    data = json.loads(listed.output)
+    assert [(r["step"], r["status"]) for r in data["checkpoints"]] == [
+        (2, "complete"),
+        (4, "complete"),
+    ]
+    assert data["latest_complete"] == f"{location}/step-00000004"
+
+    # An object altered in the bucket: --verify names it, exit 1.
+    manifest = json.loads(
+        objects(s3_server, bucket, "cli/checkpoints/step-00000004/manifest.json")[
+            "cli/checkpoints/step-00000004/manifest.json"
+        ]
+    )
+    rel = next(r for r, e in manifest["files"].items() if e["size"] > 0)
+    key = f"cli/checkpoints/step-00000004/{rel}"
+    raw = s3_server.boto3_client()
+    body = bytearray(raw.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body[-1] ^= 0xFF
+    raw.put_object(Bucket=bucket, Key=key, Body=bytes(body))
+    checked = runner.invoke(cli, ["checkpoints", location, "--verify"])
+    assert checked.exit_code == 1, checked.output
+    assert f"{location}/step-00000004/{rel}: sha256 differs" in checked.output
+    assert "resume (auto) would use" in checked.output
+
+
+def test_checkpoints_of_a_bucket_that_does_not_exist_is_one_line(bucket: str) -> None:
+    result = CliRunner().invoke(cli, ["checkpoints", "s3://no-such-bucket-h7/x"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert "s3://no-such-bucket-h7" in lines[0] and "Traceback" not in result.output
