@@ -7,8 +7,8 @@ without importing `train/` (shardctl's `step-N/`, from the one lister
 `trainer_state.json`, read here), the attempt's `Progress`, and the run dir's
 `attempts.jsonl`, one line per judged attempt (`record_attempt`), which `status` reads
 for why a job stopped (`last_attempt`) and `goodput.py` for the timeline. `outcome`
-imports this module; it imports only `rundir`, `checkpoint_list` and `storage` (all
-torch-free).
+imports this module; it imports only `rundir`, `checkpoint_list`, `storage` and
+`errors` (all torch-free). A checkpoint dir in a bucket (`s3://`) is read there.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint_list import complete_checkpoints
+from .errors import ObjectStoreError
 from .rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RunDir
-from .storage import COMMIT_MARKER
+from .storage import COMMIT_MARKER, is_object_url
 
 if TYPE_CHECKING:
     from .outcome import Verdict
@@ -45,8 +46,8 @@ def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
         for checkpoint in complete_checkpoints(checkpoint_dir):
             with contextlib.suppress(OSError):  # deleted since it was listed
                 return checkpoint.step, checkpoint.committed_at()
-    except OSError:
-        pass  # an unreadable folder holds no progress to count
+    except (OSError, ObjectStoreError):
+        pass  # an unreadable folder (or bucket) holds no progress to count
     return None
 
 
@@ -79,14 +80,14 @@ def newest_trainer_checkpoint(output_dir: str | Path) -> tuple[int, float] | Non
     return None
 
 
-def _newest_of_run(run_dir: str | Path, checkpoint_dir: Path) -> tuple[int, float] | None:
+def _newest_of_run(run_dir: str | Path, checkpoint_dir: str | Path) -> tuple[int, float] | None:
     """The newest complete checkpoint a run's attempts left: shardctl's `step-N` or a
     Trainer's `checkpoint-N` in the checkpoint dir, or in the Trainer's recorded
     `output_dir`."""
     found = [newest_checkpoint(checkpoint_dir), newest_trainer_checkpoint(checkpoint_dir)]
     recorded = RunDir.of(run_dir).read_marker(TRAINER_OUTPUT_FILE) or {}
     output_dir = recorded.get("output_dir")
-    if isinstance(output_dir, str) and output_dir and Path(output_dir) != checkpoint_dir:
+    if isinstance(output_dir, str) and output_dir and Path(output_dir) != Path(checkpoint_dir):
         found.append(newest_trainer_checkpoint(output_dir))
     return max((f for f in found if f is not None), default=None)
 
@@ -110,7 +111,9 @@ def attempt_progress(
     checkpoint than the previous attempt of the job recorded; for the job's first
     attempt, one whose manifest was written at or after `since` (a second of slack).
     A Trainer's `checkpoint-N` counts as well (`_newest_of_run`)."""
-    ckpt = Path(checkpoint_dir) if checkpoint_dir else Path(run_dir) / CHECKPOINTS_DIR
+    ckpt: str | Path = Path(run_dir) / CHECKPOINTS_DIR
+    if checkpoint_dir:  # an s3:// URL stays one (a Path would fold its '//')
+        ckpt = str(checkpoint_dir) if is_object_url(checkpoint_dir) else Path(checkpoint_dir)
     newest = _newest_of_run(run_dir, ckpt)
     before = [e for e in _attempts(run_dir) if e.get("job") == job]
     if newest is None:

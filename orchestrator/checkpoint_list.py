@@ -28,7 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from .storage import COMMIT_MARKER, STAGING_SUFFIX, CheckpointStorage, PosixStorage
+from .storage import (
+    COMMIT_MARKER,
+    STAGING_SUFFIX,
+    CheckpointStorage,
+    PosixStorage,
+    checkpoint_storage,
+    is_object_url,
+)
 
 STEP_RE = re.compile(r"^step-(\d{8})(\.tmp)?$")
 
@@ -79,7 +86,10 @@ Where: TypeAlias = CheckpointStorage | str | Path
 
 
 def storage_of(where: Where) -> CheckpointStorage:
-    """A storage as given, or a checkpoint folder read through `PosixStorage`."""
+    """A storage as given, a checkpoint folder read through `PosixStorage`, or an
+    `s3://` URL read through `S3Storage`."""
+    if isinstance(where, str) and is_object_url(where):
+        return checkpoint_storage(where, durable=False)
     if isinstance(where, (str, Path)):
         return PosixStorage(where, durable=False)  # only read: no fsync needed
     return where
