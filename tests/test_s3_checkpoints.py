@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from helpers.render_util import example_data, merge
 from helpers.s3_server import S3Server, isolate_aws_settings
 from shardctl.orchestrator.cli import cli
-from shardctl.orchestrator.errors import SpecError
+from shardctl.orchestrator.errors import CheckpointError, SpecError
 from shardctl.orchestrator.rundir import ENV_RUN_DIR
 from shardctl.orchestrator.spec import load_spec, parse_spec
 from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
@@ -221,3 +221,52 @@ def test_checkpoints_of_a_bucket_that_does_not_exist_is_one_line(bucket: str) ->
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1, result.output
     assert "s3://no-such-bucket-h7" in lines[0] and "Traceback" not in result.output
+
+
+# -- bad input: one line naming the URL and what failed ---------------------------------
+
+
+def _one_line(result) -> str:
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code != 0 and len(lines) == 1, result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_checkpoints_with_a_wrong_endpoint_or_bad_credentials_is_one_line(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from helpers.s3_server import free_ports
+
+    location = f"s3://{bucket}/x"
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    line = _one_line(CliRunner().invoke(cli, ["checkpoints", location]))
+    assert location in line and "not-the-secret" not in line
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.admin.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_ports(1)[0]}")
+    line = _one_line(CliRunner().invoke(cli, ["checkpoints", location]))
+    assert location in line and "127.0.0.1" in line
+
+
+def test_a_save_to_a_read_only_bucket_fails_in_one_line_and_keeps_the_previous(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = f"s3://{bucket}/ro"
+    first = Setup(location)
+    first.train_to(2)
+    first.mgr.save(2, first.trainer, final=True)
+    first.mgr.close()
+    for name, value in s3_server.env(s3_server.reader).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    second = Setup(location)
+    second.train_to(4)
+    with pytest.raises(CheckpointError) as caught:
+        second.mgr.save(4, second.trainer, final=True)
+    text = str(caught.value)
+    assert "\n" not in text and f"s3://{bucket}/ro" in text, text
+    assert "Traceback" not in text
+    kept = objects(s3_server, bucket, "ro/")
+    assert "ro/step-00000002/manifest.json" in kept
+    assert not any(k.startswith("ro/step-00000004") for k in kept)
