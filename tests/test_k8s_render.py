@@ -56,6 +56,13 @@ def pod(job: dict[str, Any], replica: str = "Master") -> dict[str, Any]:
 VARIANTS = {
     "two-nodes-cpu": {},
     "one-node": {"resources__nodes": 1},
+    # Checkpoints in a bucket: no PVC, the S3 credentials from a named Secret.
+    "s3-one-node-no-pvc": {
+        "resources__nodes": 1,
+        "checkpoint__dir": "s3://team-ckpt/runs/k8s-test",
+        "k8s__pvc": None,
+        "k8s__env_from_secrets": ["s3-credentials"],
+    },
     "cuda-elastic-everything": {
         "resources__device": "cuda",
         "resources__procs_per_node": 8,
@@ -146,6 +153,12 @@ VARIANTS = {
 # The same pods as a Kubeflow Trainer v2 TrainJob (k8s.api: trainjob).
 TRAINJOB_VARIANTS: dict[str, dict[str, Any]] = {
     "trainjob-two-nodes": {"k8s__api": "trainjob"},
+    # envFrom reaches a TrainJob's pods through a runtime of shardctl's own.
+    "trainjob-s3-one-node-no-pvc": {
+        **VARIANTS["s3-one-node-no-pvc"],
+        "k8s__api": "trainjob",
+        "k8s__runtime": "shardctl-torch",
+    },
     "trainjob-one-node-no-pvc-suspended-deadline": {
         "k8s__api": "trainjob",
         "resources__nodes": 1,

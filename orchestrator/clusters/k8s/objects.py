@@ -34,6 +34,7 @@ from ...launch import (
 from ...render import common_artifacts
 from ...rundir import ENV_ATTEMPT, ENV_EXIT_CODES, ENV_POD_RESTARTS, ENV_RUN_DIR
 from ...spec import JobSpec, parse_spec
+from ...storage import is_object_url
 from ..base import NodeView
 from .apis import job_kind
 from .jobkind import AdminRuntime
@@ -164,11 +165,14 @@ def pod_spec(spec: JobSpec) -> JobSpec:
 
     A checkpoint dir from the submitting machine means nothing inside a pod; the
     only storage that survives a pod is the volume at RUNS_MOUNT, so the run dir
-    becomes RUNS_MOUNT/<name> there.
+    becomes RUNS_MOUNT/<name> there. A checkpoint dir in a bucket (`s3://`) is the
+    same for every pod and is kept: a one-node job then needs no PVC (the run dir's
+    small files, and the saves staged before their upload, in the pod's emptyDir).
     """
     data = spec.to_yaml_dict()
     data["run_dir"] = f"{RUNS_MOUNT}/{spec.name}"
-    data["checkpoint"]["dir"] = f"{RUNS_MOUNT}/{spec.name}/checkpoints"
+    if not is_object_url(spec.checkpoint_dir):
+        data["checkpoint"]["dir"] = f"{RUNS_MOUNT}/{spec.name}/checkpoints"
     if spec.entrypoint is not None and spec.entrypoint.script is not None:
         data["entrypoint"]["script"] = pod_script(spec)
         data["entrypoint"]["code_dir"] = None  # it has travelled: CODE_DIR in the pod

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ...doctor import Check
 from ...errors import ClusterError, JobNotFoundError
 from ...spec import JobSpec
+from ...storage import is_object_url
 from .apis import job_kind
 
 if TYPE_CHECKING:
@@ -85,6 +86,16 @@ def k8s_checks(spec: JobSpec, backend: K8sCluster) -> list[Check]:
             "kubectl apply -f the serviceaccount.yaml of the manifests `shardctl --version` lists",
         )
     )
+    if k.pvc is None and is_object_url(spec.checkpoint_dir) and spec.resources.nodes == 1:
+        checks.append(
+            Check(
+                "checkpoint dir",
+                "ok",
+                f"checkpoints in {spec.checkpoint_dir}; no k8s.pvc: the run dir's logs and "
+                "markers live in the pod (k8s.env_from_secrets gives the S3 credentials)",
+            )
+        )
+        return checks
     if k.pvc is None:
         checks.append(
             Check(
