@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from .checkpoint_list import save_times
 from .spec import JobSpec
+from .storage import is_object_url
 
 Status = Literal["ok", "warn", "fail", "skip"]
 # A save must fit the budget with room for the step in flight when the signal comes.
@@ -137,7 +138,8 @@ def budget_check(spec: JobSpec, cluster: str, checkpoints: str | None) -> Check:
     if found is None:
         return Check(name, "skip", backend.no_preemption_budget)
     budget, field = found
-    folder = Path(checkpoints or spec.checkpoint_dir)
+    where = checkpoints or spec.checkpoint_dir
+    folder = where if is_object_url(where) else Path(where)  # a URL stays one
     saves = measured_saves(folder)
     if not saves:
         return Check(
@@ -166,7 +168,7 @@ def budget_check(spec: JobSpec, cluster: str, checkpoints: str | None) -> Check:
     return Check(name, "ok", detail)
 
 
-def measured_saves(folder: Path) -> list[float]:
+def measured_saves(folder: str | Path) -> list[float]:
     """`save_s` of every complete checkpoint's manifest in the folder (the one lister's
     `save_times`: complete means committed, as resume counts it)."""
     return save_times(folder)
@@ -260,3 +262,19 @@ def writable_check(folder: Path) -> Check:
             "set checkpoint.dir to a writable folder",
         )
     return Check("checkpoint dir", "ok", f"{folder} can be written (one machine)")
+
+
+def bucket_check(location: str) -> Check:
+    """An `s3://` checkpoint dir takes an object, with this machine's AWS settings
+    (written and deleted again): the endpoint answers, the credentials are accepted,
+    the bucket exists and may be written."""
+    from .errors import ShardctlError
+
+    try:
+        from .s3.local import probe_write
+
+        probe_write(location)
+    except ShardctlError as exc:
+        fix = "check the AWS variables or profile of the machine the ranks run on"
+        return Check("checkpoint dir", "fail", str(exc), fix)
+    return Check("checkpoint dir", "ok", f"{location} can be written (this machine's AWS settings)")

@@ -270,3 +270,30 @@ def test_a_save_to_a_read_only_bucket_fails_in_one_line_and_keeps_the_previous(
     kept = objects(s3_server, bucket, "ro/")
     assert "ro/step-00000002/manifest.json" in kept
     assert not any(k.startswith("ro/step-00000004") for k in kept)
+
+
+def test_consolidate_on_finish_from_a_bucket_is_refused_before_the_run() -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(
+            merge(
+                example_data(),
+                {"checkpoint": {"dir": "s3://my-bucket/c", "consolidate_on_finish": True}},
+            )
+        )
+    assert "checkpoint.consolidate_on_finish" in str(caught.value)
+    assert "shardctl consolidate s3://my-bucket/c --out FOLDER" in str(caught.value)
+
+
+def test_doctor_writes_a_probe_object_and_names_a_read_only_bucket(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shardctl.orchestrator.doctor import bucket_check
+
+    ok = bucket_check(f"s3://{bucket}/d")
+    assert ok.status == "ok", ok.detail
+    assert objects(s3_server, bucket, "d/") == {}  # the probe was deleted
+    for name, value in s3_server.env(s3_server.reader).items():
+        monkeypatch.setenv(name, value)
+    refused = bucket_check(f"s3://{bucket}/d")
+    assert refused.status == "fail" and f"s3://{bucket}/d" in refused.detail
+    assert "\n" not in refused.detail

@@ -160,3 +160,14 @@ def publish_folder(folder: Path, location: str) -> str:
     shutil.move(folder, staged)
     storage.publish(name)
     return location
+
+
+def probe_write(location: str) -> None:
+    """Put one small object under `location` and delete it again (`shardctl doctor`);
+    `ObjectStoreError` naming what failed."""
+    import uuid
+
+    storage = s3_storage(location)
+    probe = storage.url.child(f".shardctl-doctor-{uuid.uuid4().hex}")
+    storage.client.put_bytes(b"x", probe)
+    storage.client.delete([probe])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...doctor import Check, port_check, writable_check
+from ...doctor import Check, bucket_check, port_check, writable_check
 from ...spec import JobSpec
+from ...storage import is_object_url
 
 
 def local_checks(spec: JobSpec) -> list[Check]:
@@ -23,5 +24,8 @@ def local_checks(spec: JobSpec) -> list[Check]:
     else:
         checks.append(Check("master address", "ok", "127.0.0.1 (one node)"))
     checks.append(port_check(spec.local.master_port))
-    checks.append(writable_check(Path(spec.checkpoint_dir)))
+    if is_object_url(spec.checkpoint_dir):
+        checks.append(bucket_check(spec.checkpoint_dir))
+    else:
+        checks.append(writable_check(Path(spec.checkpoint_dir)))
     return checks
