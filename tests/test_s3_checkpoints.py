@@ -297,3 +297,18 @@ def test_doctor_writes_a_probe_object_and_names_a_read_only_bucket(
     refused = bucket_check(f"s3://{bucket}/d")
     assert refused.status == "fail" and f"s3://{bucket}/d" in refused.detail
     assert "\n" not in refused.detail
+
+
+def test_a_slurm_job_s_nodes_keep_the_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes' job.yaml had it made absolute as a path: '<cwd>/s3:/bkt/x'."""
+    from shardctl.orchestrator.clusters.slurm import SlurmCluster
+
+    root = Path(__file__).resolve().parents[1]
+    data = yaml.safe_load((root / "examples" / "slurm-2node.yaml").read_text())
+    data["checkpoint"]["dir"] = "s3://my-bucket/runs/slurm"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    monkeypatch.chdir(tmp_path)
+    plan = SlurmCluster().dryrun(load_spec(path))
+    node_spec = parse_spec(yaml.safe_load(plan.artifacts["job.yaml"]))
+    assert node_spec.checkpoint_dir == "s3://my-bucket/runs/slurm"

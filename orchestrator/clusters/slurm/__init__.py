@@ -53,6 +53,7 @@ from ...launcher_output import LauncherReport, readable
 from ...outcome import Kind, from_marker, last_attempt
 from ...rundir import ENV_ATTEMPT, HUNG_FILE, RunDir
 from ...spec import JobSpec, parse_spec
+from ...storage import is_object_url
 from ..base import (
     Cluster,
     DryRun,
@@ -504,7 +505,9 @@ def _log_folder(ref: JobRef) -> Path:
 
 def _absolute_run_dir(spec: JobSpec) -> JobSpec:
     """The spec as the nodes read it: run and checkpoint directories absolute."""
-    run_dir, ckpt = os.path.abspath(spec.run_dir), os.path.abspath(spec.checkpoint_dir)
+    run_dir, ckpt = os.path.abspath(spec.run_dir), spec.checkpoint_dir
+    if not is_object_url(ckpt):  # an s3:// URL is the same everywhere
+        ckpt = os.path.abspath(ckpt)
     if (run_dir, ckpt) == (spec.run_dir, spec.checkpoint_dir):
         return spec
     data = spec.to_yaml_dict()
