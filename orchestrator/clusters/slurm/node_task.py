@@ -1,4 +1,6 @@
-"""The Slurm node task: what the submitit task on every node runs (`NodeTask`).
+"""The Slurm node task: what every node runs (`NodeTask`), as submitit's task under
+`shardctl submit` and through `python -m shardctl.orchestrator.clusters.slurm` under
+the standalone `job.sbatch`.
 
 It runs the node's `launch.sh` (torchrun / accelerate launch / deepspeed) with node
 rank and master address taken from Slurm at run time, passes the preemption signal
@@ -25,6 +27,9 @@ and counts signals that come late in a job as time-outs against
   also got it from Slurm sees one flag either way. The ranks stop on USR2 (and
   TERM): a `slurm.signal` of USR1 or INT reaches them ignored (inherited from
   the launcher) and is passed on as USR2;
+- a signal that reached the batch shell alone (`scancel --batch`, `--signal=B:`),
+  which the shell writes down, counts as this task's own, and one sent while this
+  task started waits for its handler (`batch_signal.py`): neither ends the job FAILED;
 - when the launcher has exited, shardctl's one classifier
   (`shardctl.orchestrator.outcome`) judges the attempt from the launcher's code,
   the markers and the signals this task received; node 0 carries it out:
