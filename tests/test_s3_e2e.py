@@ -111,6 +111,10 @@ def test_a_run_on_s3_survives_preemption_and_kill_9_and_ends_like_one_on_disk(
     result = runner.invoke(cli, ["consolidate", location, "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert_bit_equal(_tensors(out), expected)
+    # Given the spec, it finds the checkpoints in the bucket and writes <run dir>/model.
+    result = runner.invoke(cli, ["consolidate", str(spec), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert_bit_equal(_tensors(tmp_path / "s3run" / "model"), expected)
 
     # FSDP → DeepSpeed from the bucket into the bucket, then consolidated from there.
     converted = f"s3://{bucket}/converted/step-00000008"

@@ -35,22 +35,27 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def _checkpoints_and_run_dir(given: Path) -> tuple[Path, Path | None]:
+def _checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
     """Where to look for the checkpoint, and the run dir whose model/ is the default out.
 
     A job spec or a run dir (holding the rendered job.yaml) knows both, also when
     `checkpoint.dir` points elsewhere; a checkpoints/ or step folder lies in a run dir
-    only in the default layout (`<run dir>/checkpoints/step-N`).
+    only in the default layout (`<run dir>/checkpoints/step-N`). A spec's `s3://`
+    checkpoint dir is returned as the URL it is.
     """
     if given.is_file() and given.suffix in (".yaml", ".yml"):
         from ..spec import load_spec  # ~0.1 s of model building: only when a spec is given
 
         spec = load_spec(given)
+        if is_object_url(spec.checkpoint_dir):
+            return spec.checkpoint_dir, Path(spec.run_dir)
         return Path(spec.checkpoint_dir), Path(spec.run_dir)
     if (given / SPEC_FILE).is_file():
         from ..spec import read_job_yaml
 
         spec = read_job_yaml(given / SPEC_FILE)
+        if is_object_url(spec.checkpoint_dir):
+            return spec.checkpoint_dir, given
         # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).
         ckpt = Path(spec.checkpoint_dir)
         if not ckpt.is_absolute() or not ckpt.exists():
@@ -147,6 +152,10 @@ def consolidate_cmd(
         where, run_dir = fetch_checkpoint(checkpoint), None
     else:
         where, run_dir = _checkpoints_and_run_dir(Path(checkpoint))
+        if isinstance(where, str):  # the spec's checkpoint dir is in a bucket
+            from ..s3.local import fetch_checkpoint
+
+            where = fetch_checkpoint(where)
     resolve_checkpoint(where)  # a wrong path is named before the output is
     if out is None:
         if run_dir is None:
