@@ -30,6 +30,9 @@ def collect(path: Path | str, check_hashes: bool) -> dict[str, Any]:
     if is_object_url(path):
         return _collect_s3(str(path), check_hashes)
     path = Path(path)
+    in_bucket = _bucket_of_run(path)
+    if in_bucket is not None:
+        return _collect_s3(in_bucket, check_hashes)
     from ...train.foreign import identify, list_foreign
     from ...train.manifest import list_checkpoints, resolve_checkpoint_dir, verify
 
@@ -88,6 +91,23 @@ def collect(path: Path | str, check_hashes: bool) -> dict[str, Any]:
         "resume_auto": resume,
         "verified": check_hashes,
     }
+
+
+def _bucket_of_run(path: Path) -> str | None:
+    """The `s3://` checkpoint dir of the run dir `path` (its rendered job.yaml says
+    so), or None."""
+    from ..rundir import SPEC_FILE
+
+    if not (path / SPEC_FILE).is_file():
+        return None
+    from ..errors import ShardctlError
+    from ..spec import read_job_yaml
+
+    try:
+        location = read_job_yaml(path / SPEC_FILE).checkpoint_dir
+    except ShardctlError:  # a job.yaml of another version: the folder is listed as it is
+        return None
+    return location if is_object_url(location) else None
 
 
 def _collect_s3(location: str, check_hashes: bool) -> dict[str, Any]:
