@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .errors import MissingDependencyError, SpecError
 from .spec import JobSpec
-from .storage import COMMIT_MARKER
+from .storage import COMMIT_MARKER, is_object_url
 
 # Paths are shown whole up to this length (the usual 80-character cut would hide
 # which folder is meant); longer ones are cut like any value.
@@ -130,7 +130,8 @@ def input_problems(spec: JobSpec, cluster: str | None = None) -> list[str]:
             found = _missing("train.model.pretrained", m.pretrained, Path.is_dir, "a folder", what)
             problems += found or _pretrained_problems(m.pretrained)
         problems += _vocab_problems(spec)
-    if c.resume not in ("auto", "never"):
+    # One in a bucket is fetched and checked by the ranks, with their AWS settings.
+    if c.resume not in ("auto", "never") and not is_object_url(c.resume):
         what = "'auto', 'never' or the path of a complete step-NNNNNNNN folder"
         found = _missing("checkpoint.resume", c.resume, Path.is_dir, "a folder", what)
         problems += found or _resume_problems(c.resume)
@@ -145,7 +146,8 @@ def input_problems(spec: JobSpec, cluster: str | None = None) -> list[str]:
         )
     blockers: set[Path] = set()  # one file in the way is said once
     for field, folder in (("run_dir", spec.run_dir), ("checkpoint.dir", c.dir)):
-        blocker = _file_in_the_way(folder) if folder else None
+        local = folder and not is_object_url(folder)
+        blocker = _file_in_the_way(folder) if local else None
         if blocker is not None and blocker not in blockers:
             blockers.add(blocker)
             where = "" if blocker == Path(folder) else f" ({_show(str(blocker))} is a file)"

@@ -326,3 +326,13 @@ def test_a_slurm_job_s_nodes_keep_the_url(tmp_path: Path, monkeypatch: pytest.Mo
     plan = SlurmCluster().dryrun(load_spec(path))
     node_spec = parse_spec(yaml.safe_load(plan.artifacts["job.yaml"]))
     assert node_spec.checkpoint_dir == "s3://my-bucket/runs/slurm"
+
+
+def test_submit_s_input_check_takes_a_resume_url_and_a_bucket_dir() -> None:
+    """A resume URL was refused before submitting as a missing local folder."""
+    from shardctl.orchestrator.inputs import input_problems
+
+    url = "s3://my-bucket/runs/a/checkpoints"
+    checkpoint = {"dir": url, "resume": f"{url}/step-00000010", **NO_MODEL}
+    spec = parse_spec(merge(example_data(), {"checkpoint": checkpoint}))
+    assert not [p for p in input_problems(spec, "local") if "checkpoint" in p]
