@@ -254,8 +254,10 @@ class CheckpointManager:
             fence=fence.check if fence is not None else None,
             behind=True,
         )
-        # Where readers find a checkpoint's files by path (a bucket's local mirror).
+        # Where readers find a checkpoint's files by path (a bucket's local mirror),
+        # and the checkpoint dir as the user named it (for messages).
         self.dir = self.storage.root if is_object_url(where) else Path(where)
+        self.location = str(where) if is_object_url(where) else str(self.dir)
         self.keep: int = config.keep
         self.model_meta = model_meta or {}
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -460,7 +462,10 @@ class CheckpointManager:
         self.timings["publish"] = now - t_publish
         self.timings["total"] = now - t0
         if self.rank == 0:
-            log.info("checkpoint %s complete", final_dir)
+            if self.location == str(self.dir):
+                log.info("checkpoint %s complete", final_dir)
+            else:  # complete once its manifest object is up (`_upload_done`, next save)
+                log.info("checkpoint %s/%s saved; uploading", self.location, final_dir.name)
 
     def _manifest(self, step: int, files: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -515,6 +520,7 @@ class CheckpointManager:
         ran, the checkpoint it uploads was not yet complete, so none was deleted for it."""
         if hasattr(self.storage, "wait"):
             self._wait_for_upload()
+            log.info("checkpoint %s/%s complete (uploaded)", self.location, newest.name)
             self._retention(newest)
 
     def close(self) -> None:
@@ -597,7 +603,7 @@ class CheckpointManager:
                 + "\nset checkpoint.resume: never to start over, or a path to choose one"
             )
         if self.rank == 0 and newer_than is None:
-            log.info("no complete checkpoint in %s: starting from step 0", self.dir)
+            log.info("no complete checkpoint in %s: starting from step 0", self.location)
         return None
 
     def _fetch(self, path: Path) -> None:
