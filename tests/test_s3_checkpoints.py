@@ -336,3 +336,35 @@ def test_submit_s_input_check_takes_a_resume_url_and_a_bucket_dir() -> None:
     checkpoint = {"dir": url, "resume": f"{url}/step-00000010", **NO_MODEL}
     spec = parse_spec(merge(example_data(), {"checkpoint": checkpoint}))
     assert not [p for p in input_problems(spec, "local") if "checkpoint" in p]
+
+
+def test_an_upload_that_fails_behind_training_stops_the_next_save_in_one_line(
+    s3_server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The network drops while step 4 goes up behind training: the next save says so
+    (one line naming the object), step 4 is never committed, step 2 stays complete."""
+    from shardctl.orchestrator.errors import ObjectStoreError
+
+    location = f"s3://{bucket}/drop"
+    setup = Setup(location)
+    setup.train_to(2)
+    setup.mgr.save(2, setup.trainer, final=True)
+    client = setup.mgr.storage.client
+    real_put = client.put_file
+
+    def dropped(path: Path, url: object, *args: object, **kwargs: object) -> None:
+        if "step-00000004" in str(url) and str(url).endswith(".distcp"):
+            raise ObjectStoreError(f"S3 upload of {url} failed: the connection was cut")
+        real_put(path, url, *args, **kwargs)
+
+    monkeypatch.setattr(client, "put_file", dropped)
+    setup.train_to(4)
+    setup.mgr.save(4, setup.trainer)  # returns: the upload runs (and fails) behind
+    setup.train_to(6)
+    with pytest.raises(CheckpointError) as caught:
+        setup.mgr.save(6, setup.trainer)
+    text = str(caught.value)
+    assert "\n" not in text and "step-00000004" in text and "connection was cut" in text
+    kept = objects(s3_server, bucket, "drop/")
+    assert "drop/step-00000002/manifest.json" in kept
+    assert "drop/step-00000004/manifest.json" not in kept
