@@ -58,8 +58,10 @@ local mirror for an object store): resume, `verify` and the converters read the
 checkpoint's own files by path; what is listed and whether it is complete is
 asked through the read side.
 
-This module has no torch import and imports only `durable` and `errors`: the
-CLI, `attempts` (the no-progress rule), the watchdog and the ranks all use it.
+This module has no torch import and imports only `durable` and `errors` (and, inside
+`checkpoint_storage`, `s3` for an `s3://` location: `S3Storage`, the same seam on a
+bucket): the CLI, `attempts` (the no-progress rule), the watchdog and the ranks all
+use it. `checkpoint_storage(location)` is the one place a location becomes a storage.
 `shardctl.train.storage` re-exports it for callers written before it moved here.
 """
 
