@@ -103,26 +103,38 @@ class Progress:
     stalled: int
 
 
+def _checkpoint_location(run_dir: str | Path, checkpoint_dir: str | Path | None) -> str | Path:
+    """Where a run's checkpoints are: `checkpoint_dir`, else `<run_dir>/checkpoints`;
+    an s3:// URL stays one (a Path would fold its '//')."""
+    if not checkpoint_dir:
+        return Path(run_dir) / CHECKPOINTS_DIR
+    return str(checkpoint_dir) if is_object_url(checkpoint_dir) else Path(checkpoint_dir)
+
+
+def newest_step(run_dir: str | Path, checkpoint_dir: str | Path | None) -> int | None:
+    """The step of the newest complete checkpoint a run has now (shardctl's or a
+    Trainer's, `_newest_of_run`), None when it has none: what a supervisor records
+    when an attempt starts, so that its end is judged by steps, not by file times."""
+    newest = _newest_of_run(run_dir, _checkpoint_location(run_dir, checkpoint_dir))
+    return newest[0] if newest is not None else None
+
+
 def attempt_progress(
-    run_dir: str | Path, checkpoint_dir: str | Path | None, since: float | None, job: str
+    run_dir: str | Path, checkpoint_dir: str | Path | None, start_step: int | None, job: str
 ) -> Progress:
-    """This attempt's `Progress`. The attempts before it come from `attempts.jsonl`
-    (those of `job` only: a new submission starts over). Progress: a newer complete
-    checkpoint than the previous attempt of the job recorded; for the job's first
-    attempt, one whose manifest was written at or after `since` (a second of slack).
-    A Trainer's `checkpoint-N` counts as well (`_newest_of_run`)."""
-    ckpt: str | Path = Path(run_dir) / CHECKPOINTS_DIR
-    if checkpoint_dir:  # an s3:// URL stays one (a Path would fold its '//')
-        ckpt = str(checkpoint_dir) if is_object_url(checkpoint_dir) else Path(checkpoint_dir)
-    newest = _newest_of_run(run_dir, ckpt)
+    """This attempt's `Progress`: whether the newest complete checkpoint now is newer
+    than the newest one when the attempt started, judged by step alone (never by a
+    file time: two attempts may share a second, and a clock may be skewed). The step
+    at the start is the previous attempt's of `job` in `attempts.jsonl` (those of
+    `job` only: a new submission starts over); for the job's first attempt,
+    `start_step`, which its supervisor read when the attempt started (`newest_step`,
+    after claiming the attempt's token: no earlier attempt's rank can publish after
+    it); None: there was none (any complete checkpoint now is progress). A Trainer's
+    `checkpoint-N` counts as well (`_newest_of_run`)."""
+    newest = newest_step(run_dir, checkpoint_dir)
     before = [e for e in _attempts(run_dir) if e.get("job") == job]
-    if newest is None:
-        advanced = False
-    elif before:
-        previous = _int(before[-1].get("checkpoint_step"))
-        advanced = previous is None or newest[0] > previous
-    else:
-        advanced = since is None or newest[1] >= since - 1.0
+    previous = _int(before[-1].get("checkpoint_step")) if before else start_step
+    advanced = newest is not None and (previous is None or newest > previous)
     stalled = 0
     if not advanced:
         stalled = 1
@@ -130,7 +142,7 @@ def attempt_progress(
             if entry.get("advanced") is not False:
                 break
             stalled += 1
-    return Progress(newest[0] if newest else None, advanced, stalled)
+    return Progress(newest, advanced, stalled)
 
 
 def _attempts(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -75,6 +75,7 @@ from .attempts import (  # noqa: F401
     attempt_progress,
     last_attempt,
     newest_checkpoint,
+    newest_step,
     newest_trainer_checkpoint,
     record_attempt,
 )
@@ -760,6 +761,17 @@ def judge(
 USAGE = "python -m shardctl.orchestrator.outcome RUN_DIR --exit-code RC [options]"
 
 
+def _step_arg(text: str) -> int | None:
+    """`--start-step`: a step, or '' / 'none' for "no checkpoint at the start"."""
+    if text.strip().lower() in ("", "none"):
+        return None
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a checkpoint step; give a whole number >= 0, or 'none'"
+        )
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     """For a supervisor written in bash (job.sbatch, the local supervisor): prints
     `<decision> <summary>` on one line; `--write FILE` also records the verdict as
@@ -783,6 +795,11 @@ def main(argv: list[str] | None = None) -> int:
         help="judge progress for this job (its id) and record the attempt in attempts.jsonl",
     )  # fmt: skip
     p.add_argument("--checkpoint-dir", default=None, help="default: RUN_DIR/checkpoints")
+    p.add_argument(
+        "--start-step", type=_step_arg, default=None,
+        help="the newest complete checkpoint's step when the job's first attempt started "
+        "('' or none: there was none); progress is a newer one",
+    )  # fmt: skip
     p.add_argument("--max-stalled", type=int, default=MAX_ATTEMPTS_WITHOUT_PROGRESS)
     p.add_argument("--restarts", type=int, default=0, help="restarts in this allocation so far")
     p.add_argument(
@@ -796,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     progress = None
     if args.job:
-        progress = attempt_progress(args.run_dir, args.checkpoint_dir, args.since, args.job)
+        progress = attempt_progress(args.run_dir, args.checkpoint_dir, args.start_step, args.job)
     verdict = judge(
         evidence, retries=args.retries, max_retries=args.max_retries,
         progress=progress, max_stalled=args.max_stalled,

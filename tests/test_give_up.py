@@ -204,6 +204,22 @@ def test_node_task_stops_the_third_attempt_without_progress_and_status_says_why(
     assert "stopped" not in st.detail
 
 
+def test_node_tasks_first_attempt_is_no_progress_on_a_checkpoint_it_started_from(
+    tmp_path: Path,
+) -> None:
+    """The job's first attempt starts from step 20, whose manifest a node with its clock
+    an hour ahead wrote (its time is after this attempt's start): node 0 read step 20
+    when the attempt started, so the attempt published nothing new."""
+    _stand_ins(tmp_path)
+    _old_checkpoint(tmp_path, 20)
+    manifest = tmp_path / "checkpoints" / "step-00000020" / "manifest.json"
+    os.utime(manifest, (time.time() + 3600,) * 2)
+    out = _node_task(tmp_path, 0, "hung")
+    assert "RESULT requeued" in out, out
+    line = json.loads((tmp_path / "attempts.jsonl").read_text().splitlines()[-1])
+    assert (line["job"], line["checkpoint_step"], line["advanced"]) == ("7", 20, False)
+
+
 def test_node_task_never_requeues_a_script_that_said_do_not_retry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -237,8 +237,8 @@ def test_progress_is_a_complete_checkpoint_published_during_the_attempt(tmp_path
     _checkpoint(ckpt, 40, complete=False)  # a save that never finished
     (ckpt / "step-00000060.tmp").mkdir()  # a save under way
     assert oc.newest_checkpoint(ckpt) == (20, long_ago)
-    since = time.time() - 5
-    first = oc.attempt_progress(tmp_path, ckpt, since, "7")
+    assert oc.newest_step(tmp_path, ckpt) == 20
+    first = oc.attempt_progress(tmp_path, ckpt, 20, "7")  # step 20 was there at the start
     assert first == oc.Progress(step=20, advanced=False, stalled=1)
     verdict = oc.decide(oc.Outcome(Kind.HUNG), progress=first)
     oc.record_attempt(tmp_path, "7", verdict, first)
@@ -248,19 +248,58 @@ def test_progress_is_a_complete_checkpoint_published_during_the_attempt(tmp_path
     oc.record_attempt(tmp_path, "6", verdict, first)
     with open(tmp_path / "attempts.jsonl", "a") as f:
         f.write('{"job": "7", "adv\n')
-    third = oc.attempt_progress(tmp_path, ckpt, since, "7")
+    third = oc.attempt_progress(tmp_path, ckpt, None, "7")  # the ledger's step 20 counts
     assert third == oc.Progress(step=20, advanced=False, stalled=3)
-    assert oc.attempt_progress(tmp_path, ckpt, since, "8").stalled == 1
+    assert oc.attempt_progress(tmp_path, ckpt, 20, "8").stalled == 1
     # A newer checkpoint than the previous attempt recorded is progress, and starts
     # the count over.
     _checkpoint(ckpt, 80)
-    assert oc.attempt_progress(tmp_path, ckpt, since, "7") == oc.Progress(80, True, 0)
+    assert oc.attempt_progress(tmp_path, ckpt, 20, "7") == oc.Progress(80, True, 0)
     oc.record_attempt(tmp_path, "7", verdict, oc.Progress(80, True, 0))
-    # The next attempt, a moment later (within the clock slack): step 80 is not new.
-    assert oc.attempt_progress(tmp_path, ckpt, time.time(), "7") == oc.Progress(80, False, 1)
+    # The next attempt: step 80 is not new, whatever time its manifest says.
+    assert oc.attempt_progress(tmp_path, ckpt, 20, "7") == oc.Progress(80, False, 1)
     last = oc.last_attempt(tmp_path, "7")
     assert last is not None and last["checkpoint_step"] == 80 and last["advanced"] is True
     assert last["kind"] == "hung" and last["decision"] == "retry"
+
+
+@pytest.mark.parametrize("skew_s", [3600.0, 0.0, -3600.0])
+def test_progress_is_judged_by_step_whatever_the_manifests_time(
+    tmp_path: Path, skew_s: float
+) -> None:
+    """A job's first attempt: the checkpoint it started from is not progress even when
+    its manifest's time is this attempt's second or later (a node's clock ahead), and
+    one it published is progress even when its time is long before the start (a node's
+    clock behind). The step read at the start decides, not a time."""
+    ckpt = tmp_path / "checkpoints"
+    started = time.time()
+    _checkpoint(ckpt, 20, at=started + skew_s)
+    assert oc.attempt_progress(tmp_path, ckpt, 20, "7") == oc.Progress(20, False, 1)
+    _checkpoint(ckpt, 30, at=started - 3600.0 + skew_s)
+    assert oc.attempt_progress(tmp_path, ckpt, 20, "7") == oc.Progress(30, True, 0)
+    # None: the attempt started with no checkpoint at all; any complete one is new.
+    assert oc.attempt_progress(tmp_path, ckpt, None, "8") == oc.Progress(30, True, 0)
+
+
+def test_the_supervisors_command_takes_the_start_step(tmp_path: Path) -> None:
+    """`python -m ...outcome --start-step` (the local supervisor's call): the checkpoint
+    there at the start, its manifest time in the future, is no progress; a bad value is
+    one line naming the option."""
+    _checkpoint(tmp_path / "checkpoints", 20, at=time.time() + 3600.0)
+    (tmp_path / "HUNG").write_text(json.dumps(HUNG))
+    base = [sys.executable, "-m", "shardctl.orchestrator.outcome", str(tmp_path)]
+    judged = [*base, "--exit-code", "124", "--job", "j", "--since", str(time.time())]
+    proc = subprocess.run(
+        [*judged, "--start-step", "20"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = json.loads((tmp_path / "attempts.jsonl").read_text().splitlines()[-1])
+    assert (line["checkpoint_step"], line["advanced"]) == (20, False)
+    bad = subprocess.run(
+        [*judged, "--start-step", "-3"], capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2
+    assert "argument --start-step: '-3' is not a checkpoint step" in bad.stderr.splitlines()[-1]
 
 
 def test_the_no_progress_rule_lists_checkpoints_through_the_one_lister(

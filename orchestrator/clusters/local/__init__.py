@@ -51,6 +51,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...attempts import newest_step
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
 from ...fence import claim_attempt, current_attempt, new_token
@@ -113,7 +114,7 @@ CANCEL_GRACE_S = 60.0
 # repeated until the node's own status comes back; once TERM/INT came, no restart.
 SUPERVISOR = r"""
 launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"; outcome_file="$6"
-max_restarts="$7"; job="$8"; checkpoint_dir="$9"
+max_restarts="$7"; job="$8"; checkpoint_dir="$9"; start_step="${10}"
 run_dir="$(dirname -- "$launch")"
 python="${SHARDCTL_PYTHON:-python3}"
 first_token="${SHARDCTL_ATTEMPT_TOKEN:-}"
@@ -141,7 +142,8 @@ while :; do
   printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
   verdict="$("$python" -m shardctl.orchestrator.outcome "$run_dir" --exit-code "$rc" \
     --since "$started" --write "$outcome_file" --job "$job" --checkpoint-dir "$checkpoint_dir" \
-    --restarts "$restart" --max-restarts "$max_restarts" 2>>"$err")" || verdict=""
+    --start-step "$start_step" --restarts "$restart" --max-restarts "$max_restarts" \
+    2>>"$err")" || verdict=""
   if [ "$stopping" = 1 ] || [ "${verdict%% *}" != restart ]; then
     exit "$rc"
   fi
@@ -281,6 +283,9 @@ class LocalCluster(Cluster):
         token = new_token("local", spec.name, attempt)
         claim_attempt(run_dir, token, cluster="local", attempt=attempt)
         env[ENV_ATTEMPT_TOKEN] = token
+        # The newest checkpoint this start resumes from, read once its token is claimed:
+        # the supervisor judges progress by step, never by a file time.
+        start_step = newest_step(run_dir, spec.checkpoint_dir)
         # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env[PYTHON_VAR] = sys.executable  # the node watchdog's interpreter
@@ -300,6 +305,7 @@ class LocalCluster(Cluster):
                 # Judged per submit: its restarts' progress, in attempts.jsonl.
                 f"local-{attempt}",
                 spec.checkpoint_dir,
+                "" if start_step is None else str(start_step),
             ],
             cwd=os.getcwd(),
             env=env,

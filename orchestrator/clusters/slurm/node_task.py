@@ -81,6 +81,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ...attempts import newest_step
 from ...errors import ClusterError
 from ...fence import claim_attempt
 from ...launch import PYTHON_VAR
@@ -211,6 +212,9 @@ class NodeTask:
             token = round_token(job_id, restarts, round_)
             if node == 0 and round_ == 0:
                 self._claim(job_id, restarts, round_)
+            # The newest checkpoint this round starts from, read once its token is
+            # claimed: node 0 judges the round's progress by step, never by file time.
+            start_step = newest_step(self.run_dir, self.checkpoint_dir) if node == 0 else None
             child_env[ENV_ATTEMPT_TOKEN] = token
             child_env[ENV_RESTART] = str(round_)
             again = f", restart {round_} in this allocation" if round_ else ""
@@ -239,7 +243,9 @@ class NodeTask:
                 continue
             if rc not in (0, EXIT_HUNG) and not received and superseded is None:
                 self._pin_killed(node, job_id, restarts, round_, started)
-            result = self._after(node, job_id, restarts, rc, received, preempt_sig, started, round_)
+            result = self._after(
+                node, job_id, restarts, rc, received, preempt_sig, started, round_, start_step
+            )
             if result != RESTARTED:
                 signal.signal(preempt_sig, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -320,12 +326,15 @@ class NodeTask:
         preempt_sig: signal.Signals,
         started: float,
         round_: int = 0,
+        start_step: int | None = None,
     ) -> str:
         """The one classifier (`shardctl.orchestrator.outcome`) judges this node's end
         from the launcher's code, this attempt's markers and the signals this task
         received; node 0 carries out a restart inside the allocation (within
         `max_restarts`, telling the other nodes through the run dir's RESTART) or a
-        retry (requeue) within `max_requeues`. `RESTARTED`: run the launcher again."""
+        retry (requeue) within `max_requeues`; progress is a checkpoint newer than
+        `start_step`, the newest when the round started. `RESTARTED`: run the launcher
+        again."""
         evidence = Evidence.gather(
             self.run_dir, started, rc,
             # This round's markers: those its ranks and nodes wrote, by token.
@@ -346,7 +355,7 @@ class NodeTask:
         # attempt (the evidence of "no progress" for the attempts after it).
         progress = None
         if node == 0:
-            progress = attempt_progress(self.run_dir, self.checkpoint_dir, started, job_id)
+            progress = attempt_progress(self.run_dir, self.checkpoint_dir, start_step, job_id)
         verdict = judge(
             evidence, retries=restarts, max_retries=self.max_requeues,
             progress=progress, max_stalled=self.max_stalled,
