@@ -136,8 +136,10 @@ def newest_complete(where: Where) -> CompleteCheckpoint | None:
 
 
 def save_times(where: Where | None) -> list[float]:
-    """`save_s` of every complete checkpoint's manifest, oldest step first; a manifest
-    that cannot be read or holds no usable number is left out (measurements only)."""
+    """`save_s` of every complete checkpoint's manifest, oldest step first, plus its
+    `upload_s` where it has one (a bucket's: a final or preemption save waits for its
+    upload too); a manifest that cannot be read or holds no usable number is left out
+    (measurements only)."""
     if not where:
         return []
     out: list[float] = []
@@ -147,7 +149,8 @@ def save_times(where: Where | None) -> list[float]:
         return out
     for checkpoint in reversed(checkpoints):
         try:
-            value = float(checkpoint.manifest()["save_s"])
+            manifest = checkpoint.manifest()
+            value = float(manifest["save_s"]) + float(manifest.get("upload_s") or 0.0)
         except (OSError, ValueError, KeyError, TypeError):
             continue
         if math.isfinite(value) and value > 0:

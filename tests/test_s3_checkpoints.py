@@ -16,6 +16,7 @@ import yaml
 from click.testing import CliRunner
 from helpers.render_util import example_data, merge
 from helpers.s3_server import S3Server, isolate_aws_settings
+from shardctl.orchestrator.checkpoint_list import save_times
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.errors import CheckpointError, SpecError
 from shardctl.orchestrator.rundir import ENV_RUN_DIR
@@ -146,6 +147,8 @@ def test_saves_go_to_the_bucket_and_resume_on_a_machine_without_the_local_copy(
     assert committed == ["step-00000004", "step-00000006"]  # keep: 2
     manifest = json.loads(stored["runs/a/checkpoints/step-00000006/manifest.json"])
     assert manifest["step"] == 6 and isinstance(manifest["upload_s"], float)
+    # What doctor and the watchdog weigh: a save on a bucket lasts until it is up.
+    assert save_times(location)[-1] == pytest.approx(manifest["save_s"] + manifest["upload_s"])
     assert f"runs/a/checkpoints/step-00000006/{next(iter(manifest['files']))}" in stored
     assert not (tmp_path / "s3:").exists() and not Path("s3:").exists()
     expected = first.weights()
