@@ -316,3 +316,23 @@ def test_a_tmpfs_too_small_stops_before_the_first_step(
     )
     assert "checkpoint.memory_dir" in info.value.reason
     assert not (tmp_path / "mem").exists()
+
+
+def test_copies_of_a_deleted_run_dir_are_not_taken_for_a_new_run(tmp_path: Path) -> None:
+    memory, run = tmp_path / "mem", tmp_path / "run"
+    conf = api.CheckpointConfig(
+        dir=str(run / "ck"), every_steps=4, keep=2, memory_every_steps=3, memory_dir=str(memory),
+    )  # fmt: skip
+    model, opt = _model(1)
+    ckpt = api.Checkpointer(conf, run_dir=run, install_signals=False)
+    ckpt.resume(api.model_state(model, opt))
+    _steps(ckpt, model, opt, Counter(), range(1, 4))
+    ckpt.close()  # a crash after step 3: its copy stays in memory
+    assert [p.name for p in memory.iterdir()] == ["step-00000003"]
+    shutil.rmtree(run)  # the user starts over: same name, same run dir, same memory folder
+
+    model2, opt2 = _model(2)
+    ckpt2 = api.Checkpointer(conf, run_dir=run, install_signals=False)
+    assert ckpt2.resume(api.model_state(model2, opt2)) == 0  # from scratch, not step 3
+    ckpt2.close()
+    assert not memory.exists()

@@ -513,8 +513,9 @@ class Checkpointer:
             self.env.job_name or "script", self.run_dir.root if self.run_dir else self.config.dir
         )
         memory = MemoryTier(
-            k, where, io, rank=self.rank, world_size=self.world_size, model_meta=self.model_meta
-        )
+            k, where, io, rank=self.rank, world_size=self.world_size, model_meta=self.model_meta,
+            run_dir=self.run_dir.root if self.run_dir is not None else None,
+        )  # fmt: skip
         parameters = _parameters_of(states)
         try:
             if parameters is not None:

@@ -214,6 +214,7 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
             model_meta=self.model_meta,
+            run_dir=self.spec.run_dir,
         )
         check_room(memory, model.parameters())
         return memory

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..orchestrator.durable import free_bytes
+from ..orchestrator.durable import free_bytes, write_text_atomic
 from ..orchestrator.errors import PermanentError, StorageError
 from ..orchestrator.fence import AttemptFence
 from ..orchestrator.rundir import attempt_token
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_ROOT = Path("/dev/shm/shardctl")
 RESTORES_FILE = "restores.jsonl"  # in the run dir's logs/
+OWNER_FILE = "logs/memory-tier.json"  # in the run dir: the folder of this run's copies
 # A copy is staged beside the one it replaces: the tmpfs holds two at once.
 COPIES_HELD = 2
 # AdamW keeps two moments per parameter, in the parameter's dtype.
@@ -126,6 +127,7 @@ class MemoryTier:
         world_size: int,
         model_meta: dict[str, Any] | None = None,
         background: bool = True,
+        run_dir: str | Path | None = None,
     ) -> None:
         from .checkpoint import CheckpointManager
 
@@ -152,6 +154,7 @@ class MemoryTier:
             storage=storage,
         )
         self.rank = rank
+        self.run_dir = Path(run_dir) if run_dir is not None else None
         self.stall_s: list[float] = []  # seconds each copy held the training loop
 
     def due(self, step: int) -> bool:
@@ -176,7 +179,7 @@ class MemoryTier:
         after every rank's copy in flight committed (a collective)."""
         self.manager.wait()
         self.manager._barrier()
-        if self.rank != 0:
+        if self.rank != 0 or not self.dir.is_dir():
             return
         storage = self.manager.storage
         storage.clean_stale(lambda name: True)
@@ -185,6 +188,30 @@ class MemoryTier:
                 storage.delete(name)
         with contextlib.suppress(OSError):
             self.dir.rmdir()  # only when empty: a folder the user named may hold more
+
+    def known_to_run(self) -> bool:
+        """Whether the copies here are this run's (a collective; rank 0 asks): the run
+        dir names this folder in `logs/memory-tier.json`, written once a run resumed.
+        A run dir deleted and started afresh has no such file, so the copies an
+        earlier run of the same name left in memory are not taken for its own."""
+        if self.run_dir is None:
+            return True  # a script without a run dir: nothing to tell runs apart
+
+        def named_here() -> bool:
+            try:
+                return json.loads((self.run_dir / OWNER_FILE).read_text()).get("dir") == str(
+                    self.dir
+                )
+            except (OSError, ValueError, AttributeError):
+                return False
+
+        return bool(self.manager._rank0_do(named_here))
+
+    def claim(self) -> None:
+        """Rank 0: name this folder in the run dir (`known_to_run`)."""
+        if self.rank == 0 and self.run_dir is not None:
+            (self.run_dir / OWNER_FILE).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir / OWNER_FILE, json.dumps({"dir": str(self.dir)}) + "\n")
 
     @property
     def enabled(self) -> bool:
@@ -225,6 +252,13 @@ def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | 
     or `never` is the user's choice: the memory tier is not asked."""
     t0 = time.perf_counter()
     refused = None
+    if memory is not None and not memory.known_to_run():
+        # Left by an earlier run of the same name and run dir (deleted since): not ours.
+        if memory.manager.newest_step() is not None and memory.rank == 0:
+            log.warning("%s holds copies of an earlier run, not used; removed", memory.dir)
+        memory.clear()
+    if memory is not None:
+        memory.claim()
     if memory is not None and durable.config.resume == "auto":
         newest_durable = durable.newest_step()
         newest_memory = memory.manager.newest_step()
