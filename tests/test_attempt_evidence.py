@@ -259,3 +259,55 @@ def test_the_local_supervisor_judges_progress_by_the_step_it_started_from(
     assert proc.returncode == 124, (tmp_path / "err").read_text()
     line = json.loads((tmp_path / "attempts.jsonl").read_text().splitlines()[-1])
     assert (line["job"], line["checkpoint_step"], line["advanced"]) == ("local-0", 20, False)
+
+
+# ----------------------------------------------------------- Slurm status, by token
+
+
+def _slurm_hung(run_dir: Path, token: str | None, written: float, attempt: int = 0) -> None:
+    marker = {"kind": "hung", "step": 9, "node": 1, "rank": 1, "first": [1],
+              "attempt": attempt, "time": written}  # fmt: skip
+    if token is not None:
+        marker["token"] = token
+    (run_dir / "HUNG").write_text(json.dumps(marker))
+
+
+def test_slurm_status_of_a_finished_job_takes_its_own_hung_by_token(tmp_path: Path) -> None:
+    """sacct's view of a job that FAILED: a HUNG written by a round of that job is its
+    own, whatever time a skewed clock gave it; one of another job of the run, written
+    in this job's first second, is not. A tokenless marker (an older version's) still
+    goes by its time."""
+    from shardctl.orchestrator.clusters import slurm as backend
+    from shardctl.orchestrator.clusters.slurm.rounds import round_token
+
+    ref = JobRef("slurm", "41", "hangs", str(tmp_path))
+    began = time.time() - 600
+    line = "FAILED|1:0|n[1-2]|" + time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(began))
+    _slurm_hung(tmp_path, round_token("41", 1, 2), written=began - 86400)  # clock behind
+    assert "hung: no rank advanced" in backend._accounted_status(ref, line).detail
+    _slurm_hung(tmp_path, round_token("40", 0, 0), written=began)  # the job before
+    assert "hung" not in backend._accounted_status(ref, line).detail
+    _slurm_hung(tmp_path, None, written=began)
+    assert "hung: no rank advanced" in backend._accounted_status(ref, line).detail
+    _slurm_hung(tmp_path, None, written=began - 3600)
+    assert "hung" not in backend._accounted_status(ref, line).detail
+
+
+def test_slurm_status_of_a_held_job_takes_the_last_requeues_hung_by_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """scontrol's view of a job requeued once: the last attempt is requeue 0. A HUNG
+    of job 41's requeue 0 is it; one of another job whose attempt number is also 0 is
+    not (the attempt number alone was matched before tokens)."""
+    from shardctl.orchestrator.clusters import slurm as backend
+    from shardctl.orchestrator.clusters.slurm.rounds import round_token
+
+    info = {"JobState": "RUNNING", "Restarts": "1", "NodeList": "n[1-2]", "Reason": "None"}
+    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
+    ref = JobRef("slurm", "41", "hangs", str(tmp_path))
+    _slurm_hung(tmp_path, round_token("41", 0, 1), written=time.time(), attempt=7)
+    assert "last attempt hung at step 9" in backend._held_status(ref, info).detail
+    _slurm_hung(tmp_path, round_token("40", 0, 0), written=time.time(), attempt=0)
+    assert "hung" not in backend._held_status(ref, info).detail
+    _slurm_hung(tmp_path, None, written=time.time(), attempt=0)  # an older version's
+    assert "last attempt hung at step 9" in backend._held_status(ref, info).detail

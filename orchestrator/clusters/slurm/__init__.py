@@ -51,7 +51,7 @@ from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import EnvLine, export, export_from
 from ...launcher_output import LauncherReport, readable
 from ...outcome import Kind, from_marker, last_attempt
-from ...rundir import ENV_ATTEMPT, HUNG_FILE, RunDir
+from ...rundir import CLOCK_SLACK_S, ENV_ATTEMPT, HUNG_FILE, TOKEN_FIELD, RunDir
 from ...spec import JobSpec, parse_spec
 from ...storage import is_object_url
 from ..base import (
@@ -78,6 +78,7 @@ from .queries import (
 )
 from .rank_nodes import node_of_rank
 from .refusals import refused, run_quietly
+from .rounds import requeue_of_token
 from .sbatch import (
     MASTER_ADDR_VAR,
     SBATCH_FILE,
@@ -428,7 +429,7 @@ def _held_status(ref: JobRef, info: dict[str, str]) -> JobStatus:
     # The last attempt's HUNG: the one before this on a job that runs again, this one
     # on a job that failed (out of requeues).
     last = restarts if state is JobState.FAILED else restarts - 1
-    hung = _hang_of(ref, state, lambda marker: marker.get("attempt") == last)
+    hung = _hang_of(ref, state, lambda marker: _of_requeue(marker, ref.job_id, last))
     left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
     detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
     return JobStatus(state, native, ", ".join(detail))
@@ -442,7 +443,7 @@ def _accounted_status(ref: JobRef, line: str) -> JobStatus:
     native, exit_code, nodes, start = ([*line.split("|"), "", "", ""])[:4]
     state, detail = map_state(native), [f"exit code {exit_code}, nodes {nodes}"]
     began = _slurm_time(start)
-    hung = _hang_of(ref, state, lambda marker: _written_since(marker, began))
+    hung = _hang_of(ref, state, lambda marker: _of_job(marker, ref.job_id, began))
     left = left_behind_detail(ref.run_dir, ref.job_id) if ref.run_dir else ""
     detail += [x for x in (hung, _stopped_why(ref, state), left) if x]
     return JobStatus(state, native, ", ".join(detail))
@@ -490,9 +491,33 @@ def _slurm_time(text: str) -> float | None:
         return None
 
 
+def _of_requeue(marker: dict[str, Any], job_id: str, requeue: int) -> bool:
+    """Whether a marker is evidence of requeue `requeue` of job `job_id`: by the round
+    token it carries (`rounds.round_token`). A marker without one (an older version's)
+    by the attempt number its watchdog wrote."""
+    token = marker.get(TOKEN_FIELD)
+    if isinstance(token, str) and token:
+        return requeue_of_token(token, job_id) == requeue
+    return marker.get("attempt") == requeue
+
+
+def _of_job(marker: dict[str, Any], job_id: str, began: float | None) -> bool:
+    """Whether a marker is evidence of some attempt of job `job_id`: by the round token
+    it carries, whatever its time says (a node's clock may be skewed, another job of the
+    run may have ended in the job's first second). A marker without a token (an older
+    version's) by its time: written at or after the job began (sacct's Start)."""
+    token = marker.get(TOKEN_FIELD)
+    if isinstance(token, str) and token:
+        return requeue_of_token(token, job_id) is not None
+    return _written_since(marker, began)
+
+
 def _written_since(marker: dict[str, Any], began: float | None) -> bool:
+    """The time rule for a tokenless marker of an older version (`_of_job`)."""
     written = marker.get("time")
-    return began is not None and isinstance(written, int | float) and written >= began - 1.0
+    return (
+        began is not None and isinstance(written, int | float) and written >= began - CLOCK_SLACK_S
+    )
 
 
 def _log_folder(ref: JobRef) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from pathlib import Path
 
@@ -31,6 +32,13 @@ def round_token(job_id: str, requeue: int, round_: int) -> str:
     `-r<round>` for a restart inside the allocation."""
     token = new_token("slurm", job_id, requeue, unique=False)
     return f"{token}-r{round_}" if round_ else token
+
+
+def requeue_of_token(token: str, job_id: str) -> int | None:
+    """The requeue whose round wrote a marker carrying `token`, when it is a round
+    token of job `job_id` (`round_token`); None for another job's or cluster's token."""
+    found = re.fullmatch(rf"slurm-{re.escape(job_id)}-(\d+)(?:-r\d+)?", token)
+    return int(found.group(1)) if found else None
 
 
 # How long node 0 waits, after deciding a restart, for every other node's launcher of
