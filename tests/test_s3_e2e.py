@@ -101,6 +101,12 @@ def test_a_run_on_s3_survives_preemption_and_kill_9_and_ends_like_one_on_disk(
     # Run again: it resumes from the newest complete checkpoint and finishes.
     res = train_ok(spec, env=env)
     assert "resumed at step" in res.stdout
+    # No credential in the runs' output or any file of the run dir.
+    secret = s3_server.admin.secret_key
+    assert secret not in stopped.stdout + res.stdout
+    for path in (tmp_path / "s3run").rglob("*"):
+        if path.is_file() and "s3-cache" not in path.parts:
+            assert secret.encode() not in path.read_bytes(), path
     stored = _keys(s3_server, bucket, "run/checkpoints/")
     assert "run/checkpoints/step-00000008/manifest.json" in stored
     assert not (tmp_path / "s3:").exists()
