@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -202,36 +203,47 @@ def _wait_for(paths: list[Path], proc: subprocess.Popen, timeout: float) -> None
         time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_rank_killed_three_steps_after_a_memory_copy_resumes_from_it(tmp_path: Path) -> None:
-    """Memory copy at step 4 (K=4, durable every 8), rank 1 SIGKILLed at step 7: the
-    restart resumes at step 4 from memory and ends bit-identical to a run restored from
-    the same step-4 folder on disk (memory tier off: nothing written to its folder)."""
-    memory, hold = tmp_path / "tier", tmp_path / "hold"
+def _kill_rank_1_when_held(
+    spec: Path, step: int, hold: Path, ready: list[Path], then: Callable[[], None]
+) -> None:
+    """Run SPEC until every rank is held at `step`'s agreement and `ready` exist, call
+    `then`, SIGKILL rank 1; return once the launcher ended (with a failure)."""
     hold.mkdir()
-    train = {"steps": 10, "log_every": 1}
-    spec = tiny_spec(
-        tmp_path, "mem", train=train,
-        checkpoint={"every_steps": 8, "memory_every_steps": 4, "memory_dir": str(memory)},
-    )  # fmt: skip
-    env = {**child_env(), "SHARDCTL_HOLD_AT_STEP": f"7:{hold}"}
+    env = {**child_env(), "SHARDCTL_HOLD_AT_STEP": f"{step}:{hold}"}
     proc = subprocess.Popen(
         loop_argv(spec), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=env, cwd=ROOT, start_new_session=True,
     )  # fmt: skip
     try:
-        # Held at step 7, and the copy of step 4 (written behind training) committed.
-        held = [hold / "held-0", hold / "held-1", memory / "step-00000004" / "manifest.json"]
-        _wait_for(held, proc, timeout=300)
-        # The copy to restore from on disk, taken while every rank is held at step 7.
-        disk = tmp_path / "disk" / "checkpoints"
-        disk.mkdir(parents=True)
-        shutil.copytree(memory / "step-00000004", disk / "step-00000004")
+        _wait_for([hold / "held-0", hold / "held-1", *ready], proc, timeout=300)
+        then()
         os.kill(_rank_pid(proc, 1), signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
         kill_group(proc)
     assert proc.returncode != 0, out[-3000:]
+
+
+@pytest.mark.slow
+def test_rank_killed_three_steps_after_a_memory_copy_resumes_from_it(tmp_path: Path) -> None:
+    """Memory copy at step 4 (K=4, durable every 8), rank 1 SIGKILLed at step 7: the
+    restart resumes at step 4 from memory and ends bit-identical to a run restored from
+    the same step-4 folder on disk (memory tier off: nothing written to its folder)."""
+    memory = tmp_path / "tier"
+    train = {"steps": 10, "log_every": 1}
+    spec = tiny_spec(
+        tmp_path, "mem", train=train,
+        checkpoint={"every_steps": 8, "memory_every_steps": 4, "memory_dir": str(memory)},
+    )  # fmt: skip
+    disk = tmp_path / "disk" / "checkpoints"
+
+    def copy_to_disk() -> None:  # the copy to restore from on disk, taken while held
+        disk.mkdir(parents=True)
+        shutil.copytree(memory / "step-00000004", disk / "step-00000004")
+
+    # Held at step 7, and the copy of step 4 (written behind training) committed.
+    committed = memory / "step-00000004" / "manifest.json"
+    _kill_rank_1_when_held(spec, 7, tmp_path / "hold", [committed], copy_to_disk)
     assert not (tmp_path / "mem" / "checkpoints").exists()  # no durable step reached
 
     again = train_ok(spec).stdout
@@ -336,3 +348,27 @@ def test_copies_of_a_deleted_run_dir_are_not_taken_for_a_new_run(tmp_path: Path)
     assert ckpt2.resume(api.model_state(model2, opt2)) == 0  # from scratch, not step 3
     ckpt2.close()
     assert not memory.exists()
+
+
+@pytest.mark.slow
+def test_a_corrupt_memory_copy_in_the_loop_falls_back_to_disk(tmp_path: Path) -> None:
+    """Durable step 3, memory copy of step 4 with one flipped byte: the restart says the
+    copy failed verification and resumes at step 3 from the durable tier."""
+    memory = tmp_path / "tier"
+    spec = tiny_spec(
+        tmp_path, "bad", train={"steps": 6},
+        checkpoint={"every_steps": 3, "memory_every_steps": 2, "memory_dir": str(memory)},
+    )  # fmt: skip
+    committed = memory / "step-00000004" / "manifest.json"
+    _kill_rank_1_when_held(spec, 5, tmp_path / "hold", [committed], lambda: None)
+    shard = next((memory / "step-00000004" / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+
+    out = train_ok(spec).stdout
+    assert "the memory copy of step 4 failed verification" in out
+    assert "sha256" in out
+    assert "resumed at step 3 (from durable: checkpoint verified" in out
+    last = _restores(tmp_path / "bad")[-1]
+    assert (last["tier"], last["step"]) == ("durable", 3)
