@@ -372,3 +372,16 @@ def test_a_corrupt_memory_copy_in_the_loop_falls_back_to_disk(tmp_path: Path) ->
     assert "resumed at step 3 (from durable: checkpoint verified" in out
     last = _restores(tmp_path / "bad")[-1]
     assert (last["tier"], last["step"]) == ("durable", 3)
+
+
+def test_validate_says_the_memory_tier(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+
+    path = tiny_spec(
+        tmp_path, "said",
+        checkpoint={"every_steps": 4, "memory_every_steps": 2, "memory_dir": str(tmp_path / "m")},
+    )  # fmt: skip
+    res = CliRunner().invoke(cli, ["validate", str(path)])
+    assert res.exit_code == 0, res.output
+    assert f"(+ a copy in memory every 2 steps, in {tmp_path / 'm'})" in res.output

@@ -98,8 +98,17 @@ def validate(
         f"{spec}: valid — {job.name}: {job.resources.nodes} node(s) × "
         f"{job.resources.procs_per_node} proc(s) = world size {job.world_size}, "
         f"{job.launcher} → {s.backend} (sharding {s.sharding}, ZeRO stage {s.zero_stage}), "
-        f"{precision_words(job)}, checkpoints in {job.checkpoint_dir}"
+        f"{precision_words(job)}, checkpoints in {job.checkpoint_dir}{_memory_words(job)}"
     )
+
+
+def _memory_words(job: JobSpec) -> str:
+    """The memory tier as `validate` says it, or nothing when it is off."""
+    k = job.checkpoint.memory_every_steps
+    if k is None:
+        return ""
+    where = job.checkpoint.memory_dir or "/dev/shm/shardctl (the node's tmpfs)"
+    return f" (+ a copy in memory every {k} steps, in {where})"
 
 
 def refuse_missing_inputs(job: JobSpec, cluster: str, *, source: str, imports: bool) -> None:
