@@ -18,8 +18,8 @@ them, within microseconds, is not seen; what is published then is still a
 complete checkpoint); the file is read through the run dir's file system, so
 NFS attribute caching may delay a new token by its cache time (close-to-open
 consistency makes a fresh open see it on most mounts). Ranks without a token
-(the standalone `job.sbatch`, Kubernetes pods, a script run by hand) are not
-fenced.
+(Kubernetes pods, `launch.sh` or a script run by hand) are not fenced; the
+standalone `job.sbatch` runs Slurm's node task, which is.
 
 Torch-free: imports only `rundir`, `durable` and `errors`. A supervisor written in
 bash (the local one, at a restart inside the allocation) claims through `python -m

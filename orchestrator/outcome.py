@@ -1,10 +1,10 @@
 """How an attempt ended, and whether to go again: the one classifier every supervisor calls.
 
 Torch-free and dependency-free (it imports only `rundir` and `attempts`, the ledger of
-attempts and their progress): the local supervisor, the Slurm node task, the
-standalone `job.sbatch` (through `python -m shardctl.orchestrator.outcome`), every
-`status`, the ranks (`train/entry.py`, the loop, `api`, the HF callback) and the node
-watchdog import it.
+attempts and their progress): the local supervisor (through `python -m
+shardctl.orchestrator.outcome`), the Slurm node task (under submitit and under the
+standalone `job.sbatch`), every `status`, the ranks (`train/entry.py`, the loop,
+`api`, the HF callback) and the node watchdog import it.
 
 The ranks and the watchdog record a typed outcome as fields of the markers
 (`kind` and its fields; `reason` stays, for display only):
@@ -453,17 +453,27 @@ def _read_markers(
 ) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     for name in MARKER_FILES:
-        data = (
-            folder.read_marker(name) if since is None else folder.fresh_marker(name, since, token)
-        )
-        if data is None and (folder.root / name).exists() and name == CANCELLED_FILE:
-            # `cancel` wrote a timestamp, not JSON, before the typed markers.
+        if since is not None:
+            data = folder.fresh_marker(name, since, token)
+        else:  # no start known: every marker, but never one of another attempt's token
+            data = folder.read_marker(name)
+            written_by = data.get(TOKEN_FIELD) if data is not None else None
+            if token and isinstance(written_by, str) and written_by and written_by != token:
+                data = None
+        if data is None and name == CANCELLED_FILE and _unreadable(folder, name):
+            # An older version's `cancel` wrote a timestamp, not JSON (no token): the
+            # time rule, the fallback for tokenless evidence of older versions.
             mtime = (folder.root / name).stat().st_mtime
             stale = since is not None and not belongs_to_attempt(None, mtime, since, None)
             data = None if stale else {}
         if data is not None:
             found[name] = data
     return found
+
+
+def _unreadable(folder: RunDir, name: str) -> bool:
+    """Whether marker `name` is there but holds no JSON object (an older version's)."""
+    return (folder.root / name).exists() and folder.read_marker(name) is None
 
 
 # ----------------------------------------------------------------- the classifier
@@ -773,7 +783,7 @@ def _step_arg(text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """For a supervisor written in bash (job.sbatch, the local supervisor): prints
+    """For a supervisor written in bash (the local supervisor): prints
     `<decision> <summary>` on one line; `--write FILE` also records the verdict as
     JSON. Exit 0 once it judged, 2 on bad arguments."""
     p = argparse.ArgumentParser(prog="python -m shardctl.orchestrator.outcome", usage=USAGE)

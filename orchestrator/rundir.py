@@ -54,10 +54,14 @@ Evidence belongs to the attempt that wrote it: every marker written through
 `RunDir.write_marker`/`write_first_marker` by a process of a fenced attempt carries
 that attempt's token (`"token"`, from `SHARDCTL_ATTEMPT_TOKEN`; fence.py), and a
 reader that knows its attempt's token takes a marker as this attempt's only when the
-token is the same, however close in time two attempts are. A marker without a token
-(written by an earlier version, or by a writer outside any fenced attempt: a script
-run by hand, Kubernetes, the standalone job.sbatch) and a reader without one fall
-back to the marker's file time (`belongs_to_attempt`).
+token is the same, however close in time two attempts are and whatever a node's
+clock says. Fenced (tokens): the local supervisor's starts and restarts, Slurm's node
+task (under submitit and under job.sbatch), so their ranks, watchdogs, KILLED and a
+local `cancel`. The time rule (`belongs_to_attempt`) is kept only for evidence with no
+token to match: a marker an earlier version wrote (a run dir from before tokens), one
+written outside any fenced attempt (Kubernetes pods, `launch.sh` or a script run by
+hand), and a reader that has no token. An attempt's progress is judged by checkpoint
+step, never by a time (`attempts.attempt_progress`).
 
 Exit codes of a rank (and of a launcher that passes them on): `EXIT_OK`,
 `EXIT_FAILED`, `EXIT_SPEC` (bad input), `EXIT_DO_NOT_RETRY` (a user script's
@@ -294,7 +298,8 @@ class RunDir:
 # The field of a marker that names the attempt whose process wrote it (its token).
 TOKEN_FIELD = "token"
 # An attempt's start and a marker's file time may differ by this much on a shared
-# file system (clock skew): the time rule for markers without a token.
+# file system (clock skew): the time rule for markers without a token (older versions,
+# unfenced writers; `belongs_to_attempt`), never used when both tokens are known.
 CLOCK_SLACK_S = 1.0
 
 
@@ -317,8 +322,12 @@ def belongs_to_attempt(
 ) -> bool:
     """Whether a marker (`data`, file time `mtime`) is evidence of the attempt whose
     token is `token` and which started at `since`. Both tokens known: they must be
-    equal, whatever the times (two attempts may start in the same second). A marker
-    without a token, or a reader without one: written at or after `since`."""
+    equal, whatever the times (two attempts may start in the same second, a node's
+    clock may be skewed). The time rule — written at or after `since`, within
+    `CLOCK_SLACK_S` — is the fallback for what carries no token: a marker of an older
+    version, or of a writer outside a fenced attempt (Kubernetes pods, which have no
+    supervisor that agrees a token across nodes yet; `launch.sh` or a script run by
+    hand), and a reader that knows no token."""
     written_by = data.get(TOKEN_FIELD) if data is not None else None
     if token and isinstance(written_by, str) and written_by:
         return written_by == token

@@ -311,3 +311,35 @@ def test_slurm_status_of_a_held_job_takes_the_last_requeues_hung_by_token(
     assert "hung" not in backend._held_status(ref, info).detail
     _slurm_hung(tmp_path, None, written=time.time(), attempt=0)  # an older version's
     assert "last attempt hung at step 9" in backend._held_status(ref, info).detail
+
+
+def test_another_attempts_cancel_in_the_same_second_is_not_this_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `cancel` of the first attempt (its token) in the second the next one starts:
+    the second attempt was not cancelled. An older version's CANCELLED (a timestamp,
+    no JSON, no token) is still read by its time."""
+    monkeypatch.delenv(ENV_ATTEMPT_TOKEN, raising=False)
+    started = time.time()
+    (tmp_path / "CANCELLED").write_text(json.dumps({"kind": "cancelled", "token": FIRST}))
+    _same_second(tmp_path / "CANCELLED", started)
+    out = classify(Evidence.gather(tmp_path, started, 1, token=SECOND))
+    assert out.kind is Kind.FAILED, out
+    (tmp_path / "CANCELLED").write_text(f"{started}\n")
+    _same_second(tmp_path / "CANCELLED", started)
+    assert classify(Evidence.gather(tmp_path, started, 143, token=SECOND)).kind is Kind.CANCELLED
+    _same_second(tmp_path / "CANCELLED", started - 60)
+    assert "CANCELLED" not in Evidence.gather(tmp_path, started, 1, token=SECOND).markers
+
+
+def test_a_reader_with_no_start_still_leaves_out_another_tokens_markers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m ...outcome` without `--since` reads every marker there, but one
+    written by another attempt (its token) is not this one's."""
+    monkeypatch.delenv(ENV_ATTEMPT_TOKEN, raising=False)
+    _as_attempt(monkeypatch, FIRST)
+    assert entry.write_failed(RunDir.of(tmp_path), time.time(), failed_marker(3, 1))
+    monkeypatch.delenv(ENV_ATTEMPT_TOKEN)
+    assert FAILED_FILE not in Evidence.gather(tmp_path, None, 1, token=SECOND).markers
+    assert Evidence.gather(tmp_path, None, 1, token=FIRST).markers[FAILED_FILE]["code"] == 3
