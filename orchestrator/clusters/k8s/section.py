@@ -359,7 +359,8 @@ class K8sSection(ClusterSection):
     """ConfigMaps whose keys become every rank's environment, referenced by name."""
     env_from_secrets: list[str] = Field(default_factory=list)
     """Secrets whose keys become every rank's environment, referenced by name (values
-    never appear in a spec or a rendered file)."""
+    never appear in a spec or a rendered file): e.g. one holding `AWS_ENDPOINT_URL`,
+    `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY` for an `s3://` `checkpoint.dir`."""
     shm_size: MemorySize = MemorySize("1Gi")
     """Size of the in-memory /dev/shm for dataloader workers; 1Mi to 1Pi, see `memory`."""
     run_as_user: Annotated[int, Field(gt=0, le=MAX_UID, strict=True)] = 1000
