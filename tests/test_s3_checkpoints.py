@@ -371,3 +371,22 @@ def test_an_upload_that_fails_behind_training_stops_the_next_save_in_one_line(
     kept = objects(s3_server, bucket, "drop/")
     assert "drop/step-00000002/manifest.json" in kept
     assert "drop/step-00000004/manifest.json" not in kept
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["consolidate", "s3://my-bucket/c"], "say where the model goes with --out FOLDER"),
+        (
+            ["consolidate", "s3://my-bucket/c", "--out", "s3://my-bucket/model"],
+            "the model is written to a local folder",
+        ),
+        (["convert", "s3://my-bucket/c", "--to", "fsdp"], "give --out NEW_FOLDER"),
+        (["checkpoints", "s3://My-Bucket/c"], "bucket name 'My-Bucket' is not"),
+    ],
+)
+def test_commands_refuse_what_they_cannot_do_with_a_bucket_in_one_line(
+    argv: list[str], said: str
+) -> None:
+    line = _one_line(CliRunner().invoke(cli, argv))
+    assert said in line
