@@ -10,7 +10,10 @@ test_unmodified_scripts.py; Slurm's in test_slurm_run_complete.py.
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,27 @@ def test_a_scripts_done_counts_only_when_no_rank_of_its_attempt_failed(tmp_path:
     # A rank of DONE's attempt killed (its node task's KILLED): not a success either.
     _marker(run, KILLED_FILE, killed_marker(1, 1, "node-1", signal.SIGKILL), "a-1")
     assert finished_in(run) is None
+
+
+def test_a_scripts_done_is_judged_by_its_token_not_by_times(tmp_path: Path) -> None:
+    """DONE's attempt is its token's: a FAILED of that attempt written by a node whose
+    clock is an hour behind still counts against it; a tokenless FAILED (a launch.sh
+    run by hand) in DONE's second is not its attempt's. A DONE without a token (an
+    older version's) keeps the time rule."""
+    run = tmp_path / "run"
+    _marker(run, DONE_FILE, {**done_marker(None), "command": SCRIPT_WORDS}, "a-1")
+    _marker(run, FAILED_FILE, failed_marker(3, 1), "a-1")
+    os.utime(run / FAILED_FILE, (time.time() - 3600,) * 2)
+    assert finished_in(run) is None
+    RunDir(run).write_marker(FAILED_FILE, failed_marker(3, 1))  # no token
+    done_at = (run / DONE_FILE).stat().st_mtime
+    os.utime(run / FAILED_FILE, (done_at, done_at))
+    assert finished_in(run) is not None
+    (run / DONE_FILE).write_text(json.dumps({**done_marker(None), "command": SCRIPT_WORDS}))
+    os.utime(run / DONE_FILE, (done_at, done_at))
+    assert finished_in(run) is None  # tokenless both: the same second is one attempt
+    os.utime(run / FAILED_FILE, (done_at - 3600, done_at - 3600))
+    assert finished_in(run) is not None
 
 
 def test_the_loops_done_is_its_step(tmp_path: Path) -> None:

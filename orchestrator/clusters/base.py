@@ -40,6 +40,7 @@ from ..spec import JobSpec
 
 if TYPE_CHECKING:
     from ..doctor import Check, Preflight
+    from ..outcome import Evidence
     from ..spec.common import ClusterSection
 
 
@@ -153,7 +154,7 @@ def finished_in(run_dir: Path, exit_code: int | None = None) -> FinishedRun | No
     with the command) counts only when the classifier judges its attempt done: no rank
     of that attempt (DONE's token) left FAILED, HUNG or KILLED (`exit_code`: the
     supervisor's, where this machine recorded one)."""
-    from ..outcome import Evidence, Kind, classify
+    from ..outcome import Kind, classify
 
     folder = RunDir(run_dir)
     done = folder.read_marker(DONE_FILE)
@@ -161,16 +162,32 @@ def finished_in(run_dir: Path, exit_code: int | None = None) -> FinishedRun | No
         return None
     command = folder.done_command()
     if command is not None:
-        # DONE's attempt: its token, or (a marker of an older version) its file time.
-        token = done.get(TOKEN_FIELD) if isinstance(done.get(TOKEN_FIELD), str) else None
-        try:
-            since = folder.done_file.stat().st_mtime
-        except OSError:  # removed meanwhile: not done
-            return None
-        evidence = Evidence.gather(run_dir, since, exit_code, token=token)
-        if classify(evidence).kind is not Kind.DONE:
+        evidence = _evidence_of_done(folder, done, exit_code)
+        if evidence is None or classify(evidence).kind is not Kind.DONE:
             return None
     return FinishedRun(f"DONE in {run_dir.resolve()}", folder.done_step(), command)
+
+
+def _evidence_of_done(
+    folder: RunDir, done: dict[str, Any], exit_code: int | None
+) -> Evidence | None:
+    """The markers of the attempt that wrote `done`: those carrying its token, whatever
+    their times (every writer of a fenced attempt stamps its token; a tokenless marker
+    beside it is another writer's). A tokenless DONE (an older version's, or a run
+    started by hand) falls back to the time rule: markers written since DONE was. None:
+    DONE was removed meanwhile."""
+    from ..outcome import MARKER_FILES, Evidence
+
+    token = done.get(TOKEN_FIELD)
+    if isinstance(token, str) and token:
+        found = {name: folder.read_marker(name) for name in MARKER_FILES}
+        mine = {n: m for n, m in found.items() if m is not None and m.get(TOKEN_FIELD) == token}
+        return Evidence(exit_code, mine, token=token)
+    try:
+        since = folder.done_file.stat().st_mtime
+    except OSError:
+        return None
+    return Evidence.gather(folder.root, since, exit_code)
 
 
 def require_script(spec: JobSpec, where: str) -> None:
