@@ -1,6 +1,7 @@
 """The one classifier of how an attempt ends (`shardctl.orchestrator.outcome`): every
 rule and every row of the policy, written out here (not computed by the module),
-the markers on disk, and `python -m` as job.sbatch and the local supervisor call it."""
+the markers on disk, and `python -m` as the local supervisor calls it (Slurm's node
+task, under submitit and job.sbatch alike, calls the module in Python)."""
 
 from __future__ import annotations
 

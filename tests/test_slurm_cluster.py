@@ -588,12 +588,12 @@ def test_bad_slurm_request_is_refused_naming_its_field_before_anything_is_writte
     assert after == before
 
 
-def test_a_dry_run_that_is_not_what_submitit_makes_is_refused_before_queueing(
+def test_a_dry_run_changed_after_it_was_shown_is_refused_before_queueing(
     slurm_cluster: None, tmp_path: Path
 ) -> None:
-    """A dry run altered on purpose (as a submitit that lays its script out otherwise
-    would show): real submitit makes its script from the request, the difference is
-    named, and nothing is written or queued."""
+    """A dry run whose sbatch.sh was changed after it was shown: shardctl renders the
+    script again from the request (submitit submits that text as it is), the
+    difference is named, and nothing is written or queued."""
     name = "shown-differs"
     spec = parse_spec({**_spec(name), "run_dir": str(tmp_path / "runs" / name)})
     cluster = SlurmCluster()
