@@ -297,13 +297,16 @@ def test_finish_frees_the_memory_copies(tmp_path: Path) -> None:
         dir=str(tmp_path / "ck"), every_steps=4, keep=2, memory_every_steps=2,
         memory_dir=str(memory),
     )  # fmt: skip
+    memory.mkdir()
+    (memory / "notes.txt").write_text("the user's\n")  # a folder the user named
+    (memory / "draft.tmp").write_text("the user's too\n")
     model, opt = _model(1)
     ckpt = api.Checkpointer(conf, install_signals=False)
     ckpt.resume(api.model_state(model, opt))
     _steps(ckpt, model, opt, Counter(), range(1, 7))
     assert any(p.name.startswith("step-00000006") for p in memory.iterdir())  # maybe in flight
-    ckpt.finish(6)  # the durable step 6 is as new: the copy goes, and its folder
-    assert not memory.exists()
+    ckpt.finish(6)  # the durable step 6 is as new: the copy goes, the user's files stay
+    assert sorted(p.name for p in memory.iterdir()) == ["draft.tmp", "notes.txt"]
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["step-00000004", "step-00000006"]
 
 

@@ -44,11 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..orchestrator.checkpoint_list import STEP_RE
 from ..orchestrator.durable import free_bytes, write_text_atomic
 from ..orchestrator.errors import PermanentError, StorageError
 from ..orchestrator.fence import AttemptFence
 from ..orchestrator.rundir import attempt_token
-from ..orchestrator.storage import PosixStorage
+from ..orchestrator.storage import STAGING_SUFFIX, PosixStorage
 from .backends.base import Stateful, StateIO
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ def _size(n: int) -> str:
 
 
 class MemoryTier:
-    """The memory copies of one rank: `due(step)`, `copy(step, trainer)`, `restore`."""
+    """The memory copies of one rank: `due(step)`, `copy(step, trainer)`, `clear()`;
+    `restore_newest` reads them back through `manager`."""
 
     def __init__(
         self,
@@ -182,9 +184,9 @@ class MemoryTier:
         if self.rank != 0 or not self.dir.is_dir():
             return
         storage = self.manager.storage
-        storage.clean_stale(lambda name: True)
+        storage.clean_stale(lambda name: bool(STEP_RE.match(name)))
         for name in storage.listdir(""):
-            if name.startswith("step-"):
+            if STEP_RE.match(name) and not name.endswith(STAGING_SUFFIX):
                 storage.delete(name)
         with contextlib.suppress(OSError):
             self.dir.rmdir()  # only when empty: a folder the user named may hold more
