@@ -161,6 +161,15 @@ def test_a_mount_that_covers_the_run_dir_is_not_doubled() -> None:
     assert "mounted at their own paths" not in rs.container_setup(spec)[0]
 
 
+def test_a_bucket_checkpoint_dir_is_not_mounted() -> None:
+    """checkpoint.dir on S3: the ranks reach it over the network; only the run dir (and
+    its s3-cache) is mounted, never a folder named after the URL."""
+    spec = _spec({"container": {"image": IMAGE}}, checkpoint={"every_steps": 5,
+                 "dir": "s3://ckpts/opt-job"})  # fmt: skip
+    words = rs.srun_args(spec)
+    assert words == [f"--container-image={IMAGE}", "--container-mounts=/shared/runs/opt-job"]
+
+
 def test_without_container_srun_words_are_the_users_alone() -> None:
     spec = _spec({"srun_args": ["--label"]})
     assert rs.srun_args(spec) == ["--label"]

@@ -524,8 +524,11 @@ def slurm_time_minutes(value: str) -> int | None:
 
 def _own_folders(spec: Any) -> list[tuple[str, str, bool]]:
     """The folders the ranks need inside a container: (path, what, written to)."""
+    from ...storage import is_object_url  # at call time: the section loads at start-up
+
     folders = [(spec.run_dir, "the run directory", True)]
-    folders.append((spec.checkpoint_dir, "the checkpoint directory (checkpoint.dir)", True))
+    if not is_object_url(spec.checkpoint_dir):  # a bucket is no folder to mount
+        folders.append((spec.checkpoint_dir, "the checkpoint directory (checkpoint.dir)", True))
     entry = spec.entrypoint
     if entry is not None and (entry.code_dir or entry.script):
         code = entry.code_dir or posixpath.dirname(entry.script or "")
