@@ -388,3 +388,41 @@ def test_validate_says_the_memory_tier(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["validate", str(path)])
     assert res.exit_code == 0, res.output
     assert f"(+ a copy in memory every 2 steps, in {tmp_path / 'm'})" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_restart_in_place_resumes_from_memory_and_status_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shardctl submit` on this machine (the supervisor, attempt tokens and fencing):
+    rank 1 SIGKILLed once a memory copy exists and before the first durable checkpoint;
+    the supervisor restarts every rank, which resume from memory; `status` says so."""
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+    from test_hang_local import _release, _status, _wait_for, rank_pids
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    memory = tmp_path / "tier"
+    spec = tiny_spec(
+        tmp_path, "inplace", train={"steps": 200, "log_every": 1},
+        checkpoint={"every_steps": 180, "memory_every_steps": 4, "memory_dir": str(memory)},
+        restart={"max_in_allocation": 1},
+    )  # fmt: skip
+    run_dir = tmp_path / "inplace"
+    res = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert res.exit_code == 0, res.output
+    try:
+        _wait_for("a memory copy", lambda: any(memory.glob("step-*/manifest.json")), 400)
+        os.kill(rank_pids(run_dir, 0, restart=0)[1], signal.SIGKILL)
+        _wait_for("the end", lambda: _status("inplace")["state"] != "RUNNING", 600)
+    finally:
+        _release([], "inplace")
+    st = _status("inplace")
+    out = (run_dir / "logs" / "launcher.out").read_text()
+    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
+    assert "(from memory: checkpoint verified" in out, out[-3000:]
+    assert st["restore"]["tier"] == "memory" and st["restore"]["step"] % 4 == 0
+    text = CliRunner().invoke(cli, ["status", "inplace"]).output
+    assert f"restored from memory at step {st['restore']['step']} (" in text
