@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint_list import complete_checkpoints
-from .errors import ObjectStoreError
+from .errors import MissingDependencyError, ObjectStoreError
 from .rundir import ATTEMPTS_FILE, CHECKPOINTS_DIR, RunDir
 from .storage import COMMIT_MARKER, is_object_url
 
@@ -46,8 +46,8 @@ def newest_checkpoint(checkpoint_dir: str | Path) -> tuple[int, float] | None:
         for checkpoint in complete_checkpoints(checkpoint_dir):
             with contextlib.suppress(OSError):  # deleted since it was listed
                 return checkpoint.step, checkpoint.committed_at()
-    except (OSError, ObjectStoreError):
-        pass  # an unreadable folder (or bucket) holds no progress to count
+    except (OSError, ObjectStoreError, MissingDependencyError):
+        pass  # an unreadable folder (or bucket, or no boto3 here) holds no progress
     return None
 
 

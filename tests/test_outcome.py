@@ -282,6 +282,21 @@ def test_progress_is_judged_by_step_whatever_the_manifests_time(
     assert oc.attempt_progress(tmp_path, ckpt, None, "8") == oc.Progress(30, True, 0)
 
 
+def test_a_bucket_without_its_client_here_is_no_checkpoint_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local `schedule` reads the newest step after it claimed the start's token: a
+    bucket it cannot read (no boto3 on this machine) is "none", not a traceback."""
+    from shardctl.orchestrator import attempts
+    from shardctl.orchestrator.errors import MissingDependencyError
+
+    def no_client(where: object) -> list[object]:
+        raise MissingDependencyError("boto3", "s3", "reading s3://")
+
+    monkeypatch.setattr(attempts, "complete_checkpoints", no_client)
+    assert oc.newest_step(tmp_path, "s3://bucket/run") is None
+
+
 def test_the_supervisors_command_takes_the_start_step(tmp_path: Path) -> None:
     """`python -m ...outcome --start-step` (the local supervisor's call): the checkpoint
     there at the start, its manifest time in the future, is no progress; a bad value is
