@@ -1,7 +1,9 @@
 """A run's attempts ledger and the progress it judges, torch-free.
 
 The no-progress rule of `outcome.decide` needs to know, for each attempt, whether it
-published a new complete checkpoint. Here: the newest complete checkpoint of a run
+published a new complete checkpoint: judged by step (newer than the newest when the
+attempt started), never by a file time, which two attempts in one second or a skewed
+clock would confuse. Here: the newest complete checkpoint of a run
 without importing `train/` (shardctl's `step-N/`, from the one lister
 `checkpoint_list`; a Hugging Face Trainer's `checkpoint-N/` with its
 `trainer_state.json`, read here), the attempt's `Progress`, and the run dir's
