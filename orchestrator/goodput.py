@@ -6,8 +6,8 @@ seconds, `kind`, `decision`, `checkpoint_step`: the newest complete checkpoint a
 attempt's end) and `logs/metrics.jsonl` (one line per logged step with its wall-clock
 `time`, `progress.py`). One job's attempts only (its id in attempts.jsonl: a new
 submission starts over); a job still running adds an open attempt, from its start
-(the run dir's `CURRENT_ATTEMPT`, claimed by the attempt's supervisor, or the end of
-the attempt before it) up to now.
+(the run dir's `CURRENT_ATTEMPT`, claimed by the attempt's supervisor, when the claim
+names this job; or the end of the attempt before it) up to now.
 
 Definitions (what `status` and `ls` show):
 
@@ -309,12 +309,22 @@ def _metrics_rows(path: Path, attempts: Sequence[_Attempt]) -> list[dict[str, An
         return None
 
 
-def _started(run_dir: Path) -> float | None:
-    """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime)."""
+def _started(run_dir: Path, job: str) -> float | None:
+    """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime), if that
+    claim is `job`'s: the job it names (`job`, or Slurm's `job_id`) decides, not how
+    close its time is; a claim naming no job (an older version's) counts. None for
+    another job's claim, or none."""
+    path = run_dir / CURRENT_ATTEMPT_FILE
     try:
-        return (run_dir / CURRENT_ATTEMPT_FILE).stat().st_mtime
-    except OSError:
+        claim = json.loads(path.read_text())
+        claimed_at = path.stat().st_mtime
+    except (OSError, ValueError):
         return None
+    if isinstance(claim, dict):
+        named = claim.get("job", claim.get("job_id"))
+        if isinstance(named, str) and named != job:
+            return None
+    return claimed_at
 
 
 def goodput(
@@ -356,7 +366,7 @@ def goodput(
     for before, after in pairwise(attempts):
         after.start = min(max(after.start, before.end), after.end)
     if running:
-        known = [t for t in (_started(root), submitted) if t is not None]
+        known = [t for t in (_started(root, job), submitted) if t is not None]
         if attempts:  # a restart starts once the attempt before it was judged
             known.append(attempts[-1].end)
         start = max(known, default=None)

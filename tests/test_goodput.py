@@ -188,6 +188,24 @@ def test_a_running_job_counts_up_to_now(tmp_path: Path) -> None:
     assert g["recoveries"] == [{"kind": "failed", "seconds": 12.0}]
 
 
+def test_a_running_jobs_open_attempt_starts_at_its_own_claim_only(tmp_path: Path) -> None:
+    """The open attempt starts at the run's CURRENT_ATTEMPT claim when the claim names
+    this job; a claim naming another job of the run (however close in time) is not its
+    start: then the end of its attempt before (8 s) is."""
+    root = run_dir(tmp_path / "r", [attempt("7", 0, 8, "failed", "restart", 4)], steps(1, 7, 1))
+    claim = root / "CURRENT_ATTEMPT"
+    claim.write_text(json.dumps({"token": "slurm-8-0", "job_id": "8"}))
+    os.utime(claim, (T0 + 20, T0 + 20))
+    assert measure(root, running=True, now=T0 + 30)["wall_s"] == 30.0
+    claim.write_text(json.dumps({"token": "slurm-7-0-r1", "job_id": "7"}))
+    os.utime(claim, (T0 + 9, T0 + 9))
+    assert measure(root, running=True, now=T0 + 30)["wall_s"] == 29.0
+    claim.write_text(json.dumps({"token": "local-x-3-ab", "job": "local-3"}))
+    os.utime(claim, (T0 + 9, T0 + 9))
+    assert measure(root, "local-3", running=True, now=T0 + 30)["wall_s"] == 21.0
+    assert goodput(root, "local-4", running=True, now=T0 + 30) is None
+
+
 # --------------------------------------------------------------------------- CLI
 
 

@@ -153,7 +153,7 @@ while :; do
   if [ -n "$first_token" ]; then
     export SHARDCTL_ATTEMPT_TOKEN="$first_token-r$restart"
     "$python" -m shardctl.orchestrator.fence "$run_dir" "$SHARDCTL_ATTEMPT_TOKEN" \
-      cluster=local "restart=$restart" 2>>"$err" || exit "$rc"
+      cluster=local "restart=$restart" "job=$job" 2>>"$err" || exit "$rc"
   fi
 done
 """
@@ -281,7 +281,8 @@ class LocalCluster(Cluster):
         # This start is the run's current attempt: a rank of an earlier one that is
         # still alive can no longer publish a checkpoint (`orchestrator/fence.py`).
         token = new_token("local", spec.name, attempt)
-        claim_attempt(run_dir, token, cluster="local", attempt=attempt)
+        # `job`: the start's id in attempts.jsonl (goodput reads whose claim this is).
+        claim_attempt(run_dir, token, cluster="local", attempt=attempt, job=f"local-{attempt}")
         env[ENV_ATTEMPT_TOKEN] = token
         # The newest checkpoint this start resumes from, read once its token is claimed:
         # the supervisor judges progress by step, never by a file time.
