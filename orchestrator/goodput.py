@@ -316,10 +316,14 @@ def _started(run_dir: Path, job: str) -> float | None:
     another job's claim, or none."""
     path = run_dir / CURRENT_ATTEMPT_FILE
     try:
-        claim = json.loads(path.read_text())
         claimed_at = path.stat().st_mtime
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return None
+    try:
+        claim = json.loads(text)
+    except ValueError:
+        return claimed_at  # names no job: counted, as before claims named theirs
     if isinstance(claim, dict):
         named = claim.get("job", claim.get("job_id"))
         if isinstance(named, str) and named != job:
