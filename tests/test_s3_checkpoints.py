@@ -48,7 +48,7 @@ def objects(s3_server: S3Server, bucket: str, prefix: str) -> dict[str, bytes]:
 
 # -- the spec ------------------------------------------------------------------------
 
-# The example spec consolidates at the end, which a run on a bucket cannot do yet.
+# These tests look at checkpoints only: no model at the end.
 NO_MODEL = {"consolidate_on_finish": False}
 
 
@@ -56,7 +56,6 @@ def test_a_spec_file_keeps_s3_urls_as_written(tmp_path: Path) -> None:
     """They were taken as relative paths: checkpoints in '<spec dir>/s3:/bkt/x'."""
     url = "s3://my-bucket/runs/a/checkpoints"
     data = merge(example_data(), {"checkpoint": {"dir": url, "resume": f"{url}/step-00000010"}})
-    data["checkpoint"]["consolidate_on_finish"] = False  # refused with a bucket (below)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(data))
     spec = load_spec(path)
@@ -287,18 +286,6 @@ def test_a_save_to_a_read_only_bucket_fails_in_one_line_and_keeps_the_previous(
     kept = objects(s3_server, bucket, "ro/")
     assert "ro/step-00000002/manifest.json" in kept
     assert not any(k.startswith("ro/step-00000004") for k in kept)
-
-
-def test_consolidate_on_finish_from_a_bucket_is_refused_before_the_run() -> None:
-    with pytest.raises(SpecError) as caught:
-        parse_spec(
-            merge(
-                example_data(),
-                {"checkpoint": {"dir": "s3://my-bucket/c", "consolidate_on_finish": True}},
-            )
-        )
-    assert "checkpoint.consolidate_on_finish" in str(caught.value)
-    assert "shardctl consolidate s3://my-bucket/c --out FOLDER" in str(caught.value)
 
 
 def test_doctor_writes_a_probe_object_and_names_a_read_only_bucket(

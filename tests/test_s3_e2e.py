@@ -87,7 +87,9 @@ def test_a_run_on_s3_survives_preemption_and_kill_9_and_ends_like_one_on_disk(
     train_ok(ref)
     expected = final_weights(tmp_path / "ref" / "checkpoints" / "step-00000008", tmp_path / "m0")
 
-    spec = tiny_spec(tmp_path, "s3run", checkpoint={"dir": location}, **common)
+    spec = tiny_spec(
+        tmp_path, "s3run", checkpoint={"dir": location, "consolidate_on_finish": True}, **common
+    )
     env = {"SHARDCTL_RUN_DIR": str(tmp_path / "s3run")}
     # Preempted after step 3: the ranks exit 42 only once step 3 is committed.
     stopped = train(spec, env={**env, "SHARDCTL_STOP_AFTER_STEP": "3"})
@@ -111,14 +113,19 @@ def test_a_run_on_s3_survives_preemption_and_kill_9_and_ends_like_one_on_disk(
     assert "run/checkpoints/step-00000008/manifest.json" in stored
     assert not (tmp_path / "s3:").exists()
 
+    # The run consolidated its last step from the bucket into <run dir>/model.
+    assert "consolidated model written to" in res.stdout, res.stdout[-3000:]
+    assert_bit_equal(_tensors(tmp_path / "s3run" / "model"), expected)
+
     # consolidate s3://... (into a local folder) equals the run on disk.
     runner = CliRunner()
     out = tmp_path / "model-s3"
     result = runner.invoke(cli, ["consolidate", location, "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert_bit_equal(_tensors(out), expected)
-    # Given the spec, it finds the checkpoints in the bucket and writes <run dir>/model.
-    result = runner.invoke(cli, ["consolidate", str(spec), "--no-progress"])
+    # Given the spec, it finds the checkpoints in the bucket and writes <run dir>/model
+    # again (--force: the run's own consolidation is there).
+    result = runner.invoke(cli, ["consolidate", str(spec), "--force", "--no-progress"])
     assert result.exit_code == 0, result.output
     assert_bit_equal(_tensors(tmp_path / "s3run" / "model"), expected)
 

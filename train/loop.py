@@ -56,6 +56,7 @@ from shardctl.orchestrator.rundir import (
     RunDir,
 )
 from shardctl.orchestrator.spec import JobSpec
+from shardctl.orchestrator.storage import is_object_url
 
 from . import distributed, heartbeat
 from . import stop as stop_rule
@@ -426,7 +427,15 @@ def _consolidate(spec: JobSpec, step: int) -> str:
     from .consolidate.outdir import foreign_entries, shown
     from .manifest import step_dirname
 
-    ckpt = Path(spec.checkpoint_dir) / step_dirname(step)
+    ckpt: Path | str = Path(spec.checkpoint_dir) / step_dirname(step)
+    if is_object_url(spec.checkpoint_dir):
+        # The step's local copy (kept by its upload, else downloaded), verified as read.
+        from shardctl.orchestrator.s3.local import fetch_checkpoint
+
+        ckpt = f"{spec.checkpoint_dir.rstrip('/')}/{step_dirname(step)}"
+        local = fetch_checkpoint(ckpt)
+    else:
+        local = ckpt
     out = RunDir.of(spec.run_dir).model
     foreign = foreign_entries(out)
     if foreign:
@@ -438,7 +447,7 @@ def _consolidate(spec: JobSpec, step: int) -> str:
         )
     # force: a run continued with more steps replaces its own earlier model (a folder
     # holding only what a consolidation writes).
-    consolidate(ckpt, out, dtype=spec.checkpoint.consolidate_dtype, force=True)
+    consolidate(local, out, dtype=spec.checkpoint.consolidate_dtype, force=True)
     return f"{spec.name}: consolidated model written to {out}"
 
 

@@ -225,12 +225,6 @@ class JobSpec(Section):
         run_dir = self.run_dir if self.run_dir is not None else default_run_dir(self.name)
         if c.dir is not None:
             problems.extend(_checkpoint_dir_problems(c.dir, run_dir))
-            if is_s3_url(c.dir) and c.consolidate_on_finish:
-                problems.append(
-                    f"checkpoint.consolidate_on_finish true with checkpoint.dir {show(c.dir)}: "
-                    "a run does not consolidate from a bucket yet; accepted: false, then "
-                    f"`shardctl consolidate {c.dir} --out FOLDER` after the run"
-                )
         if problems:
             raise ValueError("\n".join(problems))
         set_derived(self, "run_dir", run_dir)
