@@ -1,4 +1,4 @@
-"""CLI start-up stays light: no torch, deepspeed, kubernetes, submitit or transformers.
+"""CLI start-up stays light: no torch, deepspeed, kubernetes, submitit, transformers or boto3.
 
 Each command runs in a fresh interpreter through the real click entry point; at
 exit the process writes the names of every module it imported, and the test
@@ -17,7 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-HEAVY = ("torch", "deepspeed", "kubernetes", "submitit", "transformers", "accelerate")
+HEAVY = ("torch", "deepspeed", "kubernetes", "submitit", "transformers", "accelerate", "boto3",
+         "botocore")  # fmt: skip
 
 HARNESS = """
 import atexit, importlib, json, os, sys
