@@ -1,30 +1,38 @@
-"""Rounds of restarts inside a Slurm allocation, agreed through the shared run dir.
+"""Slurm's round tokens for the node agent's rounds of restarts in place.
 
-A crash or a hang with restarts left starts every node's launcher again in the same
-allocation (`NodeTask`). Node 0 decides each round and writes its decision to the run
-dir's `RESTART` (`tell_round`); every other node waits for it (`round_decision`),
-stops its launcher of the round if still running, and acknowledges the end of the
-round with one file per node in `rounds/` (`ack_round`); node 0 starts the next
-round once every node acknowledged it (`wait_for_acks`). Each round has its own
-attempt token, the same on every node (`round_token`).
+The round protocol itself (node 0 decides and writes `RESTART`, the other nodes follow
+and acknowledge in `rounds/`) is the agent's, the same on every cluster
+(`orchestrator/agent/rounds.py`, its names importable here too). Each round of a Slurm
+allocation has its own attempt token, the same on every node (`round_token`), from
+which Slurm `status` reads which requeue wrote a marker (`requeue_of_token`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import re
-import time
-from pathlib import Path
 
-from ...durable import write_text_atomic
+from ...agent.rounds import (
+    ROUND_ACK_WAIT_S,
+    ROUND_DECISION_WAIT_S,
+    ROUNDS_DIR,
+    ack_round,
+    round_decision,
+    tell_round,
+    wait_for_acks,
+)
 from ...fence import new_token
-from ...rundir import RESTART_FILE
 
-# How long a node other than 0 waits for node 0's decision on a round: node 0's ranks
-# may take a while to notice a lost peer (a collective's error, or node 0's own
-# watchdog on a hang, the start-up allowance of 900 s at most).
-ROUND_DECISION_WAIT_S = 1200.0
+__all__ = [
+    "ROUNDS_DIR",
+    "ROUND_ACK_WAIT_S",
+    "ROUND_DECISION_WAIT_S",
+    "ack_round",
+    "requeue_of_token",
+    "round_decision",
+    "round_token",
+    "tell_round",
+    "wait_for_acks",
+]
 
 
 def round_token(job_id: str, requeue: int, round_: int) -> str:
@@ -39,67 +47,3 @@ def requeue_of_token(token: str, job_id: str) -> int | None:
     token of job `job_id` (`round_token`); None for another job's or cluster's token."""
     found = re.fullmatch(rf"slurm-{re.escape(job_id)}-(\d+)(?:-r\d+)?", token)
     return int(found.group(1)) if found else None
-
-
-# How long node 0 waits, after deciding a restart, for every other node's launcher of
-# the round to be gone (`ack_round`) before it starts the next round's: an old
-# round's launcher still hosting or joining a rendezvous makes the new one fail.
-ROUND_ACK_WAIT_S = 120.0
-ROUNDS_DIR = "rounds"
-
-
-def _ack_name(job_id: str, requeue: int, round_: int) -> str:
-    return f"{job_id}-{requeue}-r{round_}.node"
-
-
-def ack_round(run_dir: str, job_id: str, requeue: int, round_: int, node: int) -> None:
-    """This node's launcher of the round is gone (a file per node in the run dir)."""
-    folder = Path(run_dir) / ROUNDS_DIR
-    with contextlib.suppress(OSError):
-        folder.mkdir(exist_ok=True)
-        (folder / f"{_ack_name(job_id, requeue, round_)}{node}").touch()
-
-
-def wait_for_acks(
-    run_dir: str, job_id: str, requeue: int, round_: int, nodes: int,
-    wait_s: float = ROUND_ACK_WAIT_S,
-) -> list[int]:  # fmt: skip
-    """Node 0: wait until every other node acknowledged the end of the round; the
-    nodes that did not within `wait_s` (their acknowledgements are then removed)."""
-    folder = Path(run_dir) / ROUNDS_DIR
-    prefix = _ack_name(job_id, requeue, round_)
-    deadline = time.monotonic() + wait_s
-    while True:
-        missing = [n for n in range(1, nodes) if not (folder / f"{prefix}{n}").exists()]
-        if not missing or time.monotonic() >= deadline:
-            break
-        time.sleep(0.2)
-    for n in range(1, nodes):
-        with contextlib.suppress(OSError):
-            (folder / f"{prefix}{n}").unlink()
-    return missing
-
-
-def tell_round(run_dir: str, job_id: str, requeue: int, round_: int, decision: str) -> None:
-    """Node 0's decision on this round, for the other nodes (the run dir is shared)."""
-    entry = {"job": job_id, "requeue": requeue, "restart": round_, "decision": decision}
-    write_text_atomic(Path(run_dir) / RESTART_FILE, json.dumps(entry) + "\n", durable=False)
-
-
-def round_decision(
-    run_dir: str, job_id: str, requeue: int, round_: int, wait_s: float = ROUND_DECISION_WAIT_S
-) -> str | None:
-    """Node 0's decision on this round of this allocation, once it wrote it (None
-    after `wait_s`: node 0 is gone; this node then ends as its own verdict says)."""
-    want = {"job": job_id, "requeue": requeue, "restart": round_}
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            entry = json.loads((Path(run_dir) / RESTART_FILE).read_text())
-        except (OSError, ValueError):
-            entry = {}
-        if isinstance(entry, dict) and all(entry.get(k) == v for k, v in want.items()):
-            return str(entry.get("decision"))
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.5)
