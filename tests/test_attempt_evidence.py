@@ -237,11 +237,9 @@ def test_a_local_cancel_is_evidence_of_the_current_attempt(tmp_path: Path) -> No
 def test_the_local_supervisor_judges_progress_by_the_step_it_started_from(
     tmp_path: Path,
 ) -> None:
-    """The local supervisor is given the newest step when its start began (`schedule`
+    """The local node agent is given the newest step when its start began (`schedule`
     reads it once the start's token is claimed): step 20's manifest, written by a clock
     an hour ahead, is still no progress of this start."""
-    from shardctl.orchestrator.clusters.local import SUPERVISOR
-
     manifest = tmp_path / "checkpoints" / "step-00000020" / "manifest.json"
     manifest.parent.mkdir(parents=True)
     manifest.write_text("{}")
@@ -250,12 +248,13 @@ def test_the_local_supervisor_judges_progress_by_the_step_it_started_from(
     hung = '{"kind": "hung", "step": 25, "node": 0}'
     launch.write_text(f'echo \'{hung}\' > "$(dirname "$0")/HUNG"; exit 124\n')
     env = {k: v for k, v in os.environ.items() if k != ENV_ATTEMPT_TOKEN}
-    env["SHARDCTL_PYTHON"] = sys.executable
     args = [
-        str(launch), str(tmp_path / "out"), str(tmp_path / "err"), str(tmp_path / EXIT_FILE),
-        "1", str(tmp_path / "outcome"), "0", "local-0", str(manifest.parent.parent), "20",
+        "--run-dir", str(tmp_path), "--launch", str(launch), "--out", str(tmp_path / "out"),
+        "--err", str(tmp_path / "err"), "--nodes", "1", "--job", "local-0",
+        "--checkpoint-dir", str(manifest.parent.parent), "--start-step", "20",
     ]  # fmt: skip
-    proc = subprocess.run(["bash", "-c", SUPERVISOR, "shardctl-local", *args], env=env, timeout=120)
+    agent = [sys.executable, "-m", "shardctl.orchestrator.agent", *args]
+    proc = subprocess.run(agent, env=env, timeout=120)
     assert proc.returncode == 124, (tmp_path / "err").read_text()
     line = json.loads((tmp_path / "attempts.jsonl").read_text().splitlines()[-1])
     assert (line["job"], line["checkpoint_step"], line["advanced"]) == ("local-0", 20, False)

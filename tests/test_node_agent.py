@@ -163,3 +163,17 @@ def test_the_local_agent_exits_with_the_launch_scripts_code_past_the_bound(
     assert outcome["outcome"]["kind"] == "failed"
     assert not (tmp_path / "CURRENT_ATTEMPT").exists() or current_attempt(tmp_path) is None
     assert (tmp_path / "seen").read_text().splitlines() == ["none 0"]
+
+
+def test_the_agent_imports_no_cluster_and_no_torch() -> None:
+    """DESIGN's import rule: each cluster imports the agent, never the reverse."""
+    probe = (
+        "import sys, shardctl.orchestrator.agent, shardctl.orchestrator.agent.local; "
+        "print(sorted(m for m in sys.modules if m.startswith('shardctl.orchestrator.clusters') "
+        "or m.split('.')[0] in ('torch', 'submitit', 'kubernetes')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -2,23 +2,24 @@
 
 `dryrun` renders the artifacts (`shardctl.orchestrator.render.render_artifacts`) and
 the exact command; `schedule` writes them into the run directory and starts the
-launch script detached — in its own session, under a small bash supervisor that
-records the script's exit code — so the job outlives the `shardctl` process. A spec
+launch script detached — in its own session, under the node agent
+(`python -m shardctl.orchestrator.agent`, `orchestrator/agent/local.py`) that records
+the script's exit code — so the job outlives the `shardctl` process. A spec
 with `resources.nodes > 1` runs every node here (one launch script per node rank,
 meeting at 127.0.0.1): a way to try multi-node layouts such as hybrid_shard.
 
 Files in the run directory (beside `job.yaml`, `checkpoints/`, `logs/`):
 
     launch.sh, env.sh, ...   the rendered artifacts (what runs)
-    local.pid                "<pid> <start-ticks>" of the supervisor (its process group)
+    local.pid                "<pid> <start-ticks>" of the agent (its process group)
     local.exit               the launch script's exit code, once it ended
-    local.outcome            the supervisor's verdict then (`shardctl.orchestrator.outcome`)
+    local.outcome            the agent's verdict then (`shardctl.orchestrator.outcome`)
     CANCELLED                written by `cancel`
     logs/launcher.out|.err   everything the launcher and its ranks print
     DONE / PREEMPTED         written by the trainer (see `shardctl.train.loop`)
 
 A crash or a hang restarts every node's launcher in place while
-`restart.max_in_allocation` allows (the supervisor below; each round is a line of
+`restart.max_in_allocation` allows (the node agent; each round is a line of
 `attempts.jsonl` and gets a new attempt token); the ranks resume from the newest
 complete checkpoint.
 
@@ -51,6 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...agent.local import EXIT_FILE, OUTCOME_FILE
 from ...attempts import newest_step
 from ...durable import write_text_atomic
 from ...errors import ClusterError, UsageError
@@ -94,69 +96,16 @@ if TYPE_CHECKING:
     from ...doctor import Preflight
 
 PID_FILE = "local.pid"
-EXIT_FILE = "local.exit"
 ATTEMPT_FILE = "local.attempt"
-OUTCOME_FILE = "local.outcome"
 LOG_FILES = ("launcher.out", "launcher.err")
 # Longer than torchrun's own 30 s between forwarding SIGTERM and killing its ranks.
 CANCEL_GRACE_S = 60.0
 
-# Runs the launch script once per node of the spec (SHARDCTL_NODE_RANK=0..nodes-1:
-# a multi-node spec runs all its "nodes" on this host, meeting at 127.0.0.1),
-# forwards TERM/INT, and records the exit code (the first non-zero one), then the
-# verdict of the one classifier (`shardctl.orchestrator.outcome`: how the start ended,
-# and whether to go again). A crash or a hang with restarts left
-# (`restart.max_in_allocation`) is a RESTART: the markers of that round go (its
-# verdict is in attempts.jsonl), a new attempt token is claimed (a straggler of the
-# round before cannot publish) and every node starts again, resuming from the newest
-# complete checkpoint. A trap handler, not an ignored signal, keeps the children's
-# default dispositions; `wait` returns early when a trapped signal arrives, so it is
-# repeated until the node's own status comes back; once TERM/INT came, no restart.
-SUPERVISOR = r"""
-launch="$1"; out="$2"; err="$3"; code_file="$4"; nnodes="$5"; outcome_file="$6"
-max_restarts="$7"; job="$8"; checkpoint_dir="$9"; start_step="${10}"
-run_dir="$(dirname -- "$launch")"
-python="${SHARDCTL_PYTHON:-python3}"
-first_token="${SHARDCTL_ATTEMPT_TOKEN:-}"
-pids=()
-got=0; stopping=0
-trap 'got=1; stopping=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
-restart=0
-while :; do
-  started="$(date +%s)"
-  export SHARDCTL_RESTART="$restart"
-  pids=()
-  for ((i = 0; i < nnodes; i++)); do
-    SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
-    pids+=("$!")
-  done
-  rc=0
-  for pid in "${pids[@]}"; do
-    while :; do
-      got=0; node_rc=0
-      wait "$pid" || node_rc=$?
-      [ "$got" = 1 ] || break
-    done
-    if [ "$rc" = 0 ]; then rc="$node_rc"; fi
-  done
-  printf '%s\n' "$rc" >"$code_file.tmp" && mv -f "$code_file.tmp" "$code_file"
-  verdict="$("$python" -m shardctl.orchestrator.outcome "$run_dir" --exit-code "$rc" \
-    --since "$started" --write "$outcome_file" --job "$job" --checkpoint-dir "$checkpoint_dir" \
-    --start-step "$start_step" --restarts "$restart" --max-restarts "$max_restarts" \
-    2>>"$err")" || verdict=""
-  if [ "$stopping" = 1 ] || [ "${verdict%% *}" != restart ]; then
-    exit "$rc"
-  fi
-  restart=$((restart + 1))
-  printf 'shardctl: %s\n' "${verdict#* }" >>"$err"
-  rm -f -- "$run_dir/HUNG" "$run_dir/FAILED"
-  if [ -n "$first_token" ]; then
-    export SHARDCTL_ATTEMPT_TOKEN="$first_token-r$restart"
-    "$python" -m shardctl.orchestrator.fence "$run_dir" "$SHARDCTL_ATTEMPT_TOKEN" \
-      cluster=local "restart=$restart" "job=$job" 2>>"$err" || exit "$rc"
-  fi
-done
-"""
+# The node agent on this machine (`python -m shardctl.orchestrator.agent`, its local
+# adapter `agent/local.py`) runs every node of the spec and records the exit code and
+# the verdict after every round; a crash or a hang with restarts left
+# (`restart.max_in_allocation`) starts every node again under a new attempt token.
+AGENT_MODULE = "shardctl.orchestrator.agent"
 
 
 def _mtime(path: Path) -> float | None:
@@ -290,31 +239,24 @@ class LocalCluster(Cluster):
         # The launchers (torchrun, accelerate, deepspeed) of this interpreter come first.
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env[PYTHON_VAR] = sys.executable  # the node watchdog's interpreter
-        proc = subprocess.Popen(
-            [
-                "bash",
-                "-c",
-                SUPERVISOR,
-                "shardctl-local",
-                str(run_dir / LAUNCH_FILE),
-                str(logs / LOG_FILES[0]),
-                str(logs / LOG_FILES[1]),
-                str(run_dir / EXIT_FILE),
-                str(spec.resources.nodes),
-                str(run_dir / OUTCOME_FILE),
-                str(spec.restart.max_in_allocation),
-                # Judged per submit: its restarts' progress, in attempts.jsonl.
-                f"local-{attempt}",
-                spec.checkpoint_dir,
-                "" if start_step is None else str(start_step),
-            ],
-            cwd=os.getcwd(),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        argv = [
+            sys.executable, "-m", AGENT_MODULE,
+            "--run-dir", str(run_dir), "--launch", str(run_dir / LAUNCH_FILE),
+            "--out", str(logs / LOG_FILES[0]), "--err", str(logs / LOG_FILES[1]),
+            "--nodes", str(spec.resources.nodes),
+            # Judged per submit: its restarts' progress, in attempts.jsonl.
+            "--job", f"local-{attempt}",
+            "--checkpoint-dir", spec.checkpoint_dir,
+            "--start-step", "" if start_step is None else str(start_step),
+            "--max-restarts", str(spec.restart.max_in_allocation),
+        ]  # fmt: skip
+        # The agent's own words go nowhere (as a launcher's would to a terminal); what
+        # it cannot do (a traceback) lands in the launcher's error log.
+        with (logs / LOG_FILES[1]).open("ab") as err:
+            proc = subprocess.Popen(
+                argv, cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+            )  # fmt: skip
         ticks = start_ticks(proc.pid)
         write_text_atomic(run_dir / PID_FILE, f"{proc.pid} {ticks or ''}\n", durable=False)
         extra = {**ref.extra, "log_offsets": offsets, "attempt": attempt}
