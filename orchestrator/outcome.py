@@ -1,9 +1,10 @@
 """How an attempt ended, and whether to go again: the one classifier every supervisor calls.
 
 Torch-free and dependency-free (it imports only `rundir` and `attempts`, the ledger of
-attempts and their progress): the local supervisor (through `python -m
-shardctl.orchestrator.outcome`), the Slurm node task (under submitit and under the
-standalone `job.sbatch`), every `status`, the ranks (`train/entry.py`, the loop,
+attempts and their progress): the node agent (`orchestrator/agent`: the local
+cluster's and the Slurm node task's, under submitit and under the standalone
+`job.sbatch`), a supervisor of your own in bash (`python -m
+shardctl.orchestrator.outcome`), every `status`, the ranks (`train/entry.py`, the loop,
 `api`, the HF callback) and the node watchdog import it.
 
 The ranks and the watchdog record a typed outcome as fields of the markers
@@ -46,7 +47,8 @@ judged (`record_attempt`: `attempts.jsonl` in the run dir, with the newest compl
 checkpoint read from the folder names and their manifests, torch-free) and passes
 `stalled_attempts` to `decide`: `MAX_ATTEMPTS_WITHOUT_PROGRESS` attempts in a row of
 one job that published no new complete checkpoint turn a RETRY or a RESTART into STOP
-(the local supervisor records its restarts the same way).
+(the node agent records every round, restarts in place included, on every cluster
+it runs on).
 
 Markers written before this module (no `kind`, no `signal`) still read: the file
 name gives the kind, and a PREEMPTED without `signal` counts as a preemption. No
@@ -783,7 +785,8 @@ def _step_arg(text: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """For a supervisor written in bash (the local supervisor): prints
+    """For a supervisor written in bash (one of your own; shardctl's clusters run the
+    node agent, which imports this module): prints
     `<decision> <summary>` on one line; `--write FILE` also records the verdict as
     JSON. Exit 0 once it judged, 2 on bad arguments."""
     p = argparse.ArgumentParser(prog="python -m shardctl.orchestrator.outcome", usage=USAGE)

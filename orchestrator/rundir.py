@@ -55,8 +55,8 @@ Evidence belongs to the attempt that wrote it: every marker written through
 that attempt's token (`"token"`, from `SHARDCTL_ATTEMPT_TOKEN`; fence.py), and a
 reader that knows its attempt's token takes a marker as this attempt's only when the
 token is the same, however close in time two attempts are and whatever a node's
-clock says. Fenced (tokens): the local supervisor's starts and restarts, Slurm's node
-task (under submitit and under job.sbatch), so their ranks, watchdogs, KILLED and a
+clock says. Fenced (tokens): the node agent's starts and restarts (local; Slurm's node
+task, under submitit and under job.sbatch), so their ranks, watchdogs, KILLED and a
 local `cancel`. The time rule (`belongs_to_attempt`) is kept only for evidence with no
 token to match: a marker an earlier version wrote (a run dir from before tokens), one
 written outside any fenced attempt (Kubernetes pods, `launch.sh` or a script run by
