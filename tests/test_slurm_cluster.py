@@ -641,18 +641,20 @@ def test_your_hf_trainer_script_gets_the_time_limit_signal_and_resumes(
 ) -> None:
     """examples/hf_trainer_script.py (a Trainer, two added lines) on 2 nodes: the
     time-limit warning signal → every rank saves checkpoint-N → requeued → resumes
-    from checkpoint-N → COMPLETED. The warning is due 20 s after the start and comes
-    by ~50 s (Slurm's timer checks limits every 30 s): by then every rank has
-    imported the Trainer on a busy host too, so a warning before the training holds
-    for the callback (at 10 s, one attempt on a loaded CI host was ended with
-    nothing saved before the hold existed). The script's steps are paced
-    (tests/helpers/paced_script.py: at least 0.15 s each, 60 s for 400 steps after
+    from checkpoint-N → COMPLETED. The warning is due 50 s after the job's start and
+    comes by ~80 s (Slurm's timer checks limits every 30 s): by then every rank has
+    imported the Trainer on a loaded host too, and a warning before the training is
+    held for the callback. Slurm counts from the allocation, not from the ranks' start:
+    on a loaded CI host the batch step took ~16 s to start the node tasks, and a
+    warning due at 20 s reached the ranks 4 s after they started, before the script
+    imported the Trainer (nothing saved). The script's steps are paced
+    (tests/helpers/paced_script.py: at least 0.15 s each, 75 s for 500 steps after
     the start-up), so on any host it is still stepping then: unpaced, a quiet host
     once finished 400 steps in 29 s, before the signal came."""
-    steps = 400
+    steps = 500
     args = ["0.15", "hf_trainer_script.py", "--max-steps", str(steps), "--save-steps", "1000"]
     spec = _own_spec("own-hf-time", "tests/helpers/paced_script.py", args)
-    spec["slurm"].update({"time": "10", "signal_delay_s": 580})
+    spec["slurm"].update({"time": "10", "signal_delay_s": 550})
     ref = _submitted(tmp_path, spec)
     run_dir = Path(ref.run_dir)
     saved_at = _wait(ref, lambda: _marker_step(run_dir), 180, "the time-limit save")
