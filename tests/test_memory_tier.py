@@ -117,12 +117,16 @@ def _steps(ckpt: api.Checkpointer, model, opt, counter: Counter, steps: range) -
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def _two_tiers(durable: Path, memory: Path) -> api.CheckpointConfig:
+    """The Checkpointer tests' configuration: durable every 4 steps, memory every 3."""
+    return api.CheckpointConfig(
+        dir=str(durable), every_steps=4, keep=2, memory_every_steps=3, memory_dir=str(memory)
+    )
+
+
 def test_checkpointer_resumes_from_the_memory_copy_newer_than_disk(tmp_path: Path) -> None:
     memory = tmp_path / "mem"
-    conf = api.CheckpointConfig(
-        dir=str(tmp_path / "ck"), every_steps=4, keep=2, memory_every_steps=3,
-        memory_dir=str(memory),
-    )  # fmt: skip
+    conf = _two_tiers(tmp_path / "ck", memory)
     model, opt = _model(1)
     ckpt = api.Checkpointer(conf, run_dir=tmp_path / "run", install_signals=False)
     ckpt.resume(api.model_state(model, opt), per_rank={"data": Counter()})
@@ -146,10 +150,7 @@ def test_a_corrupt_memory_copy_is_refused_and_the_durable_tier_serves(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     memory = tmp_path / "mem"
-    conf = api.CheckpointConfig(
-        dir=str(tmp_path / "ck"), every_steps=4, keep=2, memory_every_steps=3,
-        memory_dir=str(memory),
-    )  # fmt: skip
+    conf = _two_tiers(tmp_path / "ck", memory)
     model, opt = _model(1)
     ckpt = api.Checkpointer(conf, run_dir=tmp_path / "run", install_signals=False)
     ckpt.resume(api.model_state(model, opt))
@@ -335,9 +336,7 @@ def test_a_tmpfs_too_small_stops_before_the_first_step(
 
 def test_copies_of_a_deleted_run_dir_are_not_taken_for_a_new_run(tmp_path: Path) -> None:
     memory, run = tmp_path / "mem", tmp_path / "run"
-    conf = api.CheckpointConfig(
-        dir=str(run / "ck"), every_steps=4, keep=2, memory_every_steps=3, memory_dir=str(memory),
-    )  # fmt: skip
+    conf = _two_tiers(run / "ck", memory)
     model, opt = _model(1)
     ckpt = api.Checkpointer(conf, run_dir=run, install_signals=False)
     ckpt.resume(api.model_state(model, opt))
