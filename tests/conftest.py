@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,25 @@ def _session_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _isolated_state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
     """Job records of one test never leak into another test or the user's home."""
     monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path_factory.mktemp("state")))
+
+
+# The signals whose action code run in-process changes (the node agent ignores its
+# stop signals once it has decided; the preemption flag installs handlers).
+_STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _signal_actions_kept() -> Any:
+    """What a test changes of the worker's signal actions and mask is put back after
+    it, so a later test in the same worker starts with the worker's own (a node agent
+    run in-process leaves SIGUSR2 ignored, as its process is about to exit)."""
+    actions = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    for sig, action in actions.items():
+        if action is not None:
+            signal.signal(sig, action)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture(scope="session")
