@@ -4,15 +4,23 @@ Torch-free; reads two files of the run dir, written by others: `attempts.jsonl` 
 line per judged attempt, `outcome.record_attempt`: `start` and `end` in epoch
 seconds, `kind`, `decision`, `checkpoint_step`: the newest complete checkpoint at the
 attempt's end) and `logs/metrics.jsonl` (one line per logged step with its wall-clock
-`time`, `progress.py`). One job's attempts only (its id in attempts.jsonl: a new
-submission starts over); a job still running adds an open attempt, from its start
-(the run dir's `CURRENT_ATTEMPT`, claimed by the attempt's supervisor, when the claim
-names this job; or the end of the attempt before it) up to now.
+`time`, `progress.py`); and, where the memory tier ran, `logs/restores.jsonl` (one
+line per resume, written by rank 0: `token`, the attempt's token; `step`, the step it
+resumed from; `tier`, `memory` or `durable`; `train/memory_tier.record_restore`). One
+job's attempts only (its id in attempts.jsonl: a new submission starts over); a job
+still running adds an open attempt, from its start (the run dir's `CURRENT_ATTEMPT`,
+claimed by the attempt's supervisor, when the claim names this job; or the end of the
+attempt before it) up to now.
 
 Definitions (what `status` and `ls` show):
 
 - An attempt's *step records* are the metrics lines logged between its start and
-  its end. The next attempt resumes from the attempt's `checkpoint_step` (none: 0).
+  its end. An attempt resumed from the step of its line in restores.jsonl (a restart
+  in place from the memory tier resumes past the newest durable checkpoint); without
+  one, from the `checkpoint_step` of the attempt before it (none: 0). A restore line
+  is an attempt's when it carries the attempt's token (recorded in attempts.jsonl, or
+  the open attempt's claim); only where neither carries a token (older lines,
+  Kubernetes pods) by its time falling inside the attempt.
 - A step *survives* when it is in the final state: a step of an attempt survives
   when it is at or below the step the next attempt resumed from (it was not redone),
   and, for the last attempt, when the job finished or is still running (a job that
@@ -41,7 +49,8 @@ Definitions (what `status` and `ls` show):
 - `recoveries`: one per fault that was restarted or requeued, its `kind` (failed,
   hung, preempted, ...) and `seconds` from the fault (the attempt's end) to the first
   step record of the attempt after it (up to now while the job is still running
-  without one; None when it never logged one).
+  without one; None when it never logged one); `tier`, where the attempt after it has
+  a restore line: the tier it resumed from (`memory`, `durable`).
 
 A long metrics.jsonl (past FULL_READ_BYTES) is not read whole: `status` and `ls` ask
 for the goodput every time, and a million logged steps took seconds. Its lines are
@@ -67,6 +76,10 @@ from typing import Any
 from .progress import METRICS_FILE, metrics_row
 from .rundir import ATTEMPTS_FILE, CURRENT_ATTEMPT_FILE, LOGS_DIR
 
+# The memory tier's record of each resume (`train/memory_tier.RESTORES_FILE`; not
+# imported: orchestrator/ never imports train/ at module level).
+RESTORES_FILE = "restores.jsonl"
+
 # How a user's script makes its progress known (docs/guides/own-script.md).
 NO_STEPS_HINT = "a script reports its steps with shardctl.train.api.log_metrics"
 # Decisions after which the job went again (`outcome.Decision` values).
@@ -80,10 +93,19 @@ SLACK_S = 1.0
 class Recovery:
     kind: str
     seconds: float | None
+    tier: str | None = None  # the tier the next attempt resumed from, when recorded
 
     def to_json(self) -> dict[str, Any]:
         seconds = None if self.seconds is None else round(self.seconds, 1)
-        return {"kind": self.kind, "seconds": seconds}
+        out: dict[str, Any] = {"kind": self.kind, "seconds": seconds}
+        if self.tier is not None:
+            out["tier"] = self.tier
+        return out
+
+    def words(self) -> str:
+        """`failed 12 s`, or `failed 12 s from memory`."""
+        seconds = "?" if self.seconds is None else f"{self.seconds:.0f}"
+        return f"{self.kind} {seconds} s" + (f" from {self.tier}" if self.tier else "")
 
 
 @dataclass(frozen=True)
@@ -124,11 +146,7 @@ class Goodput:
             lost = f"{self.lost_steps} step{'s' if self.lost_steps != 1 else ''} lost"
             parts.append(f"{restarts}, {lost}")
         if self.recoveries:
-            each = ", ".join(
-                f"{r.kind} {'?' if r.seconds is None else f'{r.seconds:.0f}'} s"
-                for r in self.recoveries
-            )
-            parts.append(f"recoveries: {each}")
+            parts.append(f"recoveries: {', '.join(r.words() for r in self.recoveries)}")
         text = f"{head} ({'; '.join(parts)})"
         return text + "".join(f"\n  note: {n}" for n in self.notes)
 
@@ -149,7 +167,15 @@ class _Attempt:
     kind: str | None  # None: still running
     decision: str | None
     checkpoint_step: int | None
+    token: str | None = None  # its round's token, where the ledger recorded one
+    restore: dict[str, Any] | None = None  # its line of restores.jsonl, if any
     records: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
+    resumed: int = 0  # the step it resumed from (`_resume_steps`)
+    kept_until: float = math.inf  # its steps past this one were redone or lost
+
+    @property
+    def kept_all(self) -> bool:
+        return math.isinf(self.kept_until)
 
 
 def _number(value: Any) -> float | None:
@@ -160,6 +186,10 @@ def _number(value: Any) -> float | None:
 
 def _step(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _token(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _jsonl(path: Path) -> tuple[list[dict[str, Any]], int] | None:
@@ -284,8 +314,8 @@ def _searched_rows(f: Any, size: int, attempts: Sequence[_Attempt]) -> list[dict
             continue
         found.update(lines.rows(lo, lo + WINDOW_BYTES))
         found.update(lines.rows(hi - WINDOW_BYTES, hi))
-        if nxt is not None or attempt.kind not in (None, "done"):  # `_measure`'s limit
-            at = lines.first(lo, hi, 0, (attempt.checkpoint_step or 0) + 1)
+        if not attempt.kept_all:  # the steps on both sides of `_measure`'s limit
+            at = lines.first(lo, hi, 0, int(attempt.kept_until) + 1)
             found.update(lines.rows(max(lo, at - WINDOW_BYTES // 2), min(hi, at + WINDOW_BYTES)))
         lo = hi
     return [{"step": step, "time": when} for _, (step, when) in sorted(found.items())]
@@ -309,11 +339,11 @@ def _metrics_rows(path: Path, attempts: Sequence[_Attempt]) -> list[dict[str, An
         return None
 
 
-def _started(run_dir: Path, job: str) -> float | None:
-    """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime), if that
-    claim is `job`'s: the job it names (`job`, or Slurm's `job_id`) decides, not how
-    close its time is; a claim naming no job (an older version's) counts. None for
-    another job's claim, or none."""
+def _claimed(run_dir: Path, job: str) -> tuple[float, str | None] | None:
+    """When the run's current attempt was claimed (`CURRENT_ATTEMPT`'s mtime) and its
+    token, if that claim is `job`'s: the job it names (`job`, or Slurm's `job_id`)
+    decides, not how close its time is; a claim naming no job (an older version's)
+    counts. None for another job's claim, or none."""
     path = run_dir / CURRENT_ATTEMPT_FILE
     try:
         claimed_at = path.stat().st_mtime
@@ -323,12 +353,60 @@ def _started(run_dir: Path, job: str) -> float | None:
     try:
         claim = json.loads(text)
     except ValueError:
-        return claimed_at  # names no job: counted, as before claims named theirs
-    if isinstance(claim, dict):
-        named = claim.get("job", claim.get("job_id"))
-        if isinstance(named, str) and named != job:
-            return None
-    return claimed_at
+        return claimed_at, None  # names no job: counted, as before claims named theirs
+    if not isinstance(claim, dict):
+        return claimed_at, None
+    named = claim.get("job", claim.get("job_id"))
+    if isinstance(named, str) and named != job:
+        return None
+    token = claim.get("token")
+    return claimed_at, token if isinstance(token, str) else None
+
+
+def _restores(run_dir: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The lines of `logs/restores.jsonl` that name a step (none: no memory tier ran)."""
+    read = _jsonl(run_dir / LOGS_DIR / RESTORES_FILE)
+    if read is None:
+        return []
+    rows, bad = read
+    if bad:
+        notes.append(f"{bad} line{'s' if bad != 1 else ''} of {LOGS_DIR}/{RESTORES_FILE} "
+                     "could not be read")  # fmt: skip
+    return [row for row in rows if _step(row.get("step")) is not None]
+
+
+def _match_restores(attempts: Sequence[_Attempt], restores: list[dict[str, Any]]) -> None:
+    """Give each attempt its restore line: the one carrying its token; only where
+    neither the attempt nor the line has a token, the one written inside its span (a
+    token says whose a line is: a time might be another attempt's in the same second)."""
+    for attempt in attempts:
+        if attempt.token is not None:
+            mine = [r for r in restores if r.get("token") == attempt.token]
+        else:
+            mine = [
+                r for r in restores
+                if not isinstance(r.get("token"), str)
+                and (when := _number(r.get("time"))) is not None
+                and attempt.start <= when <= attempt.end + SLACK_S
+            ]  # fmt: skip
+        attempt.restore = mine[-1] if mine else None
+
+
+def _resume_steps(attempts: Sequence[_Attempt], resumed: int) -> None:
+    """Set where each attempt resumed (its restore line's step, else the checkpoint
+    the attempt before it left; `resumed` for the first) and how far its steps were
+    kept: up to where the next attempt resumed; the last attempt's all of them when
+    the job finished or runs on, else only up to its last checkpoint."""
+    for attempt in attempts:
+        if attempt.restore is not None:
+            resumed = attempt.restore["step"]
+        attempt.resumed = resumed
+        resumed = attempt.checkpoint_step or 0
+    for attempt, nxt in pairwise(attempts):
+        attempt.kept_until = float(nxt.resumed)
+    last = attempts[-1]
+    if last.kind not in (None, "done"):
+        last.kept_until = float(last.checkpoint_step or 0)
 
 
 def goodput(
@@ -359,7 +437,7 @@ def goodput(
             continue
         attempts.append(
             _Attempt(start, end, str(entry.get("kind")), str(entry.get("decision")),
-                     _step(entry.get("checkpoint_step")))
+                     _step(entry.get("checkpoint_step")), _token(entry.get("token")))
         )  # fmt: skip
     if untimed:
         notes.append(f"{untimed} attempt{'s' if untimed != 1 else ''} recorded without times")
@@ -370,12 +448,13 @@ def goodput(
     for before, after in pairwise(attempts):
         after.start = min(max(after.start, before.end), after.end)
     if running:
-        known = [t for t in (_started(root, job), submitted) if t is not None]
+        claim_at, claim_token = _claimed(root, job) or (None, None)
+        known = [t for t in (claim_at, submitted) if t is not None]
         if attempts:  # a restart starts once the attempt before it was judged
             known.append(attempts[-1].end)
         start = max(known, default=None)
         if start is not None and start <= now:
-            attempts.append(_Attempt(start, now, None, None, None))
+            attempts.append(_Attempt(start, now, None, None, None, claim_token))
     restarts = sum(1 for e in mine if e.get("decision") in WENT_AGAIN)
     if not attempts:
         if not mine:
@@ -385,12 +464,14 @@ def goodput(
     first = lines.index(mine[0]) if mine else len(lines)
     before = [_step(e.get("checkpoint_step")) for e in lines[:first]]
     resumed = next((s for s in reversed(before) if s is not None), 0)
+    _match_restores(attempts, _restores(root, notes))
+    _resume_steps(attempts, resumed)
     metrics = _metrics_rows(root / LOGS_DIR / METRICS_FILE, attempts)
     if metrics is None:
         notes.append(f"no readable {LOGS_DIR}/{METRICS_FILE}: training time unknown")
     else:
         _assign(attempts, metrics)
-    measured = _measure(attempts, resumed, restarts, running, now, notes)
+    measured = _measure(attempts, restarts, running, now, notes)
     if not any(attempt.records for attempt in attempts):
         # Nothing says how far any attempt got: 0 % and "0 steps lost" would be false.
         return replace(measured, effective=None, lost_steps=None)
@@ -441,14 +522,13 @@ def _median(values: list[float]) -> float | None:
 
 def _measure(
     attempts: list[_Attempt],
-    resumed: int,
     restarts: int,
     running: bool,
     now: float,
     notes: list[str],
 ) -> Goodput:
-    """The definitions of the module docstring; `resumed`: the step the first attempt
-    resumed from."""
+    """The definitions of the module docstring, each attempt's `resumed` and
+    `kept_until` set (`_resume_steps`)."""
     training = 0.0
     lost = 0
     recoveries: list[Recovery] = []
@@ -457,8 +537,7 @@ def _measure(
     unpaced = 0
     for i, attempt in enumerate(attempts):
         last = i == len(attempts) - 1
-        kept_all = last and (attempt.kind in (None, "done"))
-        limit = math.inf if kept_all else float(attempt.checkpoint_step or 0)
+        resumed, limit = attempt.resumed, attempt.kept_until
         steps = ascending[i]
         if steps:
             first_step, first_t = steps[0]
@@ -476,7 +555,7 @@ def _measure(
             training += first_s * _overlap(resumed, first_step, resumed, limit)
             for (s0, t0), (s1, t1) in pairwise(steps):
                 training += (t1 - t0) * _overlap(s0, s1, resumed, limit)
-            if not kept_all:
+            if not attempt.kept_all:
                 lost += max(0, last_step - max(int(limit), resumed))
         if attempt.decision in WENT_AGAIN:
             nxt = attempts[i + 1] if not last else None
@@ -485,8 +564,10 @@ def _measure(
                 seconds: float | None = max(0.0, first - attempt.end)
             else:
                 seconds = now - attempt.end if running else None
-            recoveries.append(Recovery(attempt.kind or "?", seconds))
-        resumed = attempt.checkpoint_step or 0
+            tier = nxt.restore.get("tier") if nxt is not None and nxt.restore else None
+            recoveries.append(
+                Recovery(attempt.kind or "?", seconds, tier if isinstance(tier, str) else None)
+            )
     if unpaced:
         notes.append(
             f"{unpaced} attempt{'s' if unpaced != 1 else ''} logged one step and no step "

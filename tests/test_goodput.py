@@ -267,3 +267,95 @@ def test_a_k8s_job_has_no_goodput_and_no_traceback(tmp_path: Path) -> None:
     crashed_run(tmp_path / "far", "ns/far")
     ref = JobRef("k8s", "ns/far", "far", str(tmp_path / "far"), {"pvc": "runs"})
     assert _goodput(get_cluster("k8s"), ref, None) is None
+
+
+# ------------------------------------------------------------- the memory tier
+
+
+def restored(token: str | None, step: int, tier: str, at: float) -> dict[str, Any]:
+    """A line of logs/restores.jsonl as rank 0 writes it (memory_tier.record_restore)."""
+    return {"time": T0 + at, "token": token, "step": step, "tier": tier,
+            "lost_steps": None, "seconds": 0.2, "refused": None}  # fmt: skip
+
+
+def with_restores(root: Path, lines: list[dict[str, Any]]) -> Path:
+    (root / "logs" / "restores.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return root
+
+
+def memory_restart(root: Path, restores: list[dict[str, Any]], tokens: bool = True) -> Path:
+    """Durable checkpoints every 100 steps (none yet), a memory copy at step 5.
+    Attempt 1 (token t-0): steps 1..7 at 1..7 s, killed, judged at 8 s.
+    Attempt 2 (token t-1): restarted in place from memory at 5, steps 6..10 at
+    10..14 s, done at 14 s (its final durable save: 10)."""
+    first = attempt("7", 0, 8, "failed", "restart", None)
+    second = attempt("7", 8, 14, "done", "finish", 10)
+    if tokens:
+        first["token"], second["token"] = "t-0", "t-1"
+    return with_restores(run_dir(root, [first, second], steps(1, 7, 1) + steps(6, 10, 10)),
+                         restores)  # fmt: skip
+
+
+def test_a_restart_from_memory_loses_only_the_steps_past_the_copy(tmp_path: Path) -> None:
+    # Resumed at 5 (memory), not 0 (no durable checkpoint): lost 7 - 5 = 2 steps, not 7.
+    # Kept: 1..5 (5 s: the first step at the pace, 4 s between records) and 6..10
+    # (the first at the pace, 1 s of its 2 s start-up, + 4 s) = 10 s of 8 + 6 = 14 s.
+    # A line carrying another token, written inside attempt 2's span with another
+    # step, is not attempt 2's: a token decides, never a time.
+    root = memory_restart(
+        tmp_path / "r",
+        [restored("t-stale", 7, "memory", 9.0), restored("t-1", 5, "memory", 9.5)],
+    )
+    g = measure(root)
+    assert (g["restarts"], g["lost_steps"]) == (1, 2)
+    assert g["effective"] == pytest.approx(10 / 14, abs=1e-4)
+    assert g["recoveries"] == [{"kind": "failed", "seconds": 2.0, "tier": "memory"}]
+
+
+def test_a_restore_line_of_another_token_only_is_not_matched_by_time(tmp_path: Path) -> None:
+    # The only restore line inside attempt 2's span carries another attempt's token:
+    # attempt 2 resumed, as far as is known, from attempt 1's checkpoint (none: 0).
+    root = memory_restart(tmp_path / "r", [restored("t-stale", 5, "memory", 9.5)])
+    g = measure(root)
+    assert g["lost_steps"] == 7
+    assert g["recoveries"] == [{"kind": "failed", "seconds": 2.0}]
+
+
+def test_tokenless_attempts_take_the_tokenless_restore_line_in_their_span(
+    tmp_path: Path,
+) -> None:
+    # Neither the ledger nor the restore lines carry tokens (an older version; a pod):
+    # the line written inside attempt 2 (at 9.5 s, between 8 and 14 s) is its own.
+    root = memory_restart(tmp_path / "r", [restored(None, 5, "memory", 9.5)], tokens=False)
+    g = measure(root)
+    assert g["lost_steps"] == 2
+    assert g["recoveries"] == [{"kind": "failed", "seconds": 2.0, "tier": "memory"}]
+
+
+def test_a_running_attempt_takes_the_restore_line_of_its_claim(tmp_path: Path) -> None:
+    # Attempt 1 as above; the restart in place (token t-1, claimed at 9 s) resumed from
+    # memory at 5 and logged 6..8 at 10..12 s; now is 20 s. Lost 7 - 5 = 2 steps;
+    # kept 5 s + (1 s + 2 s) = 8 s of 8 + (20 - 9) = 19 s.
+    first = attempt("7", 0, 8, "failed", "restart", None) | {"token": "t-0"}
+    root = run_dir(tmp_path / "r", [first], steps(1, 7, 1) + steps(6, 8, 10))
+    with_restores(root, [restored("t-1", 5, "memory", 9.5)])
+    (root / "CURRENT_ATTEMPT").write_text(json.dumps({"token": "t-1", "job": "7"}))
+    os.utime(root / "CURRENT_ATTEMPT", (T0 + 9, T0 + 9))
+    g = measure(root, running=True, now=T0 + 20)
+    assert g["lost_steps"] == 2
+    assert g["effective"] == pytest.approx(8 / 19, abs=1e-4)
+    assert g["recoveries"] == [{"kind": "failed", "seconds": 2.0, "tier": "memory"}]
+
+
+def test_status_says_which_tier_each_recovery_came_from(tmp_path: Path) -> None:
+    root = memory_restart(tmp_path / "mem", [restored("t-1", 5, "memory", 9.5)])
+    for line in (root / "attempts.jsonl").read_text().splitlines():
+        assert json.loads(line)["job"] == "7"
+    text = (root / "attempts.jsonl").read_text().replace('"job": "7"', '"job": "local-1"')
+    (root / "attempts.jsonl").write_text(text)
+    (root / "local.exit").write_text("0\n")
+    (root / "DONE").write_text('{"kind": "done", "step": 10}\n')
+    remember(JobRef("local", "9", "mem", str(root), {"attempt": 1}))
+    res = CliRunner().invoke(cli, ["status", "mem"])
+    assert res.exit_code == 0, res.output
+    assert "1 restart, 2 steps lost; recoveries: failed 2 s from memory)" in res.output
