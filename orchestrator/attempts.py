@@ -96,13 +96,39 @@ def _newest_of_run(run_dir: str | Path, checkpoint_dir: str | Path) -> tuple[int
 
 @dataclass(frozen=True)
 class Progress:
-    """This attempt's progress: the newest complete checkpoint step now, whether it
-    was published during the attempt, and how many attempts in a row (this one
-    included) of the same job published none."""
+    """This attempt's progress: the newest complete (durable) checkpoint step now,
+    whether the run can resume from a newer step than when the attempt started (a
+    durable checkpoint or a memory-tier copy), how many attempts in a row (this one
+    included) of the same job got no newer one, and the newest memory copy's step."""
 
     step: int | None
     advanced: bool
     stalled: int
+    memory_step: int | None = None
+
+
+# Where the memory tier's copies of a run are: the run dir names the folder
+# (`train/memory_tier.OWNER_FILE`, JSON {"dir"}, written by rank 0 when a run with
+# the tier resumes; not imported: orchestrator/ never imports train/).
+MEMORY_OWNER_FILE = "logs/memory-tier.json"
+
+
+def newest_memory_step(run_dir: str | Path) -> int | None:
+    """The step of the newest complete memory-tier copy the run dir names (on this
+    node's tmpfs: node 0's agent judges), None when there is none. A restart in place
+    resumes from it (`memory_tier.restore_newest`), so a newer one is progress."""
+    try:
+        named = json.loads((Path(run_dir) / MEMORY_OWNER_FILE).read_text()).get("dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(named, str) or not named:
+        return None
+    newest = newest_checkpoint(named)
+    return newest[0] if newest is not None else None
+
+
+def _newest(*steps: int | None) -> int | None:
+    return max((s for s in steps if s is not None), default=None)
 
 
 def _checkpoint_location(run_dir: str | Path, checkpoint_dir: str | Path | None) -> str | Path:
@@ -113,29 +139,43 @@ def _checkpoint_location(run_dir: str | Path, checkpoint_dir: str | Path | None)
     return str(checkpoint_dir) if is_object_url(checkpoint_dir) else Path(checkpoint_dir)
 
 
-def newest_step(run_dir: str | Path, checkpoint_dir: str | Path | None) -> int | None:
-    """The step of the newest complete checkpoint a run has now (shardctl's or a
-    Trainer's, `_newest_of_run`), None when it has none: what a supervisor records
-    when an attempt starts, so that its end is judged by steps, not by file times."""
+def newest_durable_step(run_dir: str | Path, checkpoint_dir: str | Path | None) -> int | None:
+    """The step of the newest complete durable checkpoint a run has now (shardctl's
+    or a Trainer's, `_newest_of_run`), None when it has none."""
     newest = _newest_of_run(run_dir, _checkpoint_location(run_dir, checkpoint_dir))
     return newest[0] if newest is not None else None
+
+
+def newest_step(run_dir: str | Path, checkpoint_dir: str | Path | None) -> int | None:
+    """The newest step the run can resume from now: its newest durable checkpoint or
+    memory-tier copy, None when it has neither: what a supervisor records when an
+    attempt starts, so that its end is judged by steps, not by file times."""
+    return _newest(newest_durable_step(run_dir, checkpoint_dir), newest_memory_step(run_dir))
 
 
 def attempt_progress(
     run_dir: str | Path, checkpoint_dir: str | Path | None, start_step: int | None, job: str
 ) -> Progress:
-    """This attempt's `Progress`: whether the newest complete checkpoint now is newer
-    than the newest one when the attempt started, judged by step alone (never by a
-    file time: two attempts may share a second, and a clock may be skewed). The step
-    at the start is the previous attempt's of `job` in `attempts.jsonl` (those of
+    """This attempt's `Progress`: whether the newest step the run can resume from now
+    (a complete durable checkpoint or memory-tier copy: a restart in place resumes
+    from memory) is newer than the newest when the attempt started, judged by step
+    alone (never by a file time: two attempts may share a second, and a clock may be
+    skewed). The step at the start is the previous attempt's of `job` in
+    `attempts.jsonl` (the newer of its `checkpoint_step` and `memory_step`; those of
     `job` only: a new submission starts over); for the job's first attempt,
     `start_step`, which its supervisor read when the attempt started (`newest_step`,
     after claiming the attempt's token: no earlier attempt's rank can publish after
     it); None: there was none (any complete checkpoint now is progress). A Trainer's
     `checkpoint-N` counts as well (`_newest_of_run`)."""
-    newest = newest_step(run_dir, checkpoint_dir)
+    durable = newest_durable_step(run_dir, checkpoint_dir)
+    memory = newest_memory_step(run_dir)
+    newest = _newest(durable, memory)
     before = [e for e in _attempts(run_dir) if e.get("job") == job]
-    previous = _int(before[-1].get("checkpoint_step")) if before else start_step
+    if before:
+        previous = _newest(_int(before[-1].get("checkpoint_step")),
+                           _int(before[-1].get("memory_step")))  # fmt: skip
+    else:
+        previous = start_step
     advanced = newest is not None and (previous is None or newest > previous)
     stalled = 0
     if not advanced:
@@ -144,7 +184,7 @@ def attempt_progress(
             if entry.get("advanced") is not False:
                 break
             stalled += 1
-    return Progress(newest, advanced, stalled)
+    return Progress(durable, advanced, stalled, memory)
 
 
 def _attempts(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -169,18 +209,26 @@ def last_attempt(run_dir: str | Path, job: str) -> dict[str, Any] | None:
 
 
 def record_attempt(
-    run_dir: str | Path, job: str, verdict: Verdict, progress: Progress, since: float | None = None
+    run_dir: str | Path,
+    job: str,
+    verdict: Verdict,
+    progress: Progress,
+    since: float | None = None,
+    token: str | None = None,
 ) -> None:
     """Append this attempt to `attempts.jsonl` (one short line, one write): its
     timeline for `goodput.py` (`start`: `since`, the attempt's start; `end`: now, when
-    it was judged; `time`, the same, read by lines written before `end` existed)."""
+    it was judged; `time`, the same, read by lines written before `end` existed;
+    `token`: the attempt's token, which goodput matches its restore line by;
+    `memory_step`: the newest memory-tier copy, the start of the next attempt's
+    progress with `checkpoint_step`)."""
     now = time.time()
     entry = {
         "job": job, "attempt": verdict.retries, "restart": verdict.restarts,
-        "start": since, "end": now, "time": now,
+        "start": since, "end": now, "time": now, "token": token,
         "kind": verdict.outcome.kind.value, "decision": verdict.decision.value,
-        "checkpoint_step": progress.step, "advanced": progress.advanced,
-        "summary": verdict.summary(),
+        "checkpoint_step": progress.step, "memory_step": progress.memory_step,
+        "advanced": progress.advanced, "summary": verdict.summary(),
     }  # fmt: skip
     with open(Path(run_dir) / ATTEMPTS_FILE, "a") as f:
         f.write(json.dumps(entry) + "\n")

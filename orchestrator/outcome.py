@@ -833,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
         restarts=args.restarts, max_restarts=args.max_restarts,
     )  # fmt: skip
     if args.job and progress is not None:
-        record_attempt(args.run_dir, args.job, verdict, progress, args.since)
+        token = args.token or attempt_token()
+        record_attempt(args.run_dir, args.job, verdict, progress, args.since, token)
     if args.write:
         from .durable import write_text_atomic
 

@@ -75,6 +75,8 @@ POLL_S = 2.0
 
 # `NodeAgent._judge`: this node runs its launcher again (a restart in place).
 RESTARTED = "restarted"
+# `NodeAgent.run` of a node that sat the allocation's last round out (a spare).
+STOOD_BY = "stood by"
 
 
 class Unread:
@@ -143,6 +145,15 @@ class NodeAgent:
             else:
                 child_env[ENV_ATTEMPT_TOKEN] = token
             child_env[ENV_RESTART] = str(round_)
+            if not self._takes_part(round_, child_env):
+                # A spare standing by, or a bad node a spare replaced: no launcher here;
+                # the round is over when node 0 decided it.
+                if self._sit_out(round_) == Decision.RESTART.value:
+                    round_ += 1
+                    continue
+                signal.signal(self.preempt_sig, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                return STOOD_BY
             again = f", restart {round_} in this allocation" if round_ else ""
             say(
                 f"node {node} of job {self.adapter.job_id} (requeue {self.adapter.allocation}"
@@ -164,6 +175,33 @@ class NodeAgent:
                 return result
             round_ += 1
             started = time.time()
+
+    def _takes_part(self, round_: int, child_env: dict[str, str]) -> bool:
+        """Whether this node runs a launcher in this round: the adapter's
+        `enter_round` (optional: a cluster without spares trains on every node) sets
+        the round's variables, or says the node sits the round out. Only with restarts
+        in place: node 0 then tells every round's end to the nodes sitting it out."""
+        enter = getattr(self.adapter, "enter_round", None)
+        return enter is None or not self.max_restarts or bool(enter(round_, child_env))
+
+    def _sit_out(self, round_: int) -> str | None:
+        """Wait, idle, for node 0's decision on a round this node sits out, and
+        acknowledge it (node 0 starts the next round once every node did); None when
+        the node was told to stop (SIGTERM: a cancel or the allocation's end)."""
+        a = self.adapter
+        say(f"node {a.node}: standing by in round {round_} (a spare, or a node a spare "
+            "replaced)")  # fmt: skip
+        while signal.SIGTERM not in self.received:
+            decision = round_decision(self.run_dir, a.job_id, a.allocation, round_, 0.0)
+            if decision is not None:
+                ack_round(self.run_dir, a.job_id, a.allocation, round_, a.node)
+                return decision
+            time.sleep(POLL_S)
+        return None
+
+    def _spares_left(self) -> bool:
+        """Whether the adapter still has a spare to put in a bad node's place."""
+        return bool(getattr(self.adapter, "spares_left", 0))
 
     def _start_step(self, round_: int) -> int | None:
         """The newest complete checkpoint's step as this round starts (the first
@@ -275,9 +313,10 @@ class NodeAgent:
             wait_s=self.marker_wait_s,
             # Node 0 judges for every node: the stopped rank's node names it.
             culprit_wait_s=CULPRIT_WAIT_S if node == 0 and many else 0.0,
-            # Out of restarts, a crash pinned on another node is left behind there.
+            # Out of restarts, a crash pinned on another node is left behind there;
+            # within them, one a spare can take over from is handed to the spare.
             killed_wait_s=KILLED_WAIT_S
-            if node == 0 and many and round_ >= self.max_restarts
+            if node == 0 and many and (round_ >= self.max_restarts or self._spares_left())
             else 0.0,
         )  # fmt: skip
         # Node 0 carries the verdict out, so it alone judges progress and records the
@@ -292,7 +331,7 @@ class NodeAgent:
             restarts=round_, max_restarts=self.max_restarts if node == 0 else None,
         )  # fmt: skip
         if progress is not None:
-            record_attempt(self.run_dir, a.job_id, verdict, progress, started)
+            record_attempt(self.run_dir, a.job_id, verdict, progress, started, a.token(round_))
         a.judged(verdict, rc, round_)
         if node == 0 and self.max_restarts:
             if verdict.decision is Decision.RESTART:
