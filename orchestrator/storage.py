@@ -315,15 +315,18 @@ def is_object_url(location: object) -> bool:
     return is_s3_url(location)
 
 
-def local_root(location: str, run_dir: str | Path | None = None) -> Path:
+def local_root(location: str, run_dir: str | Path | None = None, node: int | None = None) -> Path:
     """Where the files of the object-store `location` are staged and mirrored locally:
-    `<run_dir>/s3-cache/<bucket>/<prefix>` for a run, else a folder of this user's
-    under the temporary directory (the CLI reading a bucket)."""
+    `<run_dir>/s3-cache/<bucket>/<prefix>` for a run (`<run_dir>/s3-cache/node-N/...`
+    for node N of a run on more than one node: no node reads another's), else a folder
+    of this user's under the temporary directory (the CLI reading a bucket)."""
     from .s3.url import parse_s3_url
 
     url = parse_s3_url(location)
     if run_dir:
         base = Path(run_dir) / S3_CACHE_DIR
+        if node is not None:
+            base = base / f"node-{node}"
     else:
         import tempfile
 
@@ -338,14 +341,19 @@ def checkpoint_storage(
     fence: Callable[[str], None] | None = None,
     behind: bool = False,
     durable: bool = True,
+    node: int = 0,
+    nodes: int = 1,
 ) -> CheckpointStorage:
     """The storage of the checkpoints at `location`: `PosixStorage` for a folder,
     `S3Storage` for `s3://BUCKET/PREFIX` (staged in `local_root(location, run_dir)`,
-    uploaded behind training when `behind`). A malformed URL is `ObjectUrlError`."""
+    uploaded behind training when `behind`; on more than one node, each node `node`
+    stages in its own folder and uploads its own ranks' files). A malformed URL is
+    `ObjectUrlError`."""
     if not is_object_url(location):
         return PosixStorage(location, durable=durable, fence=fence)
     from .s3.storage import S3Storage
     from .s3.url import parse_s3_url
 
     url = parse_s3_url(str(location))
-    return S3Storage(url, local_root(str(location), run_dir), fence=fence, behind=behind)
+    root = local_root(str(location), run_dir, node if nodes > 1 else None)
+    return S3Storage(url, root, fence=fence, behind=behind, node=node, nodes=nodes)

@@ -207,6 +207,19 @@ def _step_of(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _node_layout(rank: int, world_size: int) -> tuple[int, int, int]:
+    """(this rank's node, the number of nodes, ranks per node). Every launcher numbers
+    ranks node by node and says how many run on each node (`LOCAL_WORLD_SIZE`); without
+    it, or with a count that does not divide the world, all ranks are one node's."""
+    try:
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    except ValueError:
+        per_node = world_size
+    if per_node < 1 or world_size % per_node:
+        per_node = world_size
+    return rank // per_node, world_size // per_node, per_node
+
+
 def _newest_step(storage: CheckpointStorage) -> int | None:
     found = complete_candidates(storage)
     return _step_of(found[0]) if found else None
@@ -248,12 +261,19 @@ class CheckpointManager:
         # started by a fencing supervisor saves only while its attempt is the run's
         # current one (`orchestrator/fence.py`).
         fence = AttemptFence.from_env()
+        # On more than one node, a bucket's staging is each node's own folder: no node
+        # reads another's files, each uploads its own ranks' (`orchestrator/s3/storage`).
+        self.node, self.nodes, self.ranks_per_node = _node_layout(rank, world_size)
         self.storage: CheckpointStorage = storage or checkpoint_storage(
             where,
             run_dir=os.environ.get(ENV_RUN_DIR),
             fence=fence.check if fence is not None else None,
             behind=True,
+            node=self.node,
+            nodes=self.nodes,
         )
+        self.per_node = getattr(self.storage, "nodes", 1) > 1
+        self.node_leader = rank % self.ranks_per_node == 0
         # Where readers find a checkpoint's files by path (a bucket's local mirror),
         # and the checkpoint dir as the user named it (for messages).
         self.dir = self.storage.root if is_object_url(where) else Path(where)
@@ -325,6 +345,37 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint step failed on rank 0: {text}") from cause
         return value
 
+    def _leaders_do(self, fn: Any) -> Any:
+        """`_rank0_do`, but on the first rank of every node when each node stages its
+        own files (`per_node`): each rank gets its node's result; a failure on any
+        node fails every rank (none waits forever in the next collective)."""
+        if not self.per_node:
+            return self._rank0_do(fn)
+        result: Any = None
+        cause: BaseException | None = None
+        if self.node_leader:
+            try:
+                result = ("ok", fn())
+            except StaleAttemptError as exc:
+                result = ("stale", str(exc))
+            except Exception as exc:
+                cause = exc
+                code = exc.errno if isinstance(exc, OSError) else None
+                result = ("error", (f"{type(exc).__name__}: {exc}", code))
+        results = self._all_gather(result)
+        for rank, outcome in enumerate(results):
+            if outcome is None or outcome[0] == "ok":
+                continue
+            status, value = outcome
+            if status == "stale":
+                raise StaleAttemptError(value)
+            text, code = value
+            if cause is None and code is not None:
+                cause = OSError(code, text)
+            node = rank // self.ranks_per_node
+            raise CheckpointError(f"checkpoint step failed on node {node}: {text}") from cause
+        return results[self.node * self.ranks_per_node][1]
+
     # -- save -----------------------------------------------------------------------
 
     def save(self, step: int, trainer: Stateful | None = None, *, final: bool = False) -> None:
@@ -347,14 +398,14 @@ class CheckpointManager:
             (self.storage.new_staging(name) / TRAINER_DIR).mkdir()
 
         try:
-            self._rank0_do(prepare)
+            self._leaders_do(prepare)  # every node stages its own files when `per_node`
             self._write_trainer_state(tmp, step, trainer)
             if not (self.async_save and not final):
                 self.state_io.save(tmp, self.group)
                 self.timings["write"] = time.perf_counter() - t0
                 self._finalize(step, tmp, final_dir, t0)
                 if final:  # the run ends (or is preempted) only once its upload is in
-                    self._rank0_do(lambda: self._upload_done(final_dir))
+                    self._leaders_do(lambda: self._upload_done(final_dir))
         except StaleAttemptError:
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -431,8 +482,14 @@ class CheckpointManager:
         """Every rank's files are written: hash them (each rank a share), write the
         manifest, publish through the storage, apply retention. A collective."""
         self._barrier()
-        sizes = self._rank0_do(lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)})
-        mine = share_of(sizes, self.rank, self.world_size)
+        if self.per_node:  # each node hashes (and then uploads) the files it holds
+            sizes = self._node_files(tmp)
+            mine = share_of(sizes, self.rank % self.ranks_per_node, self.ranks_per_node)
+        else:
+            sizes = self._rank0_do(
+                lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)}
+            )
+            mine = share_of(sizes, self.rank, self.world_size)
         t_hash = time.perf_counter()
         try:
             # Make what this rank reads durable (files closed by writers).
@@ -457,7 +514,16 @@ class CheckpointManager:
             self.storage.publish(final_dir.name, replace=True)
             self._retention(final_dir)
 
-        self._rank0_do(publish)
+        if self.per_node:
+            # Node 0 commits once every other node's upload of its own files is done.
+            ours = {rel: described[rel] for rel in sizes}
+            self._leaders_do(
+                lambda: (
+                    publish() if self.node == 0 else self.storage.publish_node(final_dir.name, ours)
+                )  # type: ignore[attr-defined]
+            )
+        else:
+            self._rank0_do(publish)
         now = time.perf_counter()
         self.timings["publish"] = now - t_publish
         self.timings["total"] = now - t0
@@ -466,6 +532,21 @@ class CheckpointManager:
                 log.info("checkpoint %s complete", final_dir)
             else:  # complete once its manifest object is up (`_upload_done`, next save)
                 log.info("checkpoint %s/%s saved; uploading", self.location, final_dir.name)
+
+    def _node_files(self, tmp: Path) -> dict[str, int]:
+        """The files of the staged save this node uploads, with their sizes: those its
+        ranks wrote into its own staging folder, less any a lower node also holds (it
+        uploads that one). A collective."""
+        listed = self._leaders_do(
+            lambda: {rel: (tmp / rel).stat().st_size for rel in list_files(tmp)}
+        )
+        every_node = [n for n in self._all_gather(listed if self.node_leader else None) if n]
+        taken: set[str] = set()
+        for node, files in enumerate(every_node):
+            if node == self.node:
+                return {rel: size for rel, size in files.items() if rel not in taken}
+            taken.update(files)
+        return {}
 
     def _manifest(self, step: int, files: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -520,8 +601,9 @@ class CheckpointManager:
         ran, the checkpoint it uploads was not yet complete, so none was deleted for it."""
         if hasattr(self.storage, "wait"):
             self._wait_for_upload()
-            log.info("checkpoint %s/%s complete (uploaded)", self.location, newest.name)
-            self._retention(newest)
+            if self.rank == 0:  # the other nodes only waited for their own upload
+                log.info("checkpoint %s/%s complete (uploaded)", self.location, newest.name)
+                self._retention(newest)
 
     def close(self) -> None:
         self.wait()
@@ -551,6 +633,8 @@ class CheckpointManager:
         explicit = mode != "auto"
         if explicit:
             candidates = [self._rank0_do(lambda: str(self._check_explicit(self._local(mode))))]
+            if self.per_node and is_object_url(mode):  # every node its own copy
+                candidates = [self._leaders_do(lambda: str(self._local(mode)))]
         else:
             candidates = self._rank0_do(
                 lambda: [
@@ -562,8 +646,10 @@ class CheckpointManager:
         rejected: list[str] = []
         for cand in candidates:
             path = Path(cand)
-            if not explicit:  # from a bucket: brought down first (rank 0, shared run dir)
-                self._rank0_do(lambda p=path: self._fetch(p))
+            if not explicit:  # from a bucket: brought down first (into each node's copy)
+                if self.per_node:
+                    path = self.dir / path.name
+                self._leaders_do(lambda p=path: self._fetch(p))
             manifest, unreadable = self._rank0_do(lambda p=path: _read_or_why(p))
             if unreadable is not None:  # a damaged manifest: like a failed verification
                 if explicit:
@@ -619,7 +705,8 @@ class CheckpointManager:
         if not is_object_url(resume):
             return Path(resume)
         parent, _, name = resume.rstrip("/").rpartition("/")
-        storage = checkpoint_storage(parent, run_dir=os.environ.get(ENV_RUN_DIR))
+        run_dir = os.environ.get(ENV_RUN_DIR)
+        storage = checkpoint_storage(parent, run_dir=run_dir, node=self.node, nodes=self.nodes)
         try:
             return storage.fetch(name)  # type: ignore[attr-defined]
         except CheckpointError as exc:

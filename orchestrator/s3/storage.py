@@ -27,14 +27,24 @@ corrupt one).
 A manifest that records how long the save took (`save_s`) records how long its upload
 took too (`upload_s`): it is added just before the manifest goes up.
 
-`delete` removes the manifest first, then the rest. The staging folder must hold every
-file of the save when `publish` runs (a shared file system, as today); a save staged
-on each node's own disk needs every rank's `sync` to have run first, and `publish`
-then checks the sizes of what is there against the local files it has.
+`delete` removes the manifest first, then the rest.
+
+More than one node (`nodes > 1`): no node sees another's staging folder (each stages in
+its own `root`, node-local). Every node uploads the files its own ranks wrote: node 0
+through `publish` (it also cleans the store in `new_staging` and commits), every other
+node through `publish_node`, which ends its upload with a small list object
+(`<prefix>/.nodes/node-NNNNN.json`: each file's size and sha256, or the error that
+stopped it) and then drops its local copy. Node 0's upload waits for every other
+node's list, checks that the lists and its own files cover the manifest's files with
+the same size and sha256 and that each object is in the store with that size, deletes
+the lists and only then puts the manifest. A node lost before its list went up: no
+manifest, that checkpoint never counts (node 0 gives up after `node_wait_s`, or at
+once when its own process is ending), and the previous one is the newest complete one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -42,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..errors import CheckpointError
 from ..storage import COMMIT_MARKER, STAGING_SUFFIX, EntryStat, PosixStorage
@@ -51,6 +61,13 @@ from .url import S3Url
 
 # Where `fetch` downloads an entry before it takes the entry's local name.
 FETCH_SUFFIX = ".fetch"
+# Below an upload's prefix: one object per node (other than node 0) whose upload ended.
+NODE_LISTS = ".nodes"
+# How long node 0 waits for the other nodes' lists: as long as a checkpoint collective
+# may take (`train/checkpoint.CKPT_GROUP_TIMEOUT`); a node silent that long is lost.
+NODE_WAIT_S = 1800.0
+# Between two looks for the other nodes' lists (a few requests per second at most).
+NODE_POLL_S = 0.2
 
 
 class S3Storage:
@@ -59,7 +76,11 @@ class S3Storage:
 
     `staging_marker` and `fence` mean what they mean for `PosixStorage`: a file made in
     every staging folder (never uploaded), and a check called before a save is staged,
-    before `publish` changes anything and just before the manifest goes up.
+    before `publish` changes anything and just before the manifest goes up (and, on a
+    node other than 0, before each of its uploads).
+
+    `node` of `nodes`: which node this storage stages for; `root` is that node's own
+    folder. Node 0 publishes; the others `publish_node` (see the module docstring).
     """
 
     def __init__(
@@ -71,7 +92,12 @@ class S3Storage:
         staging_marker: str | None = None,
         fence: Callable[[str], None] | None = None,
         behind: bool = False,
+        node: int = 0,
+        nodes: int = 1,
+        node_wait_s: float = NODE_WAIT_S,
     ) -> None:
+        if not 0 <= node < nodes:
+            raise ValueError(f"node {node} of {nodes}: expected 0 <= node < nodes")
         self.url = url
         self.root = Path(root)
         self.client = client or S3Client()
@@ -81,6 +107,7 @@ class S3Storage:
         # without fsync: the store holds the durable copy.
         self._local = PosixStorage(self.root, durable=False, staging_marker=staging_marker)
         self.behind = behind
+        self.node, self.nodes, self.node_wait_s = node, nodes, node_wait_s
         self._upload: _Upload | None = None
 
     # -- the write side ----------------------------------------------------------------
@@ -95,9 +122,10 @@ class S3Storage:
         if self.fence is not None:
             self.fence(name)
         staged = self._local.new_staging(name)
-        self.client.delete_prefix(self._beside(name))
-        if not self._committed(name):
-            self.client.delete_prefix(self._entry(name))
+        if self.node == 0:  # the store is cleaned once, by the node that commits
+            self.client.delete_prefix(self._beside(name))
+            if not self._committed(name):
+                self.client.delete_prefix(self._entry(name))
         return staged
 
     def sync(self, staged: Path, files: Iterable[str]) -> None:
@@ -111,6 +139,8 @@ class S3Storage:
                 self.client.put_file(staged / rel, target.child(rel))
 
     def publish(self, name: str, *, replace: bool = False) -> Path:
+        if self.node != 0:
+            raise CheckpointError(f"node {self.node} does not commit {name}: publish_node")
         staged, entry = self.staging_path(name), self._entry(name)
         files = self._local_files(staged)
         if COMMIT_MARKER not in files:
@@ -128,6 +158,42 @@ class S3Storage:
         self._upload = _Upload(name, lambda: self._commit(name, final, files, committed))
         return final
 
+    def publish_node(self, name: str, files: dict[str, dict[str, Any]]) -> None:
+        """On a node other than 0: upload this node's `files` of the staged save (its
+        ranks' files, `{rel: {"size", "sha256"}}` as in the manifest), then its list
+        object, which node 0 waits for before it commits; behind training when
+        `behind`. The local copy goes once the list is up (node 0 keeps the store's)."""
+        if self.node == 0:
+            raise CheckpointError(f"node 0 commits {name}: publish, not publish_node")
+        self.wait()
+        final = self._local.publish(name, replace=True)
+        if self.behind:
+            self._upload = _Upload(name, lambda: self._upload_node(name, final, files))
+        else:
+            self._upload_node(name, final, files)
+
+    def _upload_node(self, name: str, source: Path, files: dict[str, dict[str, Any]]) -> None:
+        # Into `<name>/`, or beside a complete `name` this save replaces: node 0 has not
+        # touched the old entry yet (it waits for this very list), so every node agrees.
+        target = self._upload_prefix(name)
+        listed = target.child(NODE_LISTS, f"node-{self.node:05d}.json")
+        try:
+            for rel in sorted(files):
+                if self.fence is not None:
+                    self.fence(name)
+                self.client.put_file(source / rel, target.child(rel))
+            self._put_json({"node": self.node, "files": files}, listed)
+        except BaseException as error:
+            # Tell node 0 at once rather than let it wait `node_wait_s` (best effort:
+            # the store may be what failed).
+            with contextlib.suppress(Exception):
+                self._put_json({"node": self.node, "error": str(error)}, listed)
+            raise
+        self._local.delete(name)
+
+    def _put_json(self, data: dict[str, Any], url: S3Url) -> None:
+        self.client.put_bytes(json.dumps(data, sort_keys=True).encode(), url)
+
     def wait(self) -> None:
         """Until the upload running behind training (`behind=True`) has ended; its
         failure is raised here, once (the checkpoint it was for is not committed)."""
@@ -142,42 +208,103 @@ class S3Storage:
     def _commit(self, name: str, source: Path, files: dict[str, int], committed: bool) -> None:
         """Upload what `sync` did not, then the manifest: `files` (sizes by relative
         path) are read from `source`. A complete entry of that name stays whole while
-        the new files go up beside it; it is uncommitted only to be replaced."""
+        the new files go up beside it; it is uncommitted only to be replaced. With more
+        than one node, the other nodes' files are theirs to upload: their lists are
+        waited for and checked before anything of the old entry changes."""
         started = time.perf_counter()
         entry, beside = self._entry(name), self._beside(name)
         old = {_relative(o.url, entry) for o in self.client.list(entry).objects}
+        target = beside if committed else entry
+        # `new_staging` emptied the target: what is there, `sync` uploaded.
+        there = {_relative(o.url, target): o.size for o in self.client.list(target).objects}
+        for rel, size in files.items():
+            if rel != COMMIT_MARKER and there.get(rel) != size:
+                self.client.put_file(source / rel, target.child(rel))
+        expected = dict(files)
+        if self.nodes > 1:
+            expected.update(self._other_nodes_done(name, target, source / COMMIT_MARKER))
         if committed:
-            there = {_relative(o.url, beside): o.size for o in self.client.list(beside).objects}
-            for rel, size in files.items():
-                if rel != COMMIT_MARKER and there.get(rel) != size:
-                    self.client.put_file(source / rel, beside.child(rel))
             # The old entry stops being complete before any of its objects changes.
             self.client.delete([entry.child(COMMIT_MARKER)])
-            uploaded = self._move_in(beside, entry, files)
-        else:
-            # `new_staging` emptied `<name>/`: what is there, `sync` uploaded.
-            uploaded = {_relative(o.url, entry): o.size for o in self.client.list(entry).objects}
-        for rel, size in files.items():
-            if rel != COMMIT_MARKER and uploaded.get(rel) != size:
-                self.client.put_file(source / rel, entry.child(rel))
+            self._move_in(beside, entry, expected)
+        uploaded = {_relative(o.url, entry): o.size for o in self.client.list(entry).objects}
+        for rel, size in expected.items():
+            if rel == COMMIT_MARKER or uploaded.get(rel) == size:
+                continue
+            if rel not in files:  # another node's file, gone between its list and now
+                raise CheckpointError(
+                    f"{entry.child(rel)} is not in the store with its {size} bytes; "
+                    f"{name} is not committed"
+                )
+            self.client.put_file(source / rel, entry.child(rel))
         # The replaced entry's objects that this save does not hold.
-        self.client.delete(entry.child(rel) for rel in old if rel not in files)
+        self.client.delete(entry.child(rel) for rel in old if rel not in expected)
         _record_upload_time(source / COMMIT_MARKER, time.perf_counter() - started)
         if self.fence is not None:  # last, just before the commit
             self.fence(name)
         self.client.put_file(source / COMMIT_MARKER, entry.child(COMMIT_MARKER))
         self.client.delete_prefix(beside)
 
-    def _move_in(self, beside: S3Url, entry: S3Url, local: dict[str, int]) -> dict[str, int]:
-        """Copy the objects uploaded beside the entry into it (inside the store); their
-        sizes by name."""
-        moved = {}
+    def _other_nodes_done(self, name: str, target: S3Url, manifest: Path) -> dict[str, int]:
+        """Wait for the list of every node but this one under `target`; check that they
+        and this node's files name each of the manifest's files with its size and
+        sha256; delete the lists; the sizes of the files the other nodes uploaded."""
+        described = _manifest_files(manifest)
+        lists = self._wait_for_lists(name, target)
+        theirs: dict[str, int] = {}
+        for node, listed in sorted(lists.items()):
+            for rel, info in listed.items():
+                if described.get(rel) != info:
+                    raise CheckpointError(
+                        f"node {node} uploaded {rel} of {name} as {info}, but the manifest "
+                        f"says {described.get(rel)}; {name} is not committed"
+                    )
+                theirs[rel] = int(info["size"])
+        mine = set(_local_names(manifest.parent))
+        unlisted = sorted(set(described) - set(theirs) - mine)
+        if unlisted:
+            raise CheckpointError(
+                f"{name} is not committed: no node uploaded {', '.join(unlisted[:5])}"
+            )
+        self.client.delete(target.child(NODE_LISTS, _list_name(n)) for n in lists)
+        return theirs
+
+    def _wait_for_lists(self, name: str, target: S3Url) -> dict[int, dict[str, Any]]:
+        """Every other node's list under `target` (`{node: {rel: {"size", "sha256"}}}`),
+        as it arrives; a node's error is raised at once, a node silent past the
+        deadline (or this process ending) is the end of this checkpoint."""
+        lists: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + self.node_wait_s
+        while True:
+            for node in range(1, self.nodes):
+                listed = target.child(NODE_LISTS, _list_name(node))
+                if node in lists or not self.client.exists(listed):
+                    continue
+                data = json.loads(self.client.read_bytes(listed))
+                if "error" in data:
+                    raise CheckpointError(
+                        f"node {node} could not upload its files of {name}: {data['error']}; "
+                        f"{name} is not committed"
+                    )
+                lists[node] = data["files"]
+            missing = [node for node in range(1, self.nodes) if node not in lists]
+            if not missing:
+                return lists
+            if time.monotonic() > deadline or not threading.main_thread().is_alive():
+                nodes = ", ".join(str(node) for node in missing)
+                raise CheckpointError(
+                    f"{self._entry(name)} is not committed: node {nodes} did not finish "
+                    f"uploading its files (waited {self.node_wait_s:g} s)"
+                )
+            time.sleep(NODE_POLL_S)
+
+    def _move_in(self, beside: S3Url, entry: S3Url, wanted: dict[str, int]) -> None:
+        """Copy the objects of this save uploaded beside the entry into it (inside the
+        store)."""
         for info in self.client.list(beside).objects:
             rel = _relative(info.url, beside)
-            if rel in local:
+            if rel in wanted:
                 self.client.copy(info.url, entry.child(rel))
-                moved[rel] = info.size
-        return moved
 
     def delete(self, name: str) -> None:
         """Uncommit (the manifest first), then the rest, then the local copy."""
@@ -201,6 +328,8 @@ class S3Storage:
         without a manifest whose name `ours` accepts (uploads of crashed saves)."""
         self.wait()  # an upload running behind is no crashed save's
         removed = self._local.clean_stale(ours)
+        if self.node != 0:  # the store is node 0's to clean
+            return removed
         for folder in self.client.list(self.url, folders=True).folders:
             name = _relative(folder, self.url)
             staged = name.endswith(STAGING_SUFFIX) and ours(name[: -len(STAGING_SUFFIX)])
@@ -283,11 +412,8 @@ class S3Storage:
 
     def _local_files(self, staged: Path) -> dict[str, int]:
         """The staged save's files (relative POSIX paths) and sizes, the marker left out."""
-        return {
-            path.relative_to(staged).as_posix(): path.stat().st_size
-            for path in sorted(staged.rglob("*"))
-            if path.is_file() and path.relative_to(staged).as_posix() != self.staging_marker
-        }
+        names = _local_names(staged)
+        return {rel: (staged / rel).stat().st_size for rel in names if rel != self.staging_marker}
 
 
 class _Upload:
@@ -327,6 +453,29 @@ def _record_upload_time(manifest: Path, seconds: float) -> None:
     partial = manifest.with_name(f"{manifest.name}.partial")
     partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(partial, manifest)  # a reader of the local copy sees one or the other
+
+
+def _local_names(folder: Path) -> list[str]:
+    """The files below `folder`, as sorted relative POSIX paths."""
+    return sorted(
+        path.relative_to(folder).as_posix() for path in folder.rglob("*") if path.is_file()
+    )
+
+
+def _manifest_files(manifest: Path) -> dict[str, dict[str, Any]]:
+    """The manifest's `files` (`{rel: {"size", "sha256"}}`): what node 0 checks the
+    other nodes' lists against."""
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{manifest} names no files to check: {error}") from None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{manifest}: its files are not a table of size and sha256")
+    return files
+
+
+def _list_name(node: int) -> str:
+    return f"node-{node:05d}.json"
 
 
 def _has_size(path: Path, size: int) -> bool:
