@@ -21,26 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from sharded_mlp import build_mlp, newest_step_bytes, run_under_torchrun  # beside this file
+
 
 def _launch(args: argparse.Namespace) -> int:
     out = Path(tempfile.mkdtemp(prefix="ckpt-stall-")) / "result.json"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(args.nproc), __file__, "--worker",
+    run_under_torchrun(__file__, args.nproc, [
         "--params", str(args.params), "--saves", str(args.saves),
         "--steps-between", str(args.steps_between), "--width", str(args.width),
         "--dir", args.dir or str(out.parent / "ckpt"), "--result", str(out),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    subprocess.run(cmd, check=True, env=env)
+    ])  # fmt: skip
     result = json.loads(out.read_text())
     print(json.dumps(result, indent=2))
     if args.markdown:
@@ -70,39 +66,20 @@ def markdown(r: dict) -> str:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    import torch
     import torch.distributed as dist
     from shardctl.orchestrator.spec import parse_spec
-    from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
+    from shardctl.train.backends.fsdp import DcpStateIO
     from shardctl.train.checkpoint import CheckpointManager
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    width = args.width
-    blocks = max(1, round(float(args.params) / (width * width + width)))
-    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(blocks)))
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    params = sum(p.numel() for p in model.parameters())  # sharded numel summed = full
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(8, width)
-
-    def train_step() -> float:
-        t = time.perf_counter()
-        model(x).pow(2).mean().backward()
-        optim.step()
-        optim.zero_grad()
-        return time.perf_counter() - t
-
-    train_step()
-    states = {"model": ModelState(model), "optim": OptimizerState(model, optim)}
-    result: dict = {"params": params, "world_size": world, "blocks": blocks, "width": width}
-    step_times = [train_step() for _ in range(3)]
-    result["step_s"] = statistics.median(step_times)
+    mlp = build_mlp(args.params, args.width, 8, barrier=False)
+    train_step = mlp.step
+    result: dict = {
+        "params": mlp.params, "world_size": world, "blocks": mlp.blocks, "width": mlp.width,
+        "step_s": mlp.median_step(warmup=1, timed=3),
+    }  # fmt: skip
+    states = mlp.states()
     step = 0
     for mode in ("sync", "async"):
         spec = parse_spec(
@@ -154,10 +131,7 @@ def _worker(args: argparse.Namespace) -> None:
         if mode == "async":
             result["step_during_async_s"] = statistics.median(during)
         if rank == 0:
-            newest = sorted(Path(args.dir, mode).glob("step-*"))[-1]
-            result["checkpoint_bytes"] = sum(
-                f.stat().st_size for f in newest.rglob("*") if f.is_file()
-            )
+            result["checkpoint_bytes"] = newest_step_bytes(Path(args.dir, mode))
     # Compare with the whole sync save: what training would otherwise wait for.
     result["async_over_sync"] = result["async"]["stall_mean"] / result["sync"]["stall_mean"]
     if rank == 0:

@@ -29,11 +29,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from sharded_mlp import build_mlp, newest_step_bytes, run_under_torchrun  # beside this file
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -41,16 +42,12 @@ def _launch(args: argparse.Namespace) -> int:
     results = []
     for params in args.params:
         where = Path(args.dir) / f"shardctl-bench-{os.getpid()}"
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(args.nproc), __file__, "--worker",
-            "--params", str(params), "--width", str(args.width), "--batch", str(args.batch),
-            "--steps", str(args.steps), "--every", str(args.every),
-            "--dir", str(where), "--result", str(out),
-        ]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         try:
-            subprocess.run(cmd, check=True, env=env)
+            run_under_torchrun(__file__, args.nproc, [
+                "--params", str(params), "--width", str(args.width), "--batch", str(args.batch),
+                "--steps", str(args.steps), "--every", str(args.every),
+                "--dir", str(where), "--result", str(out),
+            ])  # fmt: skip
         finally:
             shutil.rmtree(where, ignore_errors=True)
         results.append(json.loads(out.read_text()))
@@ -80,43 +77,21 @@ def markdown(results: list[dict]) -> str:
 
 
 def _worker(args: argparse.Namespace) -> None:
-    import torch
     import torch.distributed as dist
     from shardctl.train.api_states import Strategy
-    from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
+    from shardctl.train.backends.fsdp import DcpStateIO
     from shardctl.train.memory_tier import MemoryTier
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
     wanted = float(args.params[0])
     width = min(args.width, max(16, int(wanted**0.5)))
-    blocks = max(1, round(wanted / (width * width + width)))
-    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(blocks)))
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    params = sum(p.numel() for p in model.parameters())
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(args.batch, width)
-
-    def train_step() -> float:
-        t = time.perf_counter()
-        model(x).pow(2).mean().backward()
-        optim.step()
-        optim.zero_grad()
-        dist.barrier()  # the step ends together, as the loop's agreement does
-        return time.perf_counter() - t
-
-    for _ in range(2):
-        train_step()
-    base = [train_step() for _ in range(5)]
-    step_s = statistics.median(base)
-    states = {"model": ModelState(model), "optim": OptimizerState(model, optim)}
-    io = DcpStateIO(states, Strategy("full_shard", 3, "fp32"))
-    result: dict = {"params": params, "world_size": world, "step_s": step_s}
+    # Each step ends with a barrier: the ranks end a step together, as the loop's do.
+    mlp = build_mlp(wanted, width, args.batch, barrier=True)
+    train_step = mlp.step
+    step_s = mlp.median_step(warmup=2, timed=5)
+    io = DcpStateIO(mlp.states(), Strategy("full_shard", 3, "fp32"))
+    result: dict = {"params": mlp.params, "world_size": world, "step_s": step_s}
     for mode in ("blocking", "background"):
         tier = MemoryTier(
             args.every, Path(args.dir) / mode, io, rank=rank, world_size=world,
@@ -146,8 +121,7 @@ def _worker(args: argparse.Namespace) -> None:
             "per_step_s": stall / args.every,
         }
         if rank == 0:
-            newest = sorted((Path(args.dir) / mode).glob("step-*"))[-1]
-            result["copy_bytes"] = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+            result["copy_bytes"] = newest_step_bytes(Path(args.dir) / mode)
     io.close()
     if rank == 0:
         Path(args.result).write_text(json.dumps(result))
