@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from ..durable import write_text_atomic
+from ..outcome import Decision
 from ..rundir import RESTART_FILE
 
 # How long a node other than 0 waits for node 0's decision on a round: node 0's ranks
@@ -75,8 +76,10 @@ def round_decision(
     run_dir: str, job_id: str, requeue: int, round_: int, wait_s: float = ROUND_DECISION_WAIT_S
 ) -> str | None:
     """Node 0's decision on this round of this allocation, once it wrote it (None
-    after `wait_s`: node 0 is gone; this node then ends as its own verdict says)."""
-    want = {"job": job_id, "requeue": requeue, "restart": round_}
+    after `wait_s`: node 0 is gone; this node then ends as its own verdict says). A
+    decision on a later round of the allocation says this one was a restart: node 0
+    may have gone on without this node (a spare took its place) before it looked."""
+    want = {"job": job_id, "requeue": requeue}
     deadline = time.monotonic() + wait_s
     while True:
         try:
@@ -84,7 +87,11 @@ def round_decision(
         except (OSError, ValueError):
             entry = {}
         if isinstance(entry, dict) and all(entry.get(k) == v for k, v in want.items()):
-            return str(entry.get("decision"))
+            told = entry.get("restart")
+            if told == round_:
+                return str(entry.get("decision"))
+            if isinstance(told, int) and told > round_:
+                return Decision.RESTART.value
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.5)

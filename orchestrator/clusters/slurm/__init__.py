@@ -179,11 +179,26 @@ class SlurmCluster(Cluster):
                 EnvLine('MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"'),
                 EnvLine("export MASTER_ADDR"),
             ]
+        if spec.slurm.spare_nodes:
+            # The allocation holds spares beside the training nodes: the node task says
+            # which node rank this node trains as in each round (`spares.py`).
+            nodes = [
+                export("SHARDCTL_NNODES", str(spec.resources.nodes)),
+                export_from(
+                    "SHARDCTL_NODE_RANK", "SHARDCTL_NODE_RANK",
+                    "run this script under the shardctl node task (slurm.spare_nodes)",
+                    "this node's rank in this round, set by the node task (spares stand by)",
+                ),
+            ]  # fmt: skip
+        else:
+            nodes = [
+                export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
+                export_from(
+                    "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
+                ),
+            ]
         return [
-            export_from("SHARDCTL_NNODES", "SLURM_JOB_NUM_NODES", where),
-            export_from(
-                "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
-            ),
+            *nodes,
             export("SHARDCTL_NPROC_PER_NODE", str(spec.resources.procs_per_node)),
             *master,
             export("MASTER_PORT", str(spec.slurm.master_port)),
@@ -247,7 +262,8 @@ class SlurmCluster(Cluster):
             run_dir=str(run_dir),
             extra={
                 "folder": str(Path(request["executor"]["folder"].replace("%j", str(job.job_id)))),
-                "nodes": spec.resources.nodes,
+                # Every node holds a log, the spares' too.
+                "nodes": spec.resources.nodes + spec.slurm.spare_nodes,
             },
         )
 
@@ -695,6 +711,7 @@ def _submit(executor: Any, task: dict[str, Any]) -> Any:
                 max_requeues=task["max_requeues"],
                 checkpoint_dir=task.get("checkpoint_dir"),
                 max_restarts=task.get("max_restarts_in_allocation", 0),
+                spare_nodes=task.get("spare_nodes", 0),
             )
         )
     except (FailedJobError, subprocess.CalledProcessError) as exc:

@@ -1,7 +1,8 @@
 """The Slurm node task from the command line: what `job.sbatch`'s srun runs on every node.
 
     python -m shardctl.orchestrator.clusters.slurm --run-dir DIR [--checkpoint-dir DIR]
-        [--signal USR2] [--max-requeues N] [--max-restarts N] -- bash .../launch.sh
+        [--signal USR2] [--max-requeues N] [--max-restarts N] [--spare-nodes S]
+        -- bash .../launch.sh
 
 The same `NodeTask` that submitit runs for `shardctl submit` (see `node_task.py`), so a
 job sbatch'ed by hand is fenced by attempt, restarts in place, requeues itself and
@@ -29,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--signal", default="USR2", choices=["USR2", "USR1", "TERM", "INT"])
     parser.add_argument("--max-requeues", type=int, default=10)
     parser.add_argument("--max-restarts", type=int, default=0)
+    parser.add_argument("--spare-nodes", type=int, default=0)
     parser.add_argument("--max-stalled", type=int, default=MAX_ATTEMPTS_WITHOUT_PROGRESS)
     parser.add_argument("command", nargs="+", help="the node's launch command, after --")
     return parser
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         command=args.command, run_dir=args.run_dir, signal_name=args.signal,
         max_requeues=args.max_requeues, checkpoint_dir=args.checkpoint_dir,
         max_stalled=args.max_stalled, max_restarts=args.max_restarts,
+        spare_nodes=args.spare_nodes,
     )  # fmt: skip
     try:
         task()

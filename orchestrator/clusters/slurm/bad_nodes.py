@@ -213,6 +213,10 @@ def left_behind_detail(run_dir: str | Path, job_id: str) -> str:
     for entry in read_left_behind(run_dir):
         if str(entry.get("job")) != str(job_id):
             continue
-        what = "left behind" if entry.get("excluded") else "kept"
+        spare = entry.get("spare")
+        if isinstance(spare, dict):  # replaced inside the allocation (`spares.py`)
+            what = f"replaced by spare {spare.get('host', '?')} in restart {entry.get('restart')}"
+        else:
+            what = "left behind" if entry.get("excluded") else "kept"
         parts.append(f"{entry['host']} {what} ({entry.get('why', '?')})")
     return "nodes: " + "; ".join(parts) if parts else ""

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from ...agent import NodeAgent, say
 from ...errors import ClusterError
 from ...fence import claim_attempt
+from ...launch_wrapper import ENV_NODE_RANK
 from ...outcome import (
     MAX_ATTEMPTS_WITHOUT_PROGRESS,
     Decision,
@@ -90,12 +91,13 @@ from ...outcome import (
 )
 from ...rundir import ENV_NODE_SUPERVISOR, HUNG_FILE, PREEMPTED_FILE
 from ..base import run_resources
-from .bad_nodes import leave_behind, pinned_node
+from .bad_nodes import hostnames, leave_behind, pinned_node
 from .batch_signal import batch_warned
 from .killed_ranks import record_killed
 from .queries import scontrol_job
 from .rank_nodes import RankRecorder
 from .rounds import round_token
+from .spares import Lineup, Replacement, read_lineup, record_replacement, write_lineup
 
 
 @dataclass(frozen=True)
@@ -117,9 +119,11 @@ class NodeTask:
     # `restart.max_in_allocation`: rounds of every node's launcher after a crash or a
     # hang inside this allocation (0: none; the job fails or requeues at once).
     max_restarts: int = 0
+    # `slurm.spare_nodes`: nodes of the allocation that stand by (`spares.py`).
+    spare_nodes: int = 0
 
     def __call__(self) -> str:
-        adapter = SlurmAdapter(self.run_dir, self.max_requeues)
+        adapter = SlurmAdapter(self.run_dir, self.max_requeues, self.spare_nodes)
         agent = NodeAgent(
             adapter, self.command, self.run_dir, signal_name=self.signal_name,
             checkpoint_dir=self.checkpoint_dir, max_retries=self.max_requeues,
@@ -136,12 +140,18 @@ class SlurmAdapter:
     cluster = "slurm"
     forwards_signals = True
 
-    def __init__(self, run_dir: str, max_requeues: int) -> None:
+    def __init__(self, run_dir: str, max_requeues: int, spare_nodes: int = 0) -> None:
         env = os.environ
         self.run_dir = run_dir
         self.max_requeues = max_requeues
         self.node = int(env.get("SLURM_NODEID", "0"))
+        # Every node of the allocation, the spares too (they acknowledge each round).
         self.nodes = _job_node_count()
+        self.spare_nodes = spare_nodes
+        # Which node trains as which node rank this round (`spares.py`); without
+        # spares, node i is node rank i in every round.
+        self.lineup = Lineup.first(self.nodes - spare_nodes, self.nodes)
+        self.rank = self.node
         self.job_id = env.get("SLURM_JOB_ID", "?")
         self.allocation = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
         self.retries = self.allocation
@@ -165,6 +175,28 @@ class SlurmAdapter:
         # wait for another node's HUNG to turn a lost peer into its own 124.
         env[ENV_NODE_SUPERVISOR] = self.cluster
 
+    def enter_round(self, round_: int, env: dict[str, str]) -> bool:
+        """With spares: this round's lineup (node 0 wrote it before telling the nodes
+        to go) gives this node's node rank to its launcher; False: it sits it out."""
+        if not self.spare_nodes:
+            return True
+        if round_:
+            self.lineup = read_lineup(
+                self.run_dir, self.job_id, self.allocation, round_, self.lineup
+            )
+        rank = self.lineup.rank_of(self.node)
+        if rank is None:
+            return False
+        self.rank = rank
+        env[ENV_NODE_RANK] = str(rank)
+        return True
+
+    @property
+    def spares_left(self) -> int:
+        """Spares node 0 can still put in a bad node's place (the agent waits for a
+        killed rank's KILLED while there are: it names the node to replace)."""
+        return len(self.lineup.spares()) if self.spare_nodes and self.node == 0 else 0
+
     def outside_signal(self, signal_name: str) -> bool:
         # The batch shell got the signal (scancel --batch, --signal=B:...): as if the
         # agent had, once per allocation.
@@ -181,12 +213,36 @@ class SlurmAdapter:
         return ranks.poll
 
     def pin_killed(self, round_: int, started: float) -> None:
-        said = record_killed(self.run_dir, self.node, started, self.token(round_))
+        # The launcher's record and the marker name the node by its rank in the round.
+        said = record_killed(self.run_dir, self.rank, started, self.token(round_))
         if said:
             say(f"node {self.node}: {said}")
 
     def judged(self, verdict: Verdict, rc: int, round_: int) -> None:
-        """Node 0 recorded it in the ledger; nothing else is kept per round."""
+        """Node 0 (it recorded the verdict in the ledger), with spares, before a restart
+        in place: the next round's lineup, a spare in the place of a node the fault is
+        pinned on (`spares.py`), written before the other nodes are told to go."""
+        if not (self.spare_nodes and self.node == 0 and verdict.decision is Decision.RESTART):
+            return
+        lineup, rank = self.lineup, pinned_node(verdict.outcome)
+        replaced = lineup.replace(rank) if rank is not None else None
+        try:
+            write_lineup(self.run_dir, self.job_id, self.allocation, round_ + 1, replaced or lineup)
+            if replaced is not None and rank is not None:
+                self._record_replacement(verdict.outcome, replaced, rank, round_)
+        except OSError as exc:
+            # The other nodes then keep this round's lineup: a restart as without spares.
+            say(f"node 0: could not write the next round's lineup ({exc}); no spare used")
+
+    def _record_replacement(self, out: Outcome, replaced: Lineup, rank: int, round_: int) -> None:
+        hosts = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+        why = out.summary().removeprefix("failed: ")
+        said = record_replacement(self.run_dir, Replacement(
+            job_id=self.job_id, requeue=self.allocation, round_=round_ + 1,
+            token=self.token(round_), rank=rank, node=self.lineup.ranks[rank],
+            spare=replaced.ranks[rank], why=why,
+        ), hosts)  # fmt: skip
+        say(f"node 0: {said}")
 
     def carry_out(self, verdict: Verdict, evidence: Evidence, rc: int, round_: int) -> str:
         """Node 0 requeues (within `max_requeues`) or fails the job; the other nodes
@@ -236,6 +292,9 @@ class SlurmAdapter:
         behind (`bad_nodes`); nothing was saved, the requeued job resumes from the
         newest complete checkpoint."""
         pinned = pinned_node(out) if self.node == 0 and not verdict.out_of_retries else None
+        if pinned is not None:
+            # The markers name a node by its rank in the round; Slurm by its index.
+            pinned = self.lineup.ranks[pinned] if pinned < len(self.lineup.ranks) else None
         # Read before the requeue, which gives the nodes back.
         job = None
         if pinned is not None:

@@ -84,7 +84,8 @@ def submitit_parameters(spec: JobSpec) -> dict[str, Any]:
     assert minutes is not None  # validated by the spec
     params: dict[str, Any] = {
         "job_name": spec.name,
-        "nodes": r.nodes,
+        # The training nodes and the hot spares, held idle beside them (node_task).
+        "nodes": r.nodes + s.spare_nodes,
         # One task per node: it runs the node's launcher, which starts the ranks.
         "ntasks_per_node": 1,
         "cpus_per_task": r.procs_per_node * r.cpus_per_proc,
@@ -254,7 +255,7 @@ def sbatch_text(spec: JobSpec, sub: dict[str, Any]) -> str:
 
 def node_task(spec: JobSpec, run_dir: str) -> dict[str, Any]:
     """What the submitit task on every node runs (arguments of `NodeTask`)."""
-    return {
+    task: dict[str, Any] = {
         "callable": NODE_TASK,
         "command": ["bash", str(PurePosixPath(run_dir) / LAUNCH_FILE)],
         "signal": spec.slurm.signal,
@@ -263,6 +264,9 @@ def node_task(spec: JobSpec, run_dir: str) -> dict[str, Any]:
         "run_dir": run_dir,
         "checkpoint_dir": spec.checkpoint_dir,
     }
+    if spec.slurm.spare_nodes:  # only then: a job without spares renders as before
+        task["spare_nodes"] = spec.slurm.spare_nodes
+    return task
 
 
 def submission(spec: JobSpec, *, python: str = "python3", run_dir: str | None = None) -> dict:
@@ -315,7 +319,8 @@ def standalone_batch(spec: JobSpec, params: dict[str, Any] | None = None) -> str
         "-m", "shardctl.orchestrator.clusters.slurm", "--run-dir", spec.run_dir,
         "--checkpoint-dir", spec.checkpoint_dir, "--signal", s.signal,
         "--max-requeues", str(s.max_requeues),
-        "--max-restarts", str(spec.restart.max_in_allocation), "--", "bash",
+        "--max-restarts", str(spec.restart.max_in_allocation),
+        *(["--spare-nodes", str(s.spare_nodes)] if s.spare_nodes else []), "--", "bash",
     ]  # fmt: skip
     srun = ["srun", "--unbuffered", *srun_args(spec, standalone=True), *hold_words(s.signal)]
     srun_line = (

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from ...spec.common import (
     CONTROL_RE,
     ENV_NAME_RE,
+    MAX_NODES,
     MAX_SECONDS,
     PATH_MAX,
     ClusterSection,
@@ -379,6 +380,17 @@ class SlurmSection(ClusterSection):
     """Extra words for srun, e.g. `--cpu-bind=none`."""
     max_requeues: Retries = 10
     """Requeues after preemption or time-out; 0 to 1000."""
+    spare_nodes: Annotated[int, Field(ge=0, le=MAX_NODES - 1, strict=True)] = 0
+    """Hot spares: nodes the job holds beside `resources.nodes` (it asks Slurm for
+    `resources.nodes + spare_nodes`), idle while the others train. When a fault is
+    pinned on a training node other than the first (a hang's stopped rank, a killed
+    rank), the next restart in place runs on a spare instead, in the same allocation
+    and job id: the spare takes that node's node rank and restores from the newest
+    checkpoint, the bad node sits the rest of the allocation out and `status` names
+    it. With no spare left, a fault goes on as without spares (restart in place, then a
+    requeue that leaves the node behind). 0 (default) to 99999, with
+    `resources.nodes + spare_nodes` at most 100000; needs `resources.nodes` ≥ 2 and
+    `restart.max_in_allocation` ≥ 1."""
     master_port: Annotated[int, Field(ge=1024, le=65535)] = 29500
     """The rendezvous port on the first node."""
     sbatch_options: dict[str, SbatchOptionValue] = Field(default_factory=dict)
@@ -475,6 +487,34 @@ class SlurmSection(ClusterSection):
             if CONTROL_RE.search(word):
                 raise ValueError(f"{show(word)}: an srun word holds no control characters")
         return v
+
+    def spec_problems(self, spec: Any) -> list[str]:
+        """What `spare_nodes` cannot mean with the rest of the spec, one line each."""
+        spares, nodes = self.spare_nodes, spec.resources.nodes
+        if not spares:
+            return []
+        if nodes + spares > MAX_NODES:
+            return [
+                f"slurm.spare_nodes {spares} with resources.nodes {nodes} asks Slurm for "
+                f"{nodes + spares} nodes; accepted: at most {MAX_NODES} in all (spare_nodes "
+                f"0 to {MAX_NODES - nodes})"
+            ]
+        problems = []
+        if nodes < 2:
+            # The first node decides every round and hosts the rendezvous: a fault
+            # pinned on it is never handed to a spare (see `spare_nodes`).
+            problems.append(
+                f"slurm.spare_nodes {spares} with resources.nodes 1: a spare replaces a "
+                "training node other than the first, so it would never be used; accepted: "
+                "resources.nodes 2 or more, or slurm.spare_nodes 0"
+            )
+        if spec.restart.max_in_allocation == 0:
+            problems.append(
+                f"slurm.spare_nodes {spares} with restart.max_in_allocation 0: a spare "
+                "takes a bad node's place in a restart in place, and none would run; "
+                "accepted: restart.max_in_allocation 1 or more, or slurm.spare_nodes 0"
+            )
+        return problems
 
     def run_problems(self, spec: Any) -> list[str]:
         """What this section cannot mean together with the rest of the spec, one line
