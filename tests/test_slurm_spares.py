@@ -18,8 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from shardctl.orchestrator.clusters.slurm.bad_nodes import left_behind_detail
+from shardctl.orchestrator.clusters.slurm.refusals import refused
 from shardctl.orchestrator.clusters.slurm.sbatch import submitit_parameters
 from shardctl.orchestrator.clusters.slurm.spares import (
     Lineup,
@@ -167,6 +169,15 @@ def test_the_job_asks_for_the_spares_and_the_launcher_trains_on_the_others(
     assert 'SHARDCTL_NNODES="${SLURM_JOB_NUM_NODES:?' in files["env.sh"]
 
 
+def test_slurms_refusal_of_the_node_count_names_the_spares_too() -> None:
+    spec = parse_spec(_spec())
+    said = refused(spec, "Node count specification invalid", lambda argv: "")
+    assert said.startswith(
+        "resources.nodes 2 + slurm.spare_nodes 1 (3 nodes) was refused by Slurm "
+        "(Node count specification invalid)"
+    ), said
+
+
 # ------------------------------------------- three node tasks of one allocation, no Slurm
 
 # Round 0: node rank 1's "rank" is killed (its KILLED names node rank 1); node rank 0's
@@ -256,12 +267,14 @@ EVERY = 5
 STEPS = 150
 
 
-def _sacct_requeues(job_id: str) -> str:
+def _accounted_runs(job_id: str) -> list[str]:
+    """The job's records in Slurm's accounting, one per start (`-D`: a requeued job
+    keeps a record for each of its allocations)."""
     proc = subprocess.run(
-        ["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "Restarts,State"],
+        ["sacct", "-j", job_id, "-D", "-X", "-n", "-P", "-o", "JobID,State"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    return proc.stdout.strip()
+    return proc.stdout.split()
 
 
 @pytest.mark.slurm
@@ -288,14 +301,14 @@ def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
         # The next round runs on the spare (Slurm's node 2); node 1 trains no more.
         _wait(ref, lambda: _rank_of_node(run_dir, 2, 0, 1, module), 600, "the spare's rank")
         assert _rank_of_node(run_dir, 1, 0, 1, module) is None
-        assert _finished(ref, timeout=900).value == "SUCCEEDED", cluster.logs(ref, tail=60)
+        assert _finished(ref, timeout=900) is JobState.SUCCEEDED, cluster.logs(ref, tail=60)
     finally:
         if not cluster.status(ref).state.is_terminal:
             subprocess.run(["scancel", ref.job_id], timeout=60, check=False)
     status = cluster.status(ref)
     assert status.native_state == "COMPLETED", status
     assert "requeued" not in status.detail, status
-    assert _sacct_requeues(ref.job_id).startswith("0|COMPLETED"), _sacct_requeues(ref.job_id)
+    assert _accounted_runs(ref.job_id) == [f"{ref.job_id}|COMPLETED"]  # one start: no requeue
     assert "replaced by spare" in status.detail and "(rank 1 was killed" in status.detail, status
     ledger = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
     rounds = [(e["job"], e["attempt"], e["restart"], e["kind"], e["decision"]) for e in ledger]

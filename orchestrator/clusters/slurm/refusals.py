@@ -86,7 +86,7 @@ def _field_refused(spec: JobSpec, low: str, part: Partition, run: Run) -> str | 
     """`<field> <value>` for Slurm's reason (lower case), or None when no field fits."""
     s, r = spec.slurm, spec.resources
     if "node count" in low:
-        return f"resources.nodes {r.nodes}"
+        return _node_count(spec)
     if "feature" in low and s.constraint is not None:
         return f"slurm.constraint {s.constraint!r}"
     if "gres" in low or "generic resource" in low:
@@ -101,6 +101,21 @@ def _field_refused(spec: JobSpec, low: str, part: Partition, run: Run) -> str | 
     if "node configuration is not available" in low:
         return _unavailable(spec, part, run)
     return None
+
+
+def _node_count(spec: JobSpec) -> str:
+    """The fields that make the job's node count (the spares are asked for too)."""
+    r, spares = spec.resources, spec.slurm.spare_nodes
+    if not spares:
+        return f"resources.nodes {r.nodes}"
+    return f"resources.nodes {r.nodes} + slurm.spare_nodes {spares} ({r.nodes + spares} nodes)"
+
+
+def _asks(spec: JobSpec) -> str:
+    r, spares = spec.resources, spec.slurm.spare_nodes
+    if not spares:
+        return f"resources.nodes asks for {r.nodes}"
+    return f"resources.nodes + slurm.spare_nodes ask for {r.nodes + spares}"
 
 
 def _cpus(spec: JobSpec) -> str:
@@ -131,16 +146,16 @@ def _unavailable(spec: JobSpec, part: Partition, run: Run) -> str | None:
         return _cpus(spec) + " — more than any node has"
     if s.constraint is not None:
         fit = [n for n in part.nodes if s.constraint in n.features]
-        if len(fit) < r.nodes:
+        if len(fit) < r.nodes + s.spare_nodes:
             return f"slurm.constraint {s.constraint!r} — {len(fit)} node(s) have it"
     excluded = s.sbatch_options.get("exclude")
     if isinstance(excluded, str):
         gone = set(run(["scontrol", "show", "hostnames", excluded]).split())
         left = [n.name for n in part.nodes if n.name not in gone]
-        if len(left) < r.nodes:
+        if len(left) < r.nodes + s.spare_nodes:
             return (
                 f"slurm.sbatch_options.exclude {excluded!r} — it leaves {len(left)} node(s) "
-                f"({', '.join(left) or 'none'}) and resources.nodes asks for {r.nodes}"
+                f"({', '.join(left) or 'none'}) and {_asks(spec)}"
             )
     return None
 
