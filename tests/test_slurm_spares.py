@@ -24,6 +24,7 @@ from shardctl.orchestrator.clusters.slurm.bad_nodes import left_behind_detail
 from shardctl.orchestrator.clusters.slurm.refusals import refused
 from shardctl.orchestrator.clusters.slurm.sbatch import submitit_parameters
 from shardctl.orchestrator.clusters.slurm.spares import (
+    FRESH_NODES_ENV,
     Lineup,
     Replacement,
     read_lineup,
@@ -65,6 +66,20 @@ def test_a_spare_takes_the_bad_nodes_rank_and_the_bad_node_is_benched() -> None:
     assert again is not None and again.ranks == (0, 4, 2) and again.benched == (1, 3)
     assert again.spares() == []
     assert again.replace(2) is None  # no spare left: a restart as without spares
+
+
+def test_the_ranks_a_spare_just_stood_in_for_are_fresh_for_the_memory_tier() -> None:
+    first = Lineup.first(3, 4)
+    replaced = first.replace(2)
+    assert replaced is not None
+    assert replaced.fresh_since(first) == [2]
+    assert replaced.fresh_since(replaced) == []  # the next round: its own copies now
+    assert first.fresh_since(first) == []
+
+
+def test_the_fresh_nodes_variable_is_the_one_the_memory_tier_reads() -> None:
+    partner = pytest.importorskip("shardctl.train.memory_partner")
+    assert partner.FRESH_NODES_ENV == FRESH_NODES_ENV
 
 
 def test_node_rank_0_and_a_rank_outside_the_round_are_never_replaced() -> None:
@@ -184,6 +199,7 @@ def test_slurms_refusal_of_the_node_count_names_the_spares_too() -> None:
 # ranks then lose their peer. Later rounds end well. Every round appends what it ran as.
 LAUNCH = """#!/usr/bin/env bash
 echo "${SLURM_NODEID} ${SHARDCTL_NODE_RANK} ${SHARDCTL_RESTART}" >> "$OUT/ran"
+echo "${SLURM_NODEID} ${SHARDCTL_RESTART} fresh=${SHARDCTL_MEMORY_FRESH_NODES:-}" >> "$OUT/fresh"
 if [ "${SHARDCTL_RESTART}" = "0" ]; then
   if [ "${SHARDCTL_NODE_RANK}" = "1" ]; then
     "$PY" -c "$KILLED"
@@ -251,6 +267,9 @@ def test_a_killed_rank_on_node_1_hands_the_next_round_to_the_spare(tmp_path: Pat
     # Round 0 on nodes 0 and 1; round 1 on node 0 and the spare, as node rank 1.
     ran = sorted((out / "ran").read_text().splitlines())
     assert ran == ["0 0 0", "0 0 1", "1 1 0", "2 1 1"], ran
+    # Both nodes of round 1 tell their ranks that node rank 1's memory is new.
+    fresh = sorted((out / "fresh").read_text().splitlines())
+    assert fresh == ["0 0 fresh=", "0 1 fresh=1", "1 0 fresh=", "2 1 fresh=1"], fresh
     assert "spare node 2 (node 2) trains as node rank 1 from restart 1" in node0, node0
     entry = json.loads((run_dir / "nodes-left-behind.jsonl").read_text())
     assert (entry["node"], entry["rank"], entry["spare"]["node"]) == (1, 1, 2)

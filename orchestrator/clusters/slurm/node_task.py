@@ -97,7 +97,14 @@ from .killed_ranks import record_killed
 from .queries import scontrol_job
 from .rank_nodes import RankRecorder
 from .rounds import round_token
-from .spares import Lineup, Replacement, read_lineup, record_replacement, write_lineup
+from .spares import (
+    FRESH_NODES_ENV,
+    Lineup,
+    Replacement,
+    read_lineup,
+    record_replacement,
+    write_lineup,
+)
 
 
 @dataclass(frozen=True)
@@ -180,6 +187,7 @@ class SlurmAdapter:
         to go) gives this node's node rank to its launcher; False: it sits it out."""
         if not self.spare_nodes:
             return True
+        previous = self.lineup
         if round_:
             self.lineup = read_lineup(
                 self.run_dir, self.job_id, self.allocation, round_, self.lineup
@@ -189,6 +197,12 @@ class SlurmAdapter:
             return False
         self.rank = rank
         env[ENV_NODE_RANK] = str(rank)
+        # Every node computes the same list: the ranks agree on where each restores from.
+        fresh = self.lineup.fresh_since(previous)
+        if fresh:
+            env[FRESH_NODES_ENV] = ",".join(map(str, fresh))
+        else:
+            env.pop(FRESH_NODES_ENV, None)
         return True
 
     @property

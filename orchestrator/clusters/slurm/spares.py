@@ -11,6 +11,11 @@ for the rest of the allocation: same job id, no requeue. Node 0 stays: it decide
 every round and hosts the rendezvous, so a fault pinned on it is never handed to a
 spare (it goes on as without spares).
 
+A spare's ranks restore like every rank: from the newest tier that verifies. The
+launcher's environment names the node ranks a spare just stood in for
+(`FRESH_NODES_ENV`), so the memory tier serves them from the partner copies rather
+than from the spare's own (empty) memory.
+
 Node 0 writes each restart round's lineup into the run dir's `rounds/` before it
 tells the other nodes to go (`rounds.tell_round`), so a node that reads the decision
 finds its lineup; the bad node's replacement is one line of `nodes-left-behind.jsonl`
@@ -29,6 +34,12 @@ from typing import Any
 from ...durable import write_text_atomic
 from ...rundir import LEFT_BEHIND_FILE
 from .rounds import ROUNDS_DIR
+
+# The node ranks a spare just stood in for, for the ranks' memory tier: their own
+# node's memory is not asked, the partner copies serve them. The same name as
+# `train/memory_partner.FRESH_NODES_ENV` (orchestrator/ imports nothing of train/;
+# tests/test_slurm_spares.py keeps the two equal).
+FRESH_NODES_ENV = "SHARDCTL_MEMORY_FRESH_NODES"
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,12 @@ class Lineup:
         """The nodes standing by, first in line first."""
         busy = set(self.ranks) | set(self.benched)
         return [n for n in range(self.total) if n not in busy]
+
+    def fresh_since(self, previous: Lineup) -> list[int]:
+        """The node ranks another node trains as than in `previous` (a spare that just
+        stood in): their node's memory holds no copy of that rank's state."""
+        old = previous.ranks
+        return [p for p, n in enumerate(self.ranks) if p >= len(old) or old[p] != n]
 
     def replace(self, rank: int) -> Lineup | None:
         """The next round's lineup with the first spare at node rank `rank`; None when
