@@ -62,17 +62,6 @@ def test_memory_interval_bad_values_get_the_usual_errors(tmp_path: Path, value: 
     assert "Traceback" not in text
 
 
-def test_memory_tier_on_more_than_one_node_is_refused(tmp_path: Path) -> None:
-    path = tiny_spec(
-        tmp_path,
-        "two",
-        resources={"nodes": 2, "procs_per_node": 1},
-        checkpoint={"every_steps": 4, "memory_every_steps": 2},
-    )
-    with pytest.raises(SpecError, match=r"checkpoint\.memory_every_steps with resources\.nodes 2"):
-        load_spec(path)
-
-
 def test_default_folder_is_per_run_under_dev_shm(tmp_path: Path) -> None:
     a = default_memory_dir("job", tmp_path / "a")
     b = default_memory_dir("job", tmp_path / "b")

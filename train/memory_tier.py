@@ -1,4 +1,5 @@
-"""The memory tier: a checkpoint every K steps in node-local memory (one node).
+"""The memory tier: a checkpoint every K steps in node-local memory, and on more than
+one node a copy of each node's in its partner node's memory.
 
 `checkpoint.memory_every_steps: K` makes every rank also save its state (model,
 optimizer, train state: what a durable checkpoint holds) every K steps into a tmpfs
@@ -26,9 +27,16 @@ DeepSpeed (synchronous saves only) it blocks. The next copy waits for the one be
 The stall each copy costs the loop is kept in `MemoryTier.stall_s` and measured by
 `benchmarks/memory_tier.py`.
 
+On more than one node (`memory_partner.py`) each node keeps its own ranks' files in
+`<memory_dir>/node-<n>/` and a copy of them is sent to its partner node (node n's
+partner is node (n + 1) mod nodes), each with its own manifest and sha256; a restart
+loads the newest step every node's slice has a verified copy of (own node first, then
+the partner's copy, then the durable tier), agreed by every rank.
+
 What it survives: a rank's process dying (a crash, SIGKILL, a hang ended by the
-watchdog) while the node lives. Not the node's loss, nor a requeue onto other nodes:
-a partner node's copy needs the node agent (not built yet); the durable tier serves.
+watchdog) while the node lives; on more than one node also one node's memory lost
+(its partner's copy serves). Not a node lost with its partner, nor a requeue onto other
+nodes: the durable tier serves.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ from ..orchestrator.fence import AttemptFence
 from ..orchestrator.rundir import attempt_token
 from ..orchestrator.storage import STAGING_SUFFIX, PosixStorage
 from .backends.base import Stateful, StateIO
+from .memory_partner import Layout, PartnerCopies, node_dir
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +96,25 @@ def state_bytes(parameters: Any) -> int:
     return total * (1 + OPTIMIZER_STATES)
 
 
-def room_problem(directory: str | Path, copy_bytes: int) -> str | None:
+def room_problem(directory: str | Path, copy_bytes: int, nodes: int = 1) -> str | None:
     """One line when `directory`'s file system cannot hold the tier (two copies of
-    `copy_bytes` at once), else None."""
+    `copy_bytes` at once; on more than one node, two of this node's share and two of
+    the share it holds for its peer), else None."""
     free = free_bytes(directory)
-    needed = COPIES_HELD * copy_bytes
+    share = -(-copy_bytes // nodes)
+    copies = COPIES_HELD if nodes == 1 else 2 * COPIES_HELD
+    needed = copies * share
     if free is None or free >= needed:
         return None
+    what = (
+        "parameters and optimizer state, the newest copy and the one being written"
+        if nodes == 1
+        else f"this node's 1/{nodes} of the parameters and optimizer state and the share "
+        "it holds for its peer node, the newest copy of each and the one being written"
+    )
     return (
         f"checkpoint.memory_dir {str(directory)!r}: {_size(free)} free, but the memory tier "
-        f"needs about {_size(needed)} ({COPIES_HELD} copies of {_size(copy_bytes)}: "
-        "parameters and optimizer state, the newest copy and the one being written); "
+        f"needs about {_size(needed)} ({copies} copies of {_size(share)}: {what}); "
         "accepted: a larger tmpfs (e.g. /dev/shm's size), another checkpoint.memory_dir, "
         "or checkpoint.memory_every_steps unset"
     )
@@ -135,6 +152,9 @@ class MemoryTier:
 
         self.every = every
         self.dir = Path(directory)
+        # torchrun numbers ranks node by node; one node: the copies stay in one folder.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+        self.layout = Layout(rank, world_size, local_world)
         self.background = background and state_io.sync_only_reason is None
         # The tier's own StateIO when it saves in the background: its own staging
         # buffers, released by its own close (the durable manager closes the original).
@@ -142,8 +162,9 @@ class MemoryTier:
         if self.background and hasattr(self.state_io, "_stager"):
             self.state_io._stager = None  # type: ignore[attr-defined]
         fence = AttemptFence.from_env()
+        where = self.dir if self.layout.nodes == 1 else node_dir(self.dir, self.layout.node)
         storage = PosixStorage(
-            self.dir, durable=False, fence=fence.check if fence is not None else None
+            where, durable=False, fence=fence.check if fence is not None else None
         )
         # A collective (the manager makes its gloo group): every rank builds it.
         self.manager = CheckpointManager(
@@ -151,9 +172,15 @@ class MemoryTier:
             self.state_io,
             rank=rank,
             world_size=world_size,
-            directory=self.dir,
+            directory=where,
             model_meta=model_meta,
             storage=storage,
+        )
+        # More than one node: the copies and their partner copies (`memory_partner.py`).
+        self.partner = (
+            PartnerCopies(self.manager, self.state_io, self.dir, self.layout)
+            if self.layout.nodes > 1
+            else None
         )
         self.rank = rank
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -168,7 +195,10 @@ class MemoryTier:
         attempt (said once): the durable tier goes on."""
         t0 = time.perf_counter()
         try:
-            self.manager.save(step, trainer, final=not self.background)
+            if self.partner is not None:
+                self.partner.copy(step, trainer, background=self.background)
+            else:
+                self.manager.save(step, trainer, final=not self.background)
         except StorageError as exc:
             log.error("memory tier off for this attempt: %s", exc)
             self.every = 0
@@ -179,6 +209,9 @@ class MemoryTier:
         """Once a durable checkpoint of the last step exists (the run finished or was
         preempted) the copies are older than it: rank 0 frees the memory they hold,
         after every rank's copy in flight committed (a collective)."""
+        if self.partner is not None:
+            self.partner.clear()
+            return
         self.manager.wait()
         self.manager._barrier()
         if self.rank != 0 or not self.dir.is_dir():
@@ -222,6 +255,8 @@ class MemoryTier:
     def close(self) -> None:
         """Wait for a copy in flight; release the tier's own staging buffers (a
         shared `StateIO` is the durable manager's to close)."""
+        if self.partner is not None:
+            self.partner.wait()
         if self.background:
             self.manager.close()
         else:
@@ -235,23 +270,37 @@ class Restored:
     step: int | None
     tier: str | None
     seconds: float
-    refused: str | None = None  # a newer memory copy that failed verification
+    refused: str | None = None  # why a newer memory copy was not used
+    served: str | None = None  # which node's partner copy served which node
 
     def words(self) -> str:
-        """`resumed at step 40 (from memory: checkpoint verified and loaded in 0.21 s)`."""
+        """`resumed at step 40 (from memory: checkpoint verified and loaded in 0.21 s)`;
+        `(from partner: node 1 served by node 0's partner copy; checkpoint ...)`."""
         if self.step is None:
             return "starting at step 0"
+        served = f"{self.served}; " if self.served else ""
         return (
-            f"resumed at step {self.step} (from {self.tier}: checkpoint verified and loaded "
-            f"in {self.seconds:.2f} s)"
+            f"resumed at step {self.step} (from {self.tier}: {served}checkpoint verified "
+            f"and loaded in {self.seconds:.2f} s)"
         )
 
 
-def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | None) -> Restored:
+def restore_newest(
+    durable: Any,
+    memory: MemoryTier | None,
+    trainer: Stateful | None,
+    *,
+    fresh_nodes: set[int] | None = None,
+) -> Restored:
     """Resume from the newest step across the tiers (a collective): the memory copy
-    when it is newer than the newest durable checkpoint and verifies, else the
-    durable tier (`checkpoint.resume` as configured). An explicit `checkpoint.resume`
-    or `never` is the user's choice: the memory tier is not asked."""
+    when it is newer than the newest durable checkpoint and verifies (on more than one
+    node: every node's own copy, else its partner's copy), else the durable tier
+    (`checkpoint.resume` as configured). An explicit `checkpoint.resume` or `never` is
+    the user's choice: the memory tier is not asked.
+
+    `fresh_nodes`: node ranks whose memory is new (a spare standing in for a lost
+    node): their folders are not asked, the partner copies serve them; None reads
+    `SHARDCTL_MEMORY_FRESH_NODES` (`memory_partner.FRESH_NODES_ENV`)."""
     t0 = time.perf_counter()
     refused = None
     if memory is not None and not memory.known_to_run():
@@ -261,7 +310,16 @@ def restore_newest(durable: Any, memory: MemoryTier | None, trainer: Stateful | 
         memory.clear()
     if memory is not None:
         memory.claim()
-    if memory is not None and durable.config.resume == "auto":
+    if memory is not None and memory.partner is not None and durable.config.resume == "auto":
+        newest_durable = durable.newest_step() or 0
+        found = memory.partner.restore(trainer, newer_than=newest_durable, fresh=fresh_nodes)
+        if found.step is not None:
+            seconds = time.perf_counter() - t0
+            return Restored(found.step, found.tier, seconds, found.why_not, found.partner_words())
+        refused = found.why_not
+        if refused and memory.rank == 0:
+            log.warning("memory tier not used: %s; restoring from the durable tier", refused)
+    elif memory is not None and durable.config.resume == "auto":
         newest_durable = durable.newest_step()
         newest_memory = memory.manager.newest_step()
         if newest_memory is not None and newest_memory > (newest_durable or 0):
@@ -280,8 +338,14 @@ def check_room(memory: MemoryTier, parameters: Any) -> None:
     """Before training starts: a tmpfs too small for the tier stops the run with one
     line naming both sizes (every retry would find the same tmpfs)."""
     size = state_bytes(parameters)
-    # Rank 0 asks, every rank hears the same answer: all stop, or none does.
-    problem = memory.manager._rank0_do(lambda: room_problem(memory.dir, size))
+    lay = memory.layout
+    if lay.nodes == 1:
+        # Rank 0 asks, every rank hears the same answer: all stop, or none does.
+        problem = memory.manager._rank0_do(lambda: room_problem(memory.dir, size))
+    else:  # every node's first rank asks about its own tmpfs
+        mine = room_problem(memory.dir, size, lay.nodes) if lay.local_rank == 0 else None
+        found = [f"node {n}: {p}" for n, p in memory.manager._all_gather((lay.node, mine)) if p]
+        problem = found[0] if found else None
     if problem is not None:
         raise PermanentError(problem)
 
@@ -320,6 +384,7 @@ def record_restore(run_dir: str | Path, restored: Restored, reached: int | None)
         "lost_steps": lost,
         "seconds": round(restored.seconds, 3),
         "refused": restored.refused,
+        "served": restored.served,
     }
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -209,14 +209,6 @@ class JobSpec(Section):
                 f"({t.steps}), so no periodic checkpoint would ever be written; "
                 f"accepted: 1..{t.steps}"
             )
-        if c.memory_every_steps is not None and r.nodes > 1:
-            problems.append(
-                f"checkpoint.memory_every_steps with resources.nodes {r.nodes}: the memory "
-                "tier keeps each node's copy in that node's memory, and a step is restored "
-                "only when one node holds every rank's files (a partner copy on another "
-                "node is not built yet); accepted: resources.nodes 1, or leave "
-                "checkpoint.memory_every_steps unset"
-            )
         path_problem = _search_path_problem(self.env.get("PATH"))
         if path_problem is not None:
             problems.append(path_problem)

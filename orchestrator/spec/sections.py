@@ -289,17 +289,21 @@ class Checkpoint(Section):
     consolidate_dtype: Literal["fp32", "bf16"] = "fp32"
     """The dtype of floating-point tensors in that consolidated model."""
     memory_every_steps: Steps | None = None
-    """The memory tier (one node): every K steps each rank's state (model, optimizer,
-    train state) is also saved, with a manifest and sha256 like any checkpoint, into
-    node-local memory that outlives the rank's process (`memory_dir`, a tmpfs); only the
-    newest copy is kept. A restart resumes from it when its step is newer than the
-    newest durable checkpoint and it verifies, so a rank's death costs under K steps
-    instead of up to `every_steps`. Off when unset; 1 to `every_steps - 1`; one node
-    only (a copy on another node needs a partner, not built yet)."""
+    """The memory tier: every K steps each rank's state (model, optimizer, train state)
+    is also saved, with a manifest and sha256 like any checkpoint, into node-local
+    memory that outlives the rank's process (`memory_dir`, a tmpfs); only the newest
+    copy is kept. On more than one node each node's copy is also sent to its partner
+    node's memory (node n's partner is node (n + 1) mod nodes), with its own manifest.
+    A restart resumes from the newest step every node can load, verified: its own
+    node's copy, else the partner's copy, else the durable tier, so a rank's death (or
+    one node's memory lost) costs under K steps instead of up to `every_steps`; a node
+    lost with its partner falls back to the durable tier. Off when unset; 1 to
+    `every_steps - 1`."""
     memory_dir: PathText | None = None
     """Where the memory tier's copies go; default
-    `/dev/shm/shardctl/<name>-<hash of the run dir>` on each node. Use a tmpfs: a disk
-    folder works but is no faster than `dir`."""
+    `/dev/shm/shardctl/<name>-<hash of the run dir>` on each node (on more than one
+    node, each node's copies in its `node-<n>/` below it, so nodes sharing a host keep
+    apart). Use a tmpfs: a disk folder works but is no faster than `dir`."""
 
     @model_validator(mode="after")
     def _memory_tier(self) -> Checkpoint:
