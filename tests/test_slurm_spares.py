@@ -195,32 +195,42 @@ def test_slurms_refusal_of_the_node_count_names_the_spares_too() -> None:
 
 # ------------------------------------------- three node tasks of one allocation, no Slurm
 
-# Round 0: node rank 1's "rank" is killed (its KILLED names node rank 1); node rank 0's
+# Round 0: on node rank 1 a rank is killed (KILLED names node rank 1, exit 137) or
+# stops (its watchdog's HUNG names rank 1 on node rank 1, exit 124); node rank 0's
 # ranks then lose their peer. Later rounds end well. Every round appends what it ran as.
 LAUNCH = """#!/usr/bin/env bash
 echo "${SLURM_NODEID} ${SHARDCTL_NODE_RANK} ${SHARDCTL_RESTART}" >> "$OUT/ran"
 echo "${SLURM_NODEID} ${SHARDCTL_RESTART} fresh=${SHARDCTL_MEMORY_FRESH_NODES:-}" >> "$OUT/fresh"
 if [ "${SHARDCTL_RESTART}" = "0" ]; then
   if [ "${SHARDCTL_NODE_RANK}" = "1" ]; then
-    "$PY" -c "$KILLED"
-    exit 137
+    "$PY" -c "$FAULT"
+    exit "$CODE"
   fi
-  for _ in $(seq 600); do [ -e "$RUN/KILLED" ] && exit 1; sleep 0.1; done
+  for _ in $(seq 600); do [ -e "$RUN/$MARKER" ] && exit "$PEER_CODE"; sleep 0.1; done
   exit 2
 fi
 exit 0
 """
 
-KILLED = """
+FAULT = """
 import os, time
 from shardctl.orchestrator.outcome import killed_marker
-from shardctl.orchestrator.rundir import KILLED_FILE, RunDir
+from shardctl.orchestrator.rundir import RunDir
 rank = int(os.environ["SHARDCTL_NODE_RANK"])
+marker = os.environ["MARKER"]
+if marker == "KILLED":
+    data = killed_marker(rank, rank, "host", 9)
+else:  # what the watchdog of the node with the stopped rank writes
+    data = {"kind": "hung", "step": 10, "rank": rank, "node": rank, "first": [rank]}
 RunDir.of(os.environ["RUN"]).write_first_marker(
-    KILLED_FILE, killed_marker(rank, rank, "host", 9), time.time() - 60,
-    os.environ["SHARDCTL_ATTEMPT_TOKEN"],
+    marker, data, time.time() - 60, os.environ["SHARDCTL_ATTEMPT_TOKEN"]
 )
 """
+# (the marker, node rank 1's launcher code, node rank 0's, the round's kind, the why)
+FAULTS = {
+    "killed": ("KILLED", 137, 1, "failed", "rank 1 was killed by SIGKILL on node 1"),
+    "hung": ("HUNG", 124, 124, "hung", "hung at step 10"),
+}
 
 TASK = """
 import sys
@@ -232,7 +242,11 @@ print("RESULT", task(), flush=True)
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_rank_on_node_1_hands_the_next_round_to_the_spare(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_fault_pinned_on_node_1_hands_the_next_round_to_the_spare(
+    tmp_path: Path, fault: str
+) -> None:
+    marker, code, peer_code, kind, why = FAULTS[fault]
     run_dir, out = tmp_path / "run", tmp_path / "out"
     run_dir.mkdir()
     out.mkdir()
@@ -242,7 +256,8 @@ def test_a_killed_rank_on_node_1_hands_the_next_round_to_the_spare(tmp_path: Pat
     for node in range(3):
         env = {
             **os.environ, "OUT": str(out), "RUN": str(run_dir), "PY": sys.executable,
-            "KILLED": KILLED, "SLURM_NODEID": str(node), "SLURM_JOB_ID": "7",
+            "FAULT": FAULT, "MARKER": marker, "CODE": str(code), "PEER_CODE": str(peer_code),
+            "SLURM_NODEID": str(node), "SLURM_JOB_ID": "7",
             "SLURM_RESTART_COUNT": "0", "SLURM_JOB_NUM_NODES": "3",
         }  # fmt: skip
         env.pop("SLURM_JOB_NODELIST", None)
@@ -274,9 +289,10 @@ def test_a_killed_rank_on_node_1_hands_the_next_round_to_the_spare(tmp_path: Pat
     entry = json.loads((run_dir / "nodes-left-behind.jsonl").read_text())
     assert (entry["node"], entry["rank"], entry["spare"]["node"]) == (1, 1, 2)
     assert entry["token"] == "slurm-7-0" and entry["restart"] == 1
+    assert entry["why"].startswith(why), entry
     ledger = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
     assert [(e["restart"], e["kind"], e["decision"]) for e in ledger] == [
-        (0, "failed", "restart"), (1, "done", "finish"),
+        (0, kind, "restart"), (1, "done", "finish"),
     ]  # fmt: skip
 
 
