@@ -344,7 +344,9 @@ def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
     assert status.native_state == "COMPLETED", status
     assert "requeued" not in status.detail, status
     assert _accounted_runs(ref.job_id) == [f"{ref.job_id}|COMPLETED"]  # one start: no requeue
-    assert "replaced by spare" in status.detail and "(rank 1 was killed" in status.detail, status
+    # (The rendezvous numbers nodes by arrival: the killed rank is the one node 1 ran.)
+    assert f"(rank {victim[1]} was killed by SIGKILL on node 1" in status.detail, status
+    assert "replaced by spare" in status.detail, status
     ledger = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
     rounds = [(e["job"], e["attempt"], e["restart"], e["kind"], e["decision"]) for e in ledger]
     assert rounds == [
