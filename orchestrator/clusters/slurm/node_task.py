@@ -55,6 +55,12 @@ nodes rendezvous anew (same job id, same nodes). Past the bound the classifier's
 decision applies as below (a hang requeues, a crash fails the job); three rounds or
 attempts without a new complete checkpoint stop the job (a crash loop).
 
+Hot spares (`slurm.spare_nodes`). The allocation holds spare nodes beside the
+training nodes; their tasks stand by, idle, while the others train (the agent sits a
+round out for a node outside the round's lineup, `SlurmAdapter.enter_round`). A fault
+pinned on a training node other than node 0 makes node 0 put a spare in its place for
+the next restart in place (`spares.py`); with none left, a fault goes on as below.
+
 Hangs. `launch.sh` runs the launcher under the node watchdog
 (`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
 that watchdog writes `HUNG` in the run directory, dumps every rank's stack to
