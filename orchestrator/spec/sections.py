@@ -271,8 +271,9 @@ class Checkpoint(Section):
     elsewhere (a scratch file system); logs and the model stay in the run dir. Never
     the run dir itself, nor its logs/, model/ or rendered/ folders. `s3://BUCKET/PREFIX`
     puts them in an S3 bucket (the `s3` extra; endpoint and credentials from the
-    standard AWS variables and files), staged in `<run_dir>/s3-cache/` and uploaded
-    behind training."""
+    standard AWS variables and files), staged in `<run_dir>/s3-cache/` (on more than
+    one node, each node in its own `s3-cache/node-N/`: no shared volume needed) and
+    uploaded behind training."""
     every_steps: Steps = 100
     """Steps between periodic checkpoints; 1 to `train.steps`."""
     keep: Annotated[int, Field(ge=2, le=MAX_KEEP, strict=True)] = 3
