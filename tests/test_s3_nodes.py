@@ -156,12 +156,17 @@ def test_a_node_list_that_disagrees_with_the_manifest_is_refused(url: str, tmp_p
 
 
 def test_each_node_stages_in_a_folder_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ranks' node from the launcher's LOCAL_WORLD_SIZE; with more than one node, a
-    bucket's staging folder is the node's own under the run dir."""
+    """The ranks' node from what the launcher says of the ranks per node; with more than
+    one node, a bucket's staging folder is the node's own under the run dir."""
     from shardctl.orchestrator.storage import checkpoint_storage
-    from shardctl.train.checkpoint import _node_layout
+    from shardctl.train.checkpoint import RANKS_PER_NODE_ENV, _node_layout
 
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for name in RANKS_PER_NODE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert _node_layout(1, 2) == (0, 1, 2)  # no launcher said: one node
+    monkeypatch.setenv("LOCAL_SIZE", "1")  # DeepSpeed's launcher
+    assert [_node_layout(rank, 2) for rank in range(2)] == [(0, 2, 1), (1, 2, 1)]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's
     assert [_node_layout(rank, 4) for rank in range(4)] == [(0, 2, 2)] * 2 + [(1, 2, 2)] * 2
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # not a divisor: one node
     assert _node_layout(3, 4) == (0, 1, 4)

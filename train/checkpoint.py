@@ -207,12 +207,19 @@ def _step_of(path: Path) -> int:
     return int(match.group(1)) if match else -1
 
 
+# How many ranks run on each node, as the launchers say it: torchrun (and accelerate's,
+# which is torchrun) `LOCAL_WORLD_SIZE`, DeepSpeed's `LOCAL_SIZE`, else shardctl's env.sh.
+RANKS_PER_NODE_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SHARDCTL_NPROC_PER_NODE")
+
+
 def _node_layout(rank: int, world_size: int) -> tuple[int, int, int]:
     """(this rank's node, the number of nodes, ranks per node). Every launcher numbers
-    ranks node by node and says how many run on each node (`LOCAL_WORLD_SIZE`); without
-    it, or with a count that does not divide the world, all ranks are one node's."""
+    ranks node by node and says how many run on each node (`RANKS_PER_NODE_ENV`);
+    without it, or with a count that does not divide the world, all ranks are one
+    node's."""
+    said = next((os.environ[name] for name in RANKS_PER_NODE_ENV if os.environ.get(name)), "")
     try:
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        per_node = int(said) if said else world_size
     except ValueError:
         per_node = world_size
     if per_node < 1 or world_size % per_node:

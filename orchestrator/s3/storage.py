@@ -319,6 +319,8 @@ class S3Storage:
         """Abandon a staged save: its local folder and what it uploaded."""
         self._wait_for(name)
         self._local.discard(name)
+        if self.node != 0:  # the store is node 0's to clean (its next `new_staging`)
+            return
         self.client.delete_prefix(self._beside(name))
         if not self._committed(name):
             self.client.delete_prefix(self._entry(name))
