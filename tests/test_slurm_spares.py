@@ -193,6 +193,22 @@ def test_slurms_refusal_of_the_node_count_names_the_spares_too() -> None:
     ), said
 
 
+def test_doctors_network_probe_runs_on_the_spares_too(tmp_path: Path, monkeypatch) -> None:
+    from shardctl.orchestrator.clusters.slurm.preflight import slurm_checks
+
+    seen = tmp_path / "srun-args"
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(f'#!/bin/sh\necho "$@" > {seen}\necho "no nodes here" >&2\nexit 1\n')
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{srun.parent}{os.pathsep}{os.environ['PATH']}")
+    spec = parse_spec({**_spec(), "run_dir": str(tmp_path / "run")})
+    checks, rows = slurm_checks(spec)
+    assert rows == []
+    assert "--nodes=3 " in seen.read_text()
+    assert all("no allocation of 3 node(s)" in c.detail for c in checks), checks
+
+
 # ------------------------------------------- three node tasks of one allocation, no Slurm
 
 # Round 0: on node rank 1 a rank is killed (KILLED names node rank 1, exit 137) or

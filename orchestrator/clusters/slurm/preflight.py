@@ -50,10 +50,12 @@ def slurm_checks(spec: JobSpec) -> tuple[list[Check], list[dict[str, str]]]:
     if srun is None:
         return [Check(n, "skip", "srun is not on PATH: no Slurm client here") for n in names], []
     s = spec.slurm
+    # The job's every node, its spares too: any of them may train.
+    nodes = job_nodes(spec)
     token_dir = Path(spec.checkpoint_dir) / f".shardctl-doctor-{uuid.uuid4().hex}"
     argv = [
         srun,
-        f"--nodes={spec.resources.nodes}",
+        f"--nodes={nodes}",
         "--ntasks-per-node=1",
         f"--immediate={PROBE_WAIT_S}",
         "--time=2",
@@ -74,7 +76,7 @@ def slurm_checks(spec: JobSpec) -> tuple[list[Check], list[dict[str, str]]]:
         _PROBE,
         "probe",
         str(token_dir),
-        str(spec.resources.nodes),
+        str(nodes),
         str(s.master_port),
     ]
     try:
@@ -89,13 +91,13 @@ def slurm_checks(spec: JobSpec) -> tuple[list[Check], list[dict[str, str]]]:
         for line in done.stdout.splitlines()
         if line.startswith("SHARDCTL-PROBE ")
     ]
-    if len(rows) < spec.resources.nodes:
+    if len(rows) < nodes:
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]
         skipped = [
             Check(
                 n,
                 "skip",
-                f"no allocation of {spec.resources.nodes} node(s) for the probe "
+                f"no allocation of {nodes} node(s) for the probe "
                 f"within {PROBE_WAIT_S} s ({shlex.join(argv[:6])}: {why})",
             )
             for n in names
@@ -129,8 +131,13 @@ def _port_from(rows: list[dict[str, str]], port: int) -> Check:
     return Check("master port", "ok", f"{port} is free on {first['node']}")
 
 
+def job_nodes(spec: JobSpec) -> int:
+    """The nodes the job asks Slurm for: `resources.nodes` and `slurm.spare_nodes`."""
+    return spec.resources.nodes + spec.slurm.spare_nodes
+
+
 def _shared_from(rows: list[dict[str, str]], spec: JobSpec) -> Check:
-    nodes = spec.resources.nodes
+    nodes = job_nodes(spec)
     blind = [f"{r['node']} saw {r['seen']}" for r in rows if int(r["seen"] or 0) < nodes]
     if blind:
         return Check(
