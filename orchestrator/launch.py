@@ -345,12 +345,16 @@ def launch_script(
     spec_path: str,
     *,
     module: str = TRAIN_MODULE,
+    node_agent: str | None = None,
 ) -> str:
     """A complete bash script that sets one node's environment and execs the launcher.
 
     `spec_path` (the rendered `job.yaml`) is used as-is when absolute, else it is
     taken relative to the script's own folder. `module` is what every rank runs
-    with `python -m` (the trainer; tests start a probe instead).
+    with `python -m` (the trainer; tests start a probe instead). `node_agent`: the
+    module of a cluster whose node agent the script execs, above the watchdog and
+    the launcher (Kubernetes: the pod's first process; the other clusters start
+    their agent above the script).
     """
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
@@ -365,6 +369,8 @@ def launch_script(
         # Python: the one `shardctl submit` ran under (the local and Slurm clusters
         # export it), else the node's python3 (a container image, a plain sbatch).
         command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {WATCHDOG_MODULE} --')
+    if node_agent is not None:
+        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {node_agent} --')
     return render_template(
         "launch.sh.j2",
         job_name=spec.name,

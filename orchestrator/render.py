@@ -67,17 +67,23 @@ def launcher_files(spec: JobSpec) -> dict[str, str]:
 
 
 def common_artifacts(
-    node_spec: JobSpec, spec_path: str, cluster: str, runtime: Sequence[EnvLine]
+    node_spec: JobSpec,
+    spec_path: str,
+    cluster: str,
+    runtime: Sequence[EnvLine],
+    *,
+    node_agent: str | None = None,
 ) -> dict[str, str]:
     """Spec, env, launch script and launcher configs, as the nodes of `cluster` get them.
 
     `node_spec` is the spec as the nodes read it (the cluster may move its run dir)
     and `spec_path` where they read it; `runtime` sets the node's rank, the node
-    count and the master address from the cluster's own variables.
+    count and the master address from the cluster's own variables; `node_agent`: the
+    module the launch script execs the launcher under (`launch.launch_script`).
     """
     return {
         SPEC_FILE: job_yaml(node_spec),
         ENV_FILE: env_file(node_spec, cluster, runtime, spec_path),
-        LAUNCH_FILE: launch_script(node_spec, cluster, runtime, spec_path),
+        LAUNCH_FILE: launch_script(node_spec, cluster, runtime, spec_path, node_agent=node_agent),
         **launcher_files(node_spec),
     }

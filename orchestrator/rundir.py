@@ -128,9 +128,9 @@ ENV_HEARTBEAT_DIR = "SHARDCTL_HEARTBEAT_DIR"
 ENV_HANG_TIMEOUT = "SHARDCTL_HANG_TIMEOUT_S"  # empty: derived (shardctl.train.watchdog)
 ENV_STARTUP_TIMEOUT = "SHARDCTL_STARTUP_TIMEOUT_S"  # empty: derived (the watchdog)
 ENV_COLLECTIVE_TIMEOUT = "SHARDCTL_COLLECTIVE_TIMEOUT_S"  # the process group's timeout
-# Kubernetes: the node watchdog turns its end into an exit code the operator acts on
-# ("kubernetes"; unset: the launcher's code as it is), and restarts a crash or a hang of
-# this node at most this many times (shardctl.train.watchdog.kubernetes_exit_code).
+# Kubernetes: the pod's node agent turns its verdict into an exit code the operator acts
+# on ("kubernetes"; unset: the launcher's code as it is), and restarts a crash or a hang
+# of this node at most this many times (orchestrator/clusters/k8s/node_agent.py).
 ENV_EXIT_CODES = "SHARDCTL_EXIT_CODES"
 ENV_POD_RESTARTS = "SHARDCTL_POD_RESTARTS"
 # "0": an entrypoint's HF Trainer is left as transformers made it
@@ -325,8 +325,7 @@ def belongs_to_attempt(
     equal, whatever the times (two attempts may start in the same second, a node's
     clock may be skewed). The time rule — written at or after `since`, within
     `CLOCK_SLACK_S` — is the fallback for what carries no token: a marker of an older
-    version, or of a writer outside a fenced attempt (Kubernetes pods, which have no
-    supervisor that agrees a token across nodes yet; `launch.sh` or a script run by
+    version, or of a writer outside a fenced attempt (`launch.sh` or a script run by
     hand), and a reader that knows no token."""
     written_by = data.get(TOKEN_FIELD) if data is not None else None
     if token and isinstance(written_by, str) and written_by:

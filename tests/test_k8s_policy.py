@@ -6,8 +6,9 @@ The operators are not here. What they do with a pod's code is their documented r
 the training operator's `ExitCode` policy restarts 128-255 and fails the job on 1-127
 (`IsRetryableExitCode`: code >= 128); shardctl's TrainJob runtime fails its Job on
 1-127 by a pod failure policy and its JobSet by the rule for that reason. The pods'
-side runs for real: the node watchdog (`python -m shardctl.train.watchdog`) with a
-stand-in launcher, as the rendered launch script starts it.
+side runs for real: the node agent with Kubernetes' adapter
+(`python -m shardctl.orchestrator.clusters.k8s`) over a stand-in launcher,
+as the rendered launch script execs it.
 """
 
 from __future__ import annotations
@@ -19,27 +20,30 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.k8s_schemas import validate_pytorchjob, validate_trainer_object
 from helpers.render_util import LAUNCH_WRAPPER
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
-from shardctl.orchestrator.errors import SpecError
 from test_k8s_render import make
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 60.0  # a loaded machine starts two interpreters slowly
+NODE_AGENT = "shardctl.orchestrator.clusters.k8s"
 
 # A stand-in launcher: exits as told, or kills itself, or writes the PREEMPTED marker
 # the ranks write (their save on SIGTERM) and exits 1 as torchrun does.
 STAND_IN = r"""
 import json, os, signal, sys, time
 run_dir = os.environ["SHARDCTL_RUN_DIR"]
+token = os.environ.get("SHARDCTL_ATTEMPT_TOKEN")
 mode = sys.argv[1]
+def write(name, marker):
+    with open(os.path.join(run_dir, name), "w") as f:
+        json.dump({**marker, "token": token}, f)
 def preempted(*_):
-    marker = {"kind": "preempted", "step": 8, "signal": "SIGTERM", "reason": "saved"}
-    with open(os.path.join(run_dir, "PREEMPTED"), "w") as f:
-        json.dump(marker, f)
+    write("PREEMPTED", {"kind": "preempted", "step": 8, "signal": "SIGTERM", "reason": "saved"})
     sys.exit(1)
 if mode == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
@@ -53,12 +57,10 @@ if mode == "term":  # this pod is deleted: the watchdog passes TERM on
         time.sleep(0.05)
     sys.exit(3)
 if mode == "failed78":  # a rank exited 78 (its FAILED marker); torchrun exits 1
-    with open(os.path.join(run_dir, "FAILED"), "w") as f:
-        json.dump({"kind": "failed", "code": 78, "rank": 1}, f)
+    write("FAILED", {"kind": "failed", "code": 78, "rank": 1})
     sys.exit(1)
 if mode == "done":
-    with open(os.path.join(run_dir, "DONE"), "w") as f:
-        json.dump({"kind": "done", "step": 8}, f)
+    write("DONE", {"kind": "done", "step": 8})
     sys.exit(0)
 sys.exit(int(mode))
 """
@@ -70,9 +72,12 @@ def operator_restarts(code: int) -> bool:
 
 
 class Pod:
-    """One node's watchdog over the stand-in launcher, with a run dir on the "PVC"."""
+    """One node's agent over the stand-in launcher, with a run dir on the "PVC"."""
 
-    def __init__(self, tmp_path: Path, *, bound: int = 2, kubernetes: bool = True) -> None:
+    def __init__(
+        self, tmp_path: Path, *, bound: int = 2, kubernetes: bool = True,
+        counts: str | None = None,
+    ) -> None:  # fmt: skip
         self.run_dir = tmp_path / "runs" / "job"
         self.run_dir.mkdir(parents=True)
         self.script = tmp_path / "stand_in.py"
@@ -84,23 +89,26 @@ class Pod:
             "SHARDCTL_NODE_RANK": "0",
             "SHARDCTL_NNODES": "1",
             "SHARDCTL_HANG_TIMEOUT_S": "600",
+            "SHARDCTL_JOB_NAME": "job",
             "SHARDCTL_POD_RESTARTS": str(bound),
+            # As rendered with a PVC: the counts in the run dir on the volume.
+            "SHARDCTL_POD_COUNTS": str(self.run_dir / ".attempts") if counts is None else counts,
         }
         if kubernetes:
             self.env["SHARDCTL_EXIT_CODES"] = "kubernetes"
 
     def command(self, mode: str) -> list[str]:
         launcher = [sys.executable, str(self.script), mode]
-        return [sys.executable, "-m", "shardctl.train.watchdog", "--", *launcher]
+        return [sys.executable, "-m", NODE_AGENT, "--", *launcher]
 
-    def run(self, mode: str) -> int:
+    def run(self, mode: str, *, keep_markers: bool = False) -> int:
         """One start of the pod: the code it exits with."""
-        for name in ("PREEMPTED", "DONE", "FAILED"):
+        for name in () if keep_markers else ("PREEMPTED", "DONE", "FAILED"):
             (self.run_dir / name).unlink(missing_ok=True)
         done = subprocess.run(
             self.command(mode), env=self.env, capture_output=True, text=True, timeout=WAIT_S
         )
-        self.log = done.stderr
+        self.log = done.stdout + done.stderr  # the agent says its decision on stdout
         return done.returncode
 
 
@@ -142,8 +150,8 @@ def test_a_crash_restarts_within_the_bound_then_stops(tmp_path: Path) -> None:
 
 
 def test_no_restart_without_a_volume_to_count_them(tmp_path: Path) -> None:
-    """Bound 0 (no k8s.pvc): a crash stops at once, a preemption still resumes."""
-    pod = Pod(tmp_path, bound=0)
+    """Bound 0 (no k8s.pvc, no bucket): a crash stops at once, a preemption still resumes."""
+    pod = Pod(tmp_path, bound=0, counts="")
     assert [pod.run("1"), pod.run("kill"), pod.run("saved")] == [1, 1, 170], pod.log
 
 
@@ -172,6 +180,62 @@ def test_a_deleted_pod_s_term_is_a_preemption_that_resumes(tmp_path: Path) -> No
     assert json.loads((pod.run_dir / "PREEMPTED").read_text())["signal"] == "SIGTERM"
 
 
+def test_each_start_of_a_pod_has_its_own_attempt_token(tmp_path: Path) -> None:
+    """A pod's start claims `k8s-<job>-<start>` (its starts counted on the volume) and
+    its ranks get it; the agent reads only that token's markers. A start that ends
+    in the same second as the one before, with that start's FAILED (code 78) still
+    there, is judged by its own end: a crash, restarted (129), not the old 78."""
+    pod = Pod(tmp_path)
+    assert pod.run("failed78") == 78, pod.log
+    failed = pod.run_dir / "FAILED"
+    assert json.loads(failed.read_text())["token"] == "k8s-job-0"
+    # The same second as the next start, whatever the machine's pace: by file time
+    # the old FAILED would be the next start's own.
+    later = time.time() + 30
+    os.utime(failed, (later, later))
+    assert pod.run("1", keep_markers=True) == 129, pod.log
+    assert json.loads((pod.run_dir / "CURRENT_ATTEMPT").read_text())["token"] == "k8s-job-1"
+    assert (pod.run_dir / ".attempts" / "node-0").read_text().strip() == "1"
+
+
+def test_without_a_pvc_the_bucket_keeps_a_pod_s_starts_and_restarts(
+    tmp_path: Path, s3_server: Any
+) -> None:
+    """A one-node job with `checkpoint.dir: s3://...` and no PVC: every pod starts on
+    a fresh emptyDir (nothing of the last pod's run dir is left), and its counts live
+    beside the checkpoints in the bucket, so a crash restarts within the bound and
+    then stops, as on a volume."""
+    bucket = s3_server.make_bucket("k8s-pod-counts")
+    url = f"s3://{bucket}/runs/job"
+    codes, logs = [], []
+    for start in range(3):
+        pod = Pod(tmp_path / f"pod-{start}", bound=2, counts=f"{url}/.attempts")
+        pod.env.update(s3_server.env(), SHARDCTL_CHECKPOINT_DIR=url)
+        codes.append(pod.run("1"))
+        logs.append(pod.log)
+        claim = json.loads((pod.run_dir / "CURRENT_ATTEMPT").read_text())
+        assert claim["token"] == f"k8s-job-{start}", logs
+    assert codes == [129, 129, 1], logs
+    client = s3_server.boto3_client()
+    for name, count in (("restarts-node-0", b"2\n"), ("node-0", b"2\n")):
+        body = client.get_object(Bucket=bucket, Key=f"runs/job/.attempts/{name}")["Body"]
+        assert body.read() == count, name
+
+
+def test_a_count_the_bucket_cannot_keep_is_said_in_one_line(tmp_path: Path) -> None:
+    """An endpoint that does not answer: the pod still runs and exits with its
+    decision, and its log says which count could not be read or kept, and where."""
+    pod = Pod(tmp_path, bound=2, counts="s3://nowhere/runs/job/.attempts")
+    pod.env.update(
+        AWS_ENDPOINT_URL="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="y", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1",
+    )  # fmt: skip
+    assert pod.run("78") == 78, pod.log
+    lines = [line for line in pod.log.splitlines() if "s3://nowhere/runs/job/.attempts" in line]
+    assert lines and all(line.startswith("[shardctl] cannot ") for line in lines), pod.log
+    assert "Traceback" not in pod.log
+
+
 # ----------------------------------------------------------------- what is rendered
 
 
@@ -188,13 +252,31 @@ def test_the_pytorchjob_restarts_by_exit_code_and_its_pods_carry_the_decision() 
     launch = _launch(spec)
     assert "export SHARDCTL_EXIT_CODES=kubernetes\n" in launch
     assert "export SHARDCTL_POD_RESTARTS=4\n" in launch
-    # The watchdog is what the container runs: it maps the launcher's end.
-    assert "-m shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun" in launch
+    assert f"export SHARDCTL_POD_COUNTS=/shardctl/runs/{spec.name}/.attempts\n" in launch
+    # The node agent is what the container runs, above the watchdog: it maps the
+    # launcher's end to the pod's code.
+    assert (
+        f'exec "${{SHARDCTL_PYTHON:-python3}}" -m {NODE_AGENT} -- \\\n    '
+        '"${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \\\n    '
+        + LAUNCH_WRAPPER
+        + "torchrun"
+    ) in launch
 
 
 def test_without_a_pvc_a_crash_is_not_restarted() -> None:
     launch = _launch(make(resources__nodes=1, k8s__pvc=None))
     assert "export SHARDCTL_POD_RESTARTS=0\n" in launch
+    assert "export SHARDCTL_POD_COUNTS=''\n" in launch
+
+
+def test_without_a_pvc_a_bucket_keeps_the_counts_and_a_crash_restarts() -> None:
+    spec = make(
+        resources__nodes=1, k8s__pvc=None, k8s__backoff_limit=3,
+        checkpoint__dir="s3://ckpt/runs/tiny",
+    )  # fmt: skip
+    launch = _launch(spec)
+    assert "export SHARDCTL_POD_RESTARTS=3\n" in launch
+    assert "export SHARDCTL_POD_COUNTS=s3://ckpt/runs/tiny/.attempts\n" in launch
 
 
 def test_on_failure_keeps_the_launcher_s_codes() -> None:
@@ -207,11 +289,13 @@ def test_on_failure_keeps_the_launcher_s_codes() -> None:
 
 
 @pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
-def test_a_disabled_watchdog_is_refused_where_the_codes_decide(api: str) -> None:
-    with pytest.raises(SpecError) as err:
-        render_k8s.render(make(k8s__api=api, watchdog__enabled=False))
-    (line,) = [p for p in err.value.problems if "watchdog.enabled" in p]
-    assert "exit code the operator acts on" in line and "accepted: true" in line
+def test_without_the_watchdog_the_node_agent_still_gives_the_pod_its_code(api: str) -> None:
+    """The exit code is the node agent's, not the watchdog's: turning hang detection
+    off no longer leaves the operator without shardctl's decision."""
+    launch = render_k8s.render(make(k8s__api=api, watchdog__enabled=False)).common["launch.sh"]
+    assert "export SHARDCTL_EXIT_CODES=kubernetes\n" in launch
+    assert f'exec "${{SHARDCTL_PYTHON:-python3}}" -m {NODE_AGENT} -- \\\n' in launch
+    assert "shardctl.train.watchdog" not in launch
 
 
 def test_the_trainjob_runtime_fails_the_jobset_on_a_permanent_code() -> None:

@@ -248,7 +248,12 @@ def test_launch_script_runs_with_operator_env(tmp_path: Any) -> None:
     folder = tmp_path / "etc"
     folder.mkdir()
     for name, text in objects["configmap"]["data"].items():
-        (folder / name).write_text(text)
+        # Without the node agent above the watchdog: it puts its own interpreter's
+        # launchers first on PATH, the real torchrun (the agent's own tests:
+        # test_k8s_policy.py, test_k8s_pods.py).
+        agent = f'"${{SHARDCTL_PYTHON:-python3}}" -m {render_k8s.NODE_AGENT_MODULE} -- \\\n    '
+        assert name != "launch.sh" or agent in text
+        (folder / name).write_text(text.replace(agent, ""))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "torchrun"

@@ -16,7 +16,11 @@ every few seconds. It exits with the launcher's code, except:
   over it in the same instant);
 - **another node hung**: the launcher failed after another node's watchdog wrote a
   fresh HUNG (its ranks lost their peers): this node exits 124 too, so the whole
-  job is retried as a hang and not failed.
+  job is retried as a hang and not failed (not under a node agent that says it
+  judges from the markers, `SHARDCTL_NODE_SUPERVISOR`: Slurm's and Kubernetes').
+
+What a pod's exit code tells the Kubernetes operator is the node agent's
+(`orchestrator/clusters/k8s/node_agent.py`), which runs this watchdog below it.
 
 The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
 (`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest
@@ -48,28 +52,24 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from shardctl.orchestrator.checkpoint_list import save_times
-from shardctl.orchestrator.outcome import Decision, Evidence, Kind, classify, decide, signal_name
+from shardctl.orchestrator.outcome import Kind
 from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
 from shardctl.orchestrator.rundir import (
-    CANCELLED_FILE,
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
     ENV_COLLECTIVE_TIMEOUT,
-    ENV_EXIT_CODES,
     ENV_HANG_TIMEOUT,
     ENV_HEARTBEAT_DIR,
     ENV_NODE_SUPERVISOR,
-    ENV_POD_RESTARTS,
     ENV_RESTART,
     ENV_RUN_DIR,
     ENV_STARTUP_TIMEOUT,
-    EXIT_FAILED,
     EXIT_HUNG,
     HUNG_FILE,
     RunDir,
@@ -480,82 +480,6 @@ def _env_seconds(name: str) -> float | None:
     return value
 
 
-# ------------------------------------------------------------- Kubernetes' codes
-# A pod's exit code is all a Kubeflow operator reads, and its `ExitCode` policy (the
-# PyTorchJob's; shardctl's TrainJob runtime fails its Job the same way) restarts
-# 128-255 and fails the job on 1-127. So on Kubernetes (`SHARDCTL_EXIT_CODES=
-# kubernetes`) the watchdog's end carries the policy's decision (`outcome.decide`):
-# finished → 0; a restart → RETRYABLE_BASE + shardctl's code (crash 1 → 129, preempted
-# 42 → 170, hung 124 → 252; a launcher killed by a signal keeps its 128 + N); a stop →
-# shardctl's code kept within 1-127 (78 stays 78). docs/guides/kubernetes.md has the table.
-RETRYABLE_BASE = 128
-RESTARTS_FILE = ".attempts/restarts-node-{node}"  # in the run dir: survives the pod
-
-
-def retryable(code: int) -> int:
-    return code if code >= RETRYABLE_BASE else RETRYABLE_BASE + code
-
-
-def permanent(code: int) -> int:
-    return code if 0 < code < RETRYABLE_BASE else EXIT_FAILED
-
-
-def kubernetes_exit_code(
-    code: int, run_dir: str | None, since: float, signals: Sequence[int], node: int,
-    bound: int, *, wait_s: float = 0.0,
-) -> int:  # fmt: skip
-    """The pod's exit code for the launcher's (or the watchdog's) `code`. A pod's
-    TERM is Kubernetes' preemption warning (a deletion, an eviction): a save it caused
-    resumes. A crash or a hang restarts while this node has restarted fewer than
-    `bound` times (counted in the run dir, on the volume); past it, it stops."""
-    names = tuple(n for n in map(signal_name, signals) if n)
-    evidence = (
-        Evidence.gather(run_dir, since, code, signals=names, warning="SIGTERM", wait_s=wait_s)
-        if run_dir
-        else Evidence(code, {}, names, "SIGTERM")
-    )
-    outcome = classify(evidence)
-    if (
-        outcome.kind is Kind.CANCELLED
-        and outcome.signal == "SIGTERM"
-        and CANCELLED_FILE not in evidence.markers
-    ):
-        # Another pod's TERM (its deletion, an eviction) made every rank of the job
-        # save: on this pod too a preemption, which resumes.
-        outcome = replace(outcome, kind=Kind.PREEMPTED)
-    counter = Path(run_dir) / RESTARTS_FILE.format(node=node) if run_dir else None
-    restarts = _read_count(counter)
-    verdict = decide(outcome, restarts=restarts, max_restarts=bound)
-    if verdict.decision is Decision.FINISH:
-        return 0
-    if verdict.decision is Decision.RESTART:
-        _write_count(counter, restarts + 1)
-    elif not (verdict.decision is Decision.RETRY and outcome.kind is Kind.PREEMPTED):
-        # A stop, or a retry no restart is left for (a hang past the bound): the
-        # operator only restarts a pod, so past `bound` the job fails.
-        _say(f"node {node}: {verdict.summary()}; the pod exits with "
-             f"{permanent(verdict.exit_code)} (the job stops)")  # fmt: skip
-        return permanent(verdict.exit_code)
-    _say(f"node {node}: {verdict.summary()}; the pod exits with "
-         f"{retryable(verdict.exit_code)} (the operator restarts it)")  # fmt: skip
-    return retryable(verdict.exit_code)
-
-
-def _read_count(path: Path | None) -> int:
-    try:
-        return int(path.read_text().strip()) if path is not None else 0
-    except (OSError, ValueError):
-        return 0
-
-
-def _write_count(path: Path | None, value: int) -> None:
-    if path is None:
-        return
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{value}\n")
-
-
 class Watchdog:
     def __init__(self, command: list[str]) -> None:
         self.command = command
@@ -564,7 +488,7 @@ class Watchdog:
         self.attempt = _env_int(ENV_ATTEMPT, 0)
         self.restart = _env_int(ENV_RESTART, 0)
         self.run_dir = os.environ.get(ENV_RUN_DIR) or None
-        # A supervisor above the launcher (Slurm's node task) judges from the markers.
+        # A node agent above the launcher (Slurm's, Kubernetes') judges from the markers.
         self.judged_above = bool(os.environ.get(ENV_NODE_SUPERVISOR))
         self.rule = HangRule(
             explicit=_env_seconds(ENV_HANG_TIMEOUT),
@@ -574,14 +498,12 @@ class Watchdog:
         )
         self.monitor = Monitor(self.rule)
         self.received: list[int] = []
-        self.signals: list[int] = []  # every signal received, kept for the exit code
         self.signalled = False  # a stop was asked for: a failure then is not a hang
         self.stack_seen: dict[int, int] = {}  # bytes of each rank's stack file passed on
         self.started = time.time()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
-        self.signals.append(signum)
         self.signalled = True
 
     def run(self) -> int:
@@ -601,13 +523,7 @@ class Watchdog:
             code = self._run(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        if os.environ.get(ENV_EXIT_CODES) != "kubernetes":
-            return code
-        return kubernetes_exit_code(
-            code, self.run_dir, self.started, self.signals, self.node,
-            _env_int(ENV_POD_RESTARTS, 0),
-            wait_s=OTHER_NODE_WAIT_S if self.nnodes > 1 and code not in (0, EXIT_HUNG) else 0.0,
-        )  # fmt: skip
+        return code
 
     def _run(self, folder: Path) -> int:
         handled = []
@@ -658,8 +574,9 @@ class Watchdog:
             signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
         code = rc if rc >= 0 else 128 - rc
         # Another node's HUNG turns this node's lost peers into its own 124, for a
-        # cluster that reads exit codes (Kubernetes' policies). A node task that reads
-        # the markers needs no such wait: it cost every crash of a Slurm job 10 s.
+        # launcher whose supervisor reads exit codes only. A node agent that reads the
+        # markers itself (Slurm's, Kubernetes') needs no such wait: it cost every
+        # crash of a Slurm job 10 s.
         if code != 0 and self.nnodes > 1 and not self.signalled and not self.judged_above:
             other = (
                 RunDir.of(self.run_dir).wait_for_marker(HUNG_FILE, self.started, OTHER_NODE_WAIT_S)

@@ -210,6 +210,9 @@ class Cluster(ABC):
     # What `shardctl render` prints after writing the files ({out}, {name}, {spec},
     # {chart}, {manifests}); `next_step_for` may pick it per spec.
     next_step: ClassVar[str] = ""
+    # The module of the node agent the launch script execs above the launcher (None:
+    # the cluster starts its agent above the script; Kubernetes: the pod's own).
+    node_agent: ClassVar[str | None] = None
 
     def next_step_for(self, spec: JobSpec) -> str:
         return self.next_step
@@ -254,7 +257,10 @@ class Cluster(ABC):
         from the request it holds, so that both come from one computation)."""
         node = self.node_view(spec)
         self.check(node.spec)
-        files = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
+        files = common_artifacts(
+            node.spec, node.spec_path, self.name, self.runtime_env(node.spec),
+            node_agent=self.node_agent,
+        )  # fmt: skip
         if own is None:
             own = self.own_artifacts(node, dict(files))
         clash = sorted(k for k in own.keys() & files.keys() if own[k] != files[k])

@@ -61,6 +61,8 @@ class K8sCluster(Cluster):
     name = "k8s"
 
     spec_section = K8sSection
+    # Each pod's first process: the launch script execs the node agent (node_agent.py).
+    node_agent = k8s_render.NODE_AGENT_MODULE
 
     def run_problems(self, spec: JobSpec) -> list[str]:
         # The section's rules and its API's; `render_from` refuses the same list.
@@ -121,7 +123,10 @@ class K8sCluster(Cluster):
     def dryrun(self, spec: JobSpec) -> DryRun:
         # Computed once: the node files, the chart values, the objects, their texts.
         node = self.node_view(spec)
-        common = common_artifacts(node.spec, node.spec_path, self.name, self.runtime_env(node.spec))
+        common = common_artifacts(
+            node.spec, node.spec_path, self.name, self.runtime_env(node.spec),
+            node_agent=self.node_agent,
+        )  # fmt: skip
         rendered = k8s_render.render_from(spec, node, common)
         return DryRun(
             cluster=self.name,

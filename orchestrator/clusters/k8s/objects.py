@@ -15,6 +15,7 @@ an entrypoint's code where it travelled.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,14 @@ from ...launch import (
     launch_argv,
 )
 from ...render import common_artifacts
-from ...rundir import ENV_ATTEMPT, ENV_EXIT_CODES, ENV_POD_RESTARTS, ENV_RUN_DIR
+from ...rundir import ENV_EXIT_CODES, ENV_POD_RESTARTS
 from ...spec import JobSpec, parse_spec
 from ...storage import is_object_url
 from ..base import NodeView
 from .apis import job_kind
 from .jobkind import AdminRuntime
+from .node_agent import ENV_POD_COUNTS, counts_place
+from .node_agent import MODULE as NODE_AGENT_MODULE
 from .pods import (
     CACHE_MOUNT,
     CODE_DIR,
@@ -190,17 +193,13 @@ def runtime_env(spec: JobSpec) -> list[EnvLine]:
         export_from("SHARDCTL_NPROC_PER_NODE", "PET_NPROC_PER_NODE", where),
         export_from("MASTER_ADDR", master[0], where),
         export_from("MASTER_PORT", master[1], where),
-        # The operator says nothing about restarts: each pod counts its own starts in
-        # the run dir (on the PVC, so they survive the pod).
+        # The operator says nothing about restarts: each pod's node agent counts its
+        # starts (the run contract's SHARDCTL_ATTEMPT) and restarts where they survive
+        # the pod (`node_agent.counts_place`).
         EnvLine(
-            f'attempts="${{{ENV_RUN_DIR}}}/.attempts/node-${{SHARDCTL_NODE_RANK}}"',
-            "starts of this node so far (the run contract's attempt number)",
+            f"export {ENV_POD_COUNTS}={shlex.quote(pod_counts_place(spec))}",
+            "where the node agent keeps this node's starts and restarts ('': nowhere)",
         ),
-        EnvLine(f'mkdir -p "${{{ENV_RUN_DIR}}}/.attempts"'),
-        EnvLine('previous="$(cat "${attempts}" 2>/dev/null || echo -1)"'),
-        EnvLine(f'{ENV_ATTEMPT}="$((previous + 1))"'),
-        EnvLine(f'printf \'%s\\n\' "${{{ENV_ATTEMPT}}}" >"${{attempts}}"'),
-        EnvLine(f"export {ENV_ATTEMPT}"),
         *exit_code_lines(spec),
         *setup_lines(spec),
     ]
@@ -213,15 +212,24 @@ def exit_codes_decide(spec: JobSpec) -> bool:
     return spec.k8s.api == "trainjob" or spec.k8s.restart_policy == "ExitCode"
 
 
+def pod_counts_place(spec: JobSpec) -> str:
+    """Where a pod's counts survive it: the run dir on the PVC, else beside the
+    checkpoints in their bucket, else nowhere ('')."""
+    # `pod_spec`'s run dir; a bucket checkpoint dir is kept as it is there.
+    run_dir = f"{RUNS_MOUNT}/{spec.name}"
+    return counts_place(run_dir, str(spec.checkpoint_dir), on_volume=bool(spec.k8s.pvc))
+
+
 def pod_restart_bound(spec: JobSpec) -> int:
     """Restarts of a node after a crash or a hang: `k8s.backoff_limit`, counted on the
-    PVC. Without one (an emptyDir goes with the pod) nothing would keep the count or a
-    checkpoint to resume from, so a crash or a hang stops the job."""
-    return spec.k8s.backoff_limit if spec.k8s.pvc else 0
+    PVC or, without one, in the checkpoints' bucket. With neither (an emptyDir goes
+    with the pod) nothing would keep the count or a checkpoint to resume from, so a
+    crash or a hang stops the job."""
+    return spec.k8s.backoff_limit if pod_counts_place(spec) else 0
 
 
 def exit_code_lines(spec: JobSpec) -> list[EnvLine]:
-    """The node watchdog's exit code for the operator (`train.watchdog.kubernetes_exit_code`)."""
+    """The pod's exit code for the operator (the node agent's, `node_agent.PodAdapter`)."""
     if not exit_codes_decide(spec):
         return []
     return [
@@ -231,7 +239,8 @@ def exit_code_lines(spec: JobSpec) -> list[EnvLine]:
         ),
         EnvLine(
             f"export {ENV_POD_RESTARTS}={pod_restart_bound(spec)}",
-            "restarts of this node after a crash or a hang (k8s.backoff_limit; 0 without k8s.pvc)",
+            "restarts of this node after a crash or a hang (k8s.backoff_limit; 0 with "
+            "neither k8s.pvc nor an s3:// checkpoint.dir)",
         ),
     ]
 
@@ -492,7 +501,9 @@ def render_from(spec: JobSpec, node: NodeView, common: dict[str, str]) -> K8sRen
 
 def render(spec: JobSpec) -> K8sRender:
     node = node_view(spec)
-    common = common_artifacts(node.spec, node.spec_path, "k8s", runtime_env(node.spec))
+    common = common_artifacts(
+        node.spec, node.spec_path, "k8s", runtime_env(node.spec), node_agent=NODE_AGENT_MODULE
+    )
     return render_from(spec, node, common)
 
 

@@ -6,10 +6,10 @@ parts (`pods.py`); the operator injects PET_NNODES, PET_NODE_RANK,
 PET_NPROC_PER_NODE, MASTER_ADDR and MASTER_PORT, which the launch script reads. A
 pod that is deleted or preempted restarts with the same PVC and resumes from the
 newest complete checkpoint there. Under `restartPolicy: ExitCode` (the default) the
-operator restarts a pod that exits 128-255 and fails the job on 1-127: each node's
-watchdog exits with shardctl's decision (`train.watchdog.kubernetes_exit_code`), so
-exit 78 stops. The operator counts no `backoffLimit` under ExitCode; the pods count
-their restarts on the PVC (`objects.pod_restart_bound`).
+operator restarts a pod that exits 128-255 and fails the job on 1-127: each pod's
+node agent exits with shardctl's decision (`node_agent.PodAdapter`), so exit 78
+stops. The operator counts no `backoffLimit` under ExitCode; the pods count their
+restarts on the PVC, or in the checkpoints' bucket (`objects.pod_restart_bound`).
 
 `pytorchjob_from_values` is mirrored by helm/shardctl-job/templates/pytorchjob.yaml
 (and `_pod.tpl`); tests/test_helm_chart.py compares their output.

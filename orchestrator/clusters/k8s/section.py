@@ -335,13 +335,14 @@ class K8sSection(ClusterSection):
     restart_policy: Literal["OnFailure", "ExitCode", "Never", "Always"] = "ExitCode"
     """The PyTorchJob's replica restart policy. Under `ExitCode` (the default) the
     operator restarts a pod that exits 128-255 and fails the job on 1-127, and each
-    node's watchdog exits with shardctl's decision: a preemption and, within
+    pod's node agent exits with shardctl's decision: a preemption and, within
     `backoff_limit`, a crash or a hang restart; exit 78 (do not retry) stops
     (docs/guides/kubernetes.md, "How an attempt ends"). `OnFailure` restarts every
     failed pod, exit 78 included, up to `backoff_limit` times."""
     backoff_limit: Retries = 6
     """Restarts of each node after a crash or a hang before the job fails; 0 to 1000.
-    Counted by the pods on `pvc` (without one, none: a crash stops). Under
+    Counted by the pods on `pvc`, or without one beside an `s3://` checkpoint.dir
+    (with neither, none: a crash stops). Under
     `restart_policy: OnFailure`, the operator's count of container restarts instead; a
     TrainJob's runtime also restarts its JobSet at most this many times."""
     clean_pod_policy: Literal["None", "All", "Running"] = "None"
@@ -577,13 +578,6 @@ class K8sSection(ClusterSection):
                 "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
                 "each pod would hold only "
                 "its own shards and resume would find no complete checkpoint"
-            )
-        exit_codes_decide = self.api == "trainjob" or self.restart_policy == "ExitCode"
-        if not spec.watchdog.enabled and exit_codes_decide:
-            problems.append(
-                "watchdog.enabled false: on Kubernetes the node watchdog gives each pod the "
-                "exit code the operator acts on (exit 78 stops, a crash restarts); accepted: "
-                "true, or k8s.restart_policy OnFailure on a PyTorchJob (every failure restarts)"
             )
         # The API's own rules (JobKind.problems) join these in objects.run_problems:
         # this module loads at start-up and imports no kind.

@@ -64,7 +64,7 @@ TRAINER_CONTAINER = "node"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 PATCH_MANAGER = "shardctl.dev/cli"
 TORCH_MASTER_PORT = 29500
-# The pods' exit codes carry shardctl's decision (`train.watchdog.kubernetes_exit_code`):
+# The pods' exit codes carry shardctl's decision (`node_agent.PodAdapter`):
 # 1-127 stop, as under a PyTorchJob's ExitCode policy. A pod that exits with one fails
 # its Job by the pod failure policy (reason `PodFailurePolicy`), and the JobSet rule
 # below fails the whole JobSet for it; any other failure restarts it (`maxRestarts`).

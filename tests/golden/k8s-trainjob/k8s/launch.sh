@@ -23,19 +23,15 @@ export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the torch plugin of Kubeflow 
 export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
 export MASTER_ADDR="${PET_MASTER_ADDR:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
 export MASTER_PORT="${PET_MASTER_PORT:?set by the torch plugin of Kubeflow Trainer in TrainJob pods}"
-# starts of this node so far (the run contract's attempt number)
-attempts="${SHARDCTL_RUN_DIR}/.attempts/node-${SHARDCTL_NODE_RANK}"
-mkdir -p "${SHARDCTL_RUN_DIR}/.attempts"
-previous="$(cat "${attempts}" 2>/dev/null || echo -1)"
-SHARDCTL_ATTEMPT="$((previous + 1))"
-printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
-export SHARDCTL_ATTEMPT
+# where the node agent keeps this node's starts and restarts ('': nowhere)
+export SHARDCTL_POD_COUNTS=/shardctl/runs/k8s-tiny-v2/.attempts
 # the pod's exit code carries the decision: 0 done, 128-255 restart, 1-127 stop
 export SHARDCTL_EXIT_CODES=kubernetes
-# restarts of this node after a crash or a hang (k8s.backoff_limit; 0 without k8s.pvc)
+# restarts of this node after a crash or a hang (k8s.backoff_limit; 0 with neither k8s.pvc nor an s3:// checkpoint.dir)
 export SHARDCTL_POD_RESTARTS=6
 
-exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.clusters.k8s -- \
+    "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
     "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --nnodes "${SHARDCTL_NNODES}" \

@@ -23,19 +23,15 @@ export SHARDCTL_NODE_RANK="${PET_NODE_RANK:?set by the Kubeflow training operato
 export SHARDCTL_NPROC_PER_NODE="${PET_NPROC_PER_NODE:?set by the Kubeflow training operator in PyTorchJob pods}"
 export MASTER_ADDR="${MASTER_ADDR:?set by the Kubeflow training operator in PyTorchJob pods}"
 export MASTER_PORT="${MASTER_PORT:?set by the Kubeflow training operator in PyTorchJob pods}"
-# starts of this node so far (the run contract's attempt number)
-attempts="${SHARDCTL_RUN_DIR}/.attempts/node-${SHARDCTL_NODE_RANK}"
-mkdir -p "${SHARDCTL_RUN_DIR}/.attempts"
-previous="$(cat "${attempts}" 2>/dev/null || echo -1)"
-SHARDCTL_ATTEMPT="$((previous + 1))"
-printf '%s\n' "${SHARDCTL_ATTEMPT}" >"${attempts}"
-export SHARDCTL_ATTEMPT
+# where the node agent keeps this node's starts and restarts ('': nowhere)
+export SHARDCTL_POD_COUNTS=/shardctl/runs/k8s-tiny/.attempts
 # the pod's exit code carries the decision: 0 done, 128-255 restart, 1-127 stop
 export SHARDCTL_EXIT_CODES=kubernetes
-# restarts of this node after a crash or a hang (k8s.backoff_limit; 0 without k8s.pvc)
+# restarts of this node after a crash or a hang (k8s.backoff_limit; 0 with neither k8s.pvc nor an s3:// checkpoint.dir)
 export SHARDCTL_POD_RESTARTS=3
 
-exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.clusters.k8s -- \
+    "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
     "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --nnodes "${SHARDCTL_NNODES}" \

@@ -1,0 +1,343 @@
+"""The node agent in a Kubernetes pod: what the rendered launch script execs, above the
+node's watchdog and launcher (`__main__.py`):
+
+    python3 -m shardctl.orchestrator.clusters.k8s -- LAUNCHER [ARGS...]
+
+Every pod runs the one node agent (`orchestrator/agent/`) with Kubernetes' adapter
+(`PodAdapter`). The agent starts the launcher, passes the kubelet's TERM on to the
+ranks and judges the attempt with the one classifier; "go again" is the pod's exit
+code, which the operator's policy acts on (PyTorchJob `restartPolicy: ExitCode`,
+shardctl's TrainJob runtime: 128-255 restart the pod, 1-127 fail the job):
+
+- done → 0;
+- a preemption (this pod's TERM, or another pod's that made every rank save) →
+  128 + 42 = 170: the operator restarts the pod and it resumes;
+- a crash or a hang, while this node has restarted fewer than `k8s.backoff_limit`
+  times → 128 + shardctl's code (crash 1 → 129, hang 124 → 252; a launcher killed by
+  a signal keeps its 128 + N);
+- anything else (exit 78, a crash past the bound, attempts without a new complete
+  checkpoint) → shardctl's code within 1-127 (78 stays 78): the job stops.
+
+Under another restart policy (`SHARDCTL_EXIT_CODES` unset) the pod exits with the
+launcher's own code.
+
+Where a pod's counts survive the pod (`SHARDCTL_POD_COUNTS`): the run dir's
+`.attempts/` on the PVC, or, for a job without a volume whose checkpoints are in a
+bucket, `<checkpoint dir>/.attempts/` in the bucket; none (a job with neither) means
+no restart after a crash or a hang. Two counts per node: its starts (the run
+contract's `SHARDCTL_ATTEMPT`) and its restarts after a crash or a hang (the bound).
+
+The attempt token (fence.py) of a pod's start is `k8s-<job>-<start>`: the job's name
+and this node's start count. Every pod of a job starts together and ends together (a
+pod whose peer is gone loses its collectives and ends too, and the operator restarts
+each), so the pods of one attempt count the same starts and agree on the token
+without talking to each other. Node 0 claims it (`CURRENT_ATTEMPT`) before its ranks
+start; the ranks' markers carry it, and the agent reads only its own attempt's
+markers, never by time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from ...agent import NodeAgent, say
+from ...agent.core import MARKER_WAIT_S
+from ...errors import ObjectStoreError
+from ...fence import claim_attempt
+from ...outcome import Decision, Evidence, Kind, Verdict, decide
+from ...rundir import (
+    CANCELLED_FILE,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_DIR,
+    ENV_EXIT_CODES,
+    ENV_JOB_NAME,
+    ENV_NODE_SUPERVISOR,
+    ENV_POD_RESTARTS,
+    ENV_RUN_DIR,
+    EXIT_FAILED,
+)
+from ...storage import is_object_url
+
+if TYPE_CHECKING:
+    from ...s3 import S3Client
+
+# `python -m` of the package (its `__main__`): this module is imported by the package.
+MODULE = "shardctl.orchestrator.clusters.k8s"
+USAGE = f"usage: python3 -m {MODULE} -- LAUNCHER [ARGS...]"
+
+# Where the pod's counts survive it (a folder on the PVC or an s3:// URL; empty: none).
+ENV_POD_COUNTS = "SHARDCTL_POD_COUNTS"
+COUNTS_DIR = ".attempts"  # in the run dir (PVC) or beside the checkpoints (bucket)
+STARTS_NAME = "node-{node}"  # the node's starts so far, minus one
+RESTARTS_NAME = "restarts-node-{node}"  # its restarts after a crash or a hang
+
+# The operator restarts a pod that exits 128-255 and fails the job on 1-127.
+RETRYABLE_BASE = 128
+
+
+def shell_code(code: int) -> int:
+    """A process's code as a shell tells it: killed by signal N (-N) is 128 + N."""
+    return code if code >= 0 else RETRYABLE_BASE - code
+
+
+def retryable(code: int) -> int:
+    code = shell_code(code)
+    return code if code >= RETRYABLE_BASE else RETRYABLE_BASE + code
+
+
+def permanent(code: int) -> int:
+    code = shell_code(code)
+    return code if 0 < code < RETRYABLE_BASE else EXIT_FAILED
+
+
+# ------------------------------------------------------------------ the counts
+
+
+class PodCounts(Protocol):
+    """Small integers that outlive the pod (None: never written)."""
+
+    where: str
+
+    def read(self, name: str) -> int | None: ...
+
+    def write(self, name: str, value: int) -> None: ...
+
+
+class FolderCounts:
+    """Counts in a folder of the PVC: one file per count, the number on one line."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.where = folder
+
+    def read(self, name: str) -> int | None:
+        try:
+            return int((self.folder / name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def write(self, name: str, value: int) -> None:
+        with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / name).write_text(f"{value}\n")
+
+
+class BucketCounts:
+    """Counts as small objects under an `s3://` prefix (a pod without a volume)."""
+
+    def __init__(self, url: str) -> None:
+        from ...s3 import parse_s3_url
+
+        self.url = parse_s3_url(url)
+        self.where = url
+        self._client: S3Client | None = None
+
+    def _s3(self) -> S3Client:
+        # Imported on first use: boto3 is heavy, and a pod on a volume never needs it.
+        if self._client is None:
+            from ...s3 import S3Client
+
+            self._client = S3Client()
+        return self._client
+
+    def read(self, name: str) -> int | None:
+        target = self.url.child(name)
+        s3 = self._s3()
+        if not s3.exists(target):
+            return None
+        try:
+            return int(s3.read_bytes(target).decode().strip())
+        except ValueError:
+            return None
+
+    def write(self, name: str, value: int) -> None:
+        self._s3().put_bytes(f"{value}\n".encode(), self.url.child(name))
+
+
+def pod_counts(where: str) -> PodCounts | None:
+    """The counts at `where` (`SHARDCTL_POD_COUNTS`): a bucket prefix, a folder, or
+    None where nothing outlives the pod."""
+    if not where:
+        return None
+    return BucketCounts(where) if is_object_url(where) else FolderCounts(where)
+
+
+def counts_place(run_dir: str, checkpoint_dir: str, on_volume: bool) -> str:
+    """Where a pod's counts survive it: the run dir on the PVC, else a bucket
+    checkpoint dir, else nowhere ('')."""
+    if on_volume:
+        return f"{run_dir}/{COUNTS_DIR}"
+    if is_object_url(checkpoint_dir):
+        return f"{checkpoint_dir.rstrip('/')}/{COUNTS_DIR}"
+    return ""
+
+
+def _read(counts: PodCounts | None, name: str) -> int | None:
+    """A count, or None; a store that cannot be read is said in one line and counts
+    as never written (the operator's own backoff limit still bounds the restarts)."""
+    if counts is None:
+        return None
+    try:
+        return counts.read(name)
+    except ObjectStoreError as err:
+        say(f"cannot read the pod's count {name} at {counts.where}: {err}")
+        return None
+
+
+def _write(counts: PodCounts | None, name: str, value: int) -> None:
+    if counts is None:
+        return
+    try:
+        counts.write(name, value)
+    except ObjectStoreError as err:
+        say(f"cannot keep the pod's count {name} at {counts.where}: {err}")
+
+
+def count_start(counts: PodCounts | None, node: int) -> int:
+    """This start of the node: 0 on its first, +1 on each after (kept in `counts`)."""
+    name = STARTS_NAME.format(node=node)
+    previous = _read(counts, name)
+    start = 0 if previous is None else previous + 1
+    _write(counts, name, start)
+    return start
+
+
+# ------------------------------------------------------------------ the adapter
+
+
+class PodAdapter:
+    """Kubernetes' part of the node agent (`agent.Adapter`): one pod's start."""
+
+    cluster = "k8s"
+    # The kubelet's TERM reaches the pod's first process (this agent) alone.
+    forwards_signals = True
+    retries = 0
+
+    def __init__(
+        self, run_dir: str, job: str, node: int, nodes: int, start: int, *,
+        exit_codes: bool, bound: int, counts: PodCounts | None,
+    ) -> None:  # fmt: skip
+        self.run_dir = run_dir
+        self.job_id = job
+        self.node = node
+        self.nodes = nodes
+        self.allocation = start
+        self.exit_codes = exit_codes
+        self.bound = bound
+        self.counts = counts
+        self.exit_code = 0
+
+    def token(self, round_: int) -> str | None:
+        again = f"-r{round_}" if round_ else ""
+        return f"k8s-{self.job_id}-{self.allocation}{again}"
+
+    def claim(self, round_: int) -> None:
+        token = self.token(round_)
+        if token is not None:
+            claim_attempt(self.run_dir, token, cluster="k8s", restart=round_, job=self.job_id)
+
+    def prepare_env(self, env: dict[str, str]) -> None:
+        env[ENV_ATTEMPT] = str(self.allocation)
+        # The watchdog below judges nothing: a lost peer's exit is this agent's to read.
+        env[ENV_NODE_SUPERVISOR] = self.cluster
+
+    def outside_signal(self, signal_name: str) -> bool:
+        return False
+
+    def watch(self, round_: int) -> Callable[[int], None] | None:
+        return None
+
+    def pin_killed(self, round_: int, started: float) -> None:
+        """A pod names a killed rank from the markers only."""
+
+    def judged(self, verdict: Verdict, rc: int, round_: int) -> None:
+        """Nothing kept: `carry_out` follows at once."""
+
+    def carry_out(self, verdict: Verdict, evidence: Evidence, rc: int, round_: int) -> str:
+        if not self.exit_codes:
+            self.exit_code = shell_code(rc)
+            return verdict.decision.value
+        self.exit_code = self._pod_code(verdict, evidence)
+        return verdict.decision.value
+
+    def _pod_code(self, verdict: Verdict, evidence: Evidence) -> int:
+        outcome = verdict.outcome
+        if (
+            outcome.kind is Kind.CANCELLED
+            and outcome.signal == "SIGTERM"
+            and CANCELLED_FILE not in evidence.markers
+        ):
+            # A pod's TERM is Kubernetes' preemption warning (a deletion, an
+            # eviction), this pod's or another's that made every rank save: it resumes.
+            outcome = replace(outcome, kind=Kind.PREEMPTED)
+        name = RESTARTS_NAME.format(node=self.node)
+        restarts = _read(self.counts, name) or 0
+        bound = self.bound if self.counts is not None else 0
+        pod = decide(outcome, restarts=restarts, max_restarts=bound)
+        if pod.decision is Decision.FINISH:
+            return 0
+        if verdict.no_progress:  # node 0's ledger: attempts without a new checkpoint
+            pod = verdict
+        elif pod.decision is Decision.RESTART:
+            _write(self.counts, name, restarts + 1)
+            return self._restarts(pod)
+        elif pod.decision is Decision.RETRY and outcome.kind is Kind.PREEMPTED:
+            return self._restarts(pod)
+        # A stop, or a retry no restart is left for (a hang past the bound): the
+        # operator only restarts a pod, so past the bound the job fails.
+        code = permanent(pod.exit_code)
+        say(f"node {self.node}: {pod.summary()}; the pod exits with {code} (the job stops)")
+        return code
+
+    def _restarts(self, pod: Verdict) -> int:
+        code = retryable(pod.exit_code)
+        say(f"node {self.node}: {pod.summary()}; the pod exits with {code} "
+            "(the operator restarts it)")  # fmt: skip
+        return code
+
+
+# ------------------------------------------------------------------ main
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    if not words or words[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    env = os.environ
+    run_dir = env.get(ENV_RUN_DIR, "")
+    if not run_dir:
+        print(f"{ENV_RUN_DIR} is not set: the rendered launch script sets it", file=sys.stderr)
+        return 2
+    node = _env_int("SHARDCTL_NODE_RANK", 0)
+    counts = pod_counts(env.get(ENV_POD_COUNTS, ""))
+    adapter = PodAdapter(
+        run_dir, env.get(ENV_JOB_NAME) or Path(run_dir).name, node,
+        _env_int("SHARDCTL_NNODES", 1), count_start(counts, node),
+        exit_codes=env.get(ENV_EXIT_CODES) == "kubernetes",
+        bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts,
+    )  # fmt: skip
+    agent = NodeAgent(
+        adapter, words, run_dir, checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+        # The operator restarts the pod; the agent runs no round in place.
+        max_restarts=0,
+        # One node: rank 0, which writes the markers, ran below this agent.
+        marker_wait_s=MARKER_WAIT_S if adapter.nodes > 1 else 0.0,
+    )  # fmt: skip
+    agent.run()
+    return adapter.exit_code
