@@ -274,13 +274,16 @@ class S3Storage:
         as it arrives; a node's error is raised at once, a node silent past the
         deadline (or this process ending) is the end of this checkpoint."""
         lists: dict[int, dict[str, Any]] = {}
-        deadline = time.monotonic() + self.node_wait_s
+        started = time.monotonic()
+        deadline = started + self.node_wait_s
+        folder = target.child(NODE_LISTS)
         while True:
+            # One listing per look, however many nodes: a large job polls no harder.
+            arrived = {_relative(o.url, folder) for o in self.client.list(folder).objects}
             for node in range(1, self.nodes):
-                listed = target.child(NODE_LISTS, _list_name(node))
-                if node in lists or not self.client.exists(listed):
+                if node in lists or _list_name(node) not in arrived:
                     continue
-                data = json.loads(self.client.read_bytes(listed))
+                data = json.loads(self.client.read_bytes(folder.child(_list_name(node))))
                 if "error" in data:
                     raise CheckpointError(
                         f"node {node} could not upload its files of {name}: {data['error']}; "
@@ -292,9 +295,11 @@ class S3Storage:
                 return lists
             if time.monotonic() > deadline or not threading.main_thread().is_alive():
                 nodes = ", ".join(str(node) for node in missing)
+                plural = "s" if len(missing) > 1 else ""
+                waited = time.monotonic() - started
                 raise CheckpointError(
-                    f"{self._entry(name)} is not committed: node {nodes} did not finish "
-                    f"uploading its files (waited {self.node_wait_s:g} s)"
+                    f"{self._entry(name)} is not committed: node{plural} {nodes} did not "
+                    f"finish uploading its files (waited {waited:.0f} s)"
                 )
             time.sleep(NODE_POLL_S)
 
