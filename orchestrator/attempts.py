@@ -113,18 +113,23 @@ class Progress:
 MEMORY_OWNER_FILE = "logs/memory-tier.json"
 
 
+# On more than one node, node 0's own slice of each copy (`train/memory_partner.py`).
+MEMORY_NODE0_OWN = ("node-0", "own")
+
+
 def newest_memory_step(run_dir: str | Path) -> int | None:
     """The step of the newest complete memory-tier copy the run dir names (on this
-    node's tmpfs: node 0's agent judges), None when there is none. A restart in place
-    resumes from it (`memory_tier.restore_newest`), so a newer one is progress."""
+    node's tmpfs: node 0's agent judges; on several nodes node 0's own slice, which
+    its partner holds too), None when there is none. A restart in place resumes from
+    it (`memory_tier.restore_newest`), so a newer one is progress."""
     try:
         named = json.loads((Path(run_dir) / MEMORY_OWNER_FILE).read_text()).get("dir")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(named, str) or not named:
         return None
-    newest = newest_checkpoint(named)
-    return newest[0] if newest is not None else None
+    found = [newest_checkpoint(named), newest_checkpoint(Path(named, *MEMORY_NODE0_OWN))]
+    return _newest(*(f[0] for f in found if f is not None))
 
 
 def _newest(*steps: int | None) -> int | None:

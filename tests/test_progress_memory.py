@@ -88,3 +88,16 @@ def test_a_durable_checkpoint_past_the_copy_counts_and_copies_not_named_do_not(
     assert newest_memory_step(run) is None
     (run / MEMORY_OWNER_FILE).write_text("not json")
     assert newest_memory_step(run) is None
+
+
+def test_on_several_nodes_node_0s_own_slice_is_progress(tmp_path: Path) -> None:
+    # The tier on several nodes keeps each node's slice in `<dir>/node-<n>/own/`
+    # (train/memory_partner.py); node 0's agent judges from node 0's.
+    run, ckpt, memory = a_run_with_the_memory_tier(tmp_path)
+    own = memory / "node-0" / "own"
+    copy_in_memory(own, 10)
+    assert crash(run, ckpt, 0, None) is Decision.RESTART
+    assert newest_step(run, ckpt) == 10
+    copy_in_memory(own, 20)
+    assert crash(run, ckpt, 1, 10) is Decision.RESTART
+    assert last_attempt(run, JOB)["memory_step"] == 20  # type: ignore[index]
