@@ -37,8 +37,9 @@ def _no_contract_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------- the plan, on paper
 
 
-def _held(step: int) -> dict:
-    return {"step": step, "path": "/x", "manifest": {"files": {}}}
+def _held(*copies: tuple[int, int]) -> tuple[dict, list]:
+    """A node's inventory holding these (slice node, step) copies."""
+    return {copy: {"path": "/x", "manifest": {"files": {}}} for copy in copies}, []
 
 
 def test_partner_is_the_next_node_and_the_last_wraps_to_node_0() -> None:
@@ -47,7 +48,7 @@ def test_partner_is_the_next_node_and_the_last_wraps_to_node_0() -> None:
 
 def test_a_wiped_node_is_served_by_its_partner_and_the_newest_common_step_wins() -> None:
     # node 0 holds its own step 8 and node 1's step 8; node 1's memory is gone.
-    tables = {0: ({0: _held(8), 1: _held(8)}, []), 1: ({}, [])}
+    tables = {0: _held((0, 8), (1, 8)), 1: _held()}
     step, plan = choose(tables, 2, newer_than=4)
     assert (step, plan) == (8, {0: 0, 1: 0})
     # node 1 gets both slices from node 0; node 0 lacks nothing.
@@ -55,13 +56,20 @@ def test_a_wiped_node_is_served_by_its_partner_and_the_newest_common_step_wins()
 
 
 def test_own_copy_preferred_and_a_step_not_newer_than_durable_is_not_taken() -> None:
-    tables = {0: ({0: _held(8), 1: _held(8)}, []), 1: ({1: _held(8), 0: _held(8)}, [])}
+    tables = {0: _held((0, 8), (1, 8)), 1: _held((1, 8), (0, 8))}
     assert choose(tables, 2, newer_than=4) == (8, {0: 0, 1: 1})
     assert choose(tables, 2, newer_than=8) == (None, {})
 
 
+def test_a_copy_in_flight_to_the_partner_leaves_the_step_both_nodes_hold() -> None:
+    # Node 1 died while its step-8 copy was on its way: node 0 kept its own step 4
+    # until the partner held step 8, and holds node 1's step 4.
+    tables = {0: _held((0, 8), (0, 4), (1, 4)), 1: _held()}
+    assert choose(tables, 2, newer_than=0) == (4, {0: 0, 1: 0})
+
+
 def test_a_node_lost_with_its_partner_says_why() -> None:
-    tables = {0: ({0: _held(8)}, []), 1: ({}, [])}  # node 1's slice: nowhere
+    tables = {0: _held((0, 8)), 1: _held()}  # node 1's slice: nowhere
     assert choose(tables, 2, newer_than=4) == (None, {})
     assert why_not(tables, 2, 4, []) == (
         "node 1's memory copy of step 8 and its partner copy (on node 0) are both gone"
@@ -322,3 +330,48 @@ def test_checkpointer_on_two_nodes_a_wiped_node_gets_its_copy_from_the_partner(
         assert all(torch.equal(before[k], after[k]) for k in before), rank
     last = _restores(tmp_path / "run")[-1]
     assert (last["tier"], last["step"]) == ("partner", 6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_submit_on_two_nodes_restarts_in_place_and_a_wiped_node_is_served_by_its_partner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shardctl submit` of a two-node spec on this machine (the node agent runs both
+    nodes' launch scripts): once node 0 holds node 1's copy, node 1's rank is stopped,
+    its memory folder removed and the rank killed; the restart in place resumes from
+    the partner's copy and `status` says so."""
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+    from test_hang_local import _release, _status, _wait_for, rank_pids
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    tier = tmp_path / "tier"
+    spec = tiny_spec(
+        tmp_path, "pair", resources={"nodes": 2, "procs_per_node": 1},
+        train={"steps": 200, "log_every": 1},
+        checkpoint={"every_steps": 180, "memory_every_steps": 4, "memory_dir": str(tier)},
+        restart={"max_in_allocation": 1},
+    )  # fmt: skip
+    run_dir = tmp_path / "pair"
+    res = CliRunner().invoke(cli, ["submit", str(spec)])
+    assert res.exit_code == 0, res.output
+    held = tier / "node-0" / "partner-of-node-1"
+    try:
+        _wait_for("a partner copy", lambda: any(held.glob("step-*/manifest.json")), 600)
+        rank1 = rank_pids(run_dir, 0, restart=0)[1]
+        os.kill(rank1, signal.SIGSTOP)  # no copy of its own can come back meanwhile
+        shutil.rmtree(tier / "node-1")
+        os.kill(rank1, signal.SIGKILL)
+        _wait_for("the end", lambda: _status("pair")["state"] != "RUNNING", 900)
+    finally:
+        _release([], "pair")
+    st = _status("pair")
+    out = (run_dir / "logs" / "launcher.out").read_text()
+    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
+    assert "(from partner: node 1 served by node 0's partner copy;" in out, out[-3000:]
+    assert st["restore"]["tier"] == "partner" and st["restore"]["step"] % 4 == 0
+    assert st["restore"]["lost_steps"] <= 8  # 2K at most: a copy may have been on its way
+    text = CliRunner().invoke(cli, ["status", "pair"]).output
+    assert f"restored from partner at step {st['restore']['step']} (" in text

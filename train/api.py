@@ -173,7 +173,8 @@ class CheckpointConfig:
     """`auto` (newest complete checkpoint), `never`, or the path of one step folder."""
     memory_every_steps: int | None = None
     """The memory tier (`shardctl.train.memory_tier`): a copy in node-local memory every
-    K steps, 1 to every_steps - 1; None: off."""
+    K steps (on more than one node also held in the partner node's memory,
+    `shardctl.train.memory_partner`), 1 to every_steps - 1; None: off."""
     memory_dir: str | None = None
     """Where the memory copies go; None: `/dev/shm/shardctl/<job>-<hash of the run dir>`."""
 

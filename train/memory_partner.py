@@ -12,8 +12,9 @@ trainer state; node 0's slice also holds the files rank 0 alone writes). Every K
    the same local rank on the partner node (node n's partner is node (n + 1) mod
    nodes), over the tier's own gloo group; the receivers check every file's sha256 and
    the partner's first rank commits `partner-of-node-<n>/step-N` with the slice's
-   manifest. Steps 2 and 3 run behind training where the backend saves in the
-   background (the next copy waits for them).
+   manifest; only then does the node drop its previous own copy (a node lost while its
+   copy is on the way is served at the step before). Steps 2 and 3 run behind
+   training where the backend saves in the background (the next copy waits for them).
 
 On a restart (`PartnerCopies.restore`) every node says what it holds, verified by
 sha256 (its own slice, the slice it holds for the node before it); the ranks agree on
@@ -40,6 +41,7 @@ import os
 import pickle
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,13 +215,19 @@ def _committed(folder: Path) -> dict[str, Path]:
     }
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Commit a staged copy (its manifest already written) and drop the older ones."""
+def _publish(tmp: Path, final: Path, *, drop_older: bool = True) -> None:
+    """Commit a staged copy (its manifest already written) and, unless told to keep
+    them, drop the older ones."""
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    for name, path in _committed(final.parent).items():
-        if name != final.name:
+    if drop_older:
+        _drop_older(final)
+
+
+def _drop_older(newest: Path) -> None:
+    for name, path in _committed(newest.parent).items():
+        if name != newest.name:
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -242,6 +250,10 @@ class PartnerCopies:
         self.dir = node_dir(root, layout.node)
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
+        # Seconds each copy's commit and send to the partner took (behind training
+        # when the backend saves in the background; the loop's stall is the tier's
+        # `stall_s`).
+        self.send_s: list[float] = []
 
     @property
     def leader(self) -> bool:
@@ -277,14 +289,17 @@ class PartnerCopies:
         except BaseException as exc:  # re-raised in the training thread by wait()
             self._error = exc
 
-    def wait(self) -> None:
+    def wait(self, *, quiet: bool = False) -> None:
         """Until the copy in flight is committed here and at the partner; its failure
-        is raised."""
+        is raised (`quiet`: logged, when the copies are about to go anyway)."""
         if self._pending is not None:
             self._pending.join()
             self._pending = None
             if self._error is not None:
                 exc, self._error = self._error, None
+                if quiet:
+                    log.error("the memory copy failed: %s", exc)
+                    return
                 raise CheckpointError(f"the memory copy failed: {exc}") from exc
 
     def _commit_and_send(self, future: Any, step: int, tmp: Path) -> None:
@@ -304,7 +319,9 @@ class PartnerCopies:
         final = self.dir / OWN / step_dirname(step)
         if self.leader:
             write_manifest(tmp, manifest)  # the commit marker, written last
-            _publish(tmp, final)
+            # The older copy stays until the partner holds this one: a node lost while
+            # the copy is on its way is served by the step both nodes still hold.
+            _publish(tmp, final, drop_older=False)
         m._barrier()
         self._send_to_partner(step, final, manifest, sizes)
 
@@ -314,6 +331,7 @@ class PartnerCopies:
         """Each rank sends its share of the slice to the same local rank on the partner
         node and receives its share of the previous node's slice."""
         lay, group = self.layout, self.manager.group
+        t0 = time.perf_counter()
         mine = share_of(sizes, lay.local_rank, lay.local_world)
         outgoing = {"manifest": manifest if self.leader else None,
                     "files": _pack(final, manifest, mine)}  # fmt: skip
@@ -337,20 +355,26 @@ class PartnerCopies:
         if self.leader:
             write_manifest(tmp, incoming["manifest"])
             _publish(tmp, held / step_dirname(step))
-        self.manager._barrier()
+        self.manager._barrier()  # the partner holds this copy: the older own one can go
+        if self.leader:
+            _drop_older(final)
+        self.send_s.append(time.perf_counter() - t0)
 
     # -- restore -----------------------------------------------------------------
 
-    def inventory(self) -> tuple[dict[int, dict[str, Any]], list[str]]:
-        """This node's verified copies `{slice node: {"step", "path", "manifest"}}` and
-        a line for each copy refused (its sha256, a missing file)."""
-        found: dict[int, dict[str, Any]] = {}
+    def inventory(self, newer_than: int) -> tuple[dict[tuple[int, int], Any], list[str]]:
+        """This node's verified copies newer than `newer_than`, `{(slice node, step):
+        {"path", "manifest"}}`, and a line for each copy refused (its sha256, a missing
+        file)."""
+        found: dict[tuple[int, int], Any] = {}
         refused: list[str] = []
         lay = self.layout
         for slice_node, folder in [(lay.node, self.dir / OWN)] + [
             (n, self.dir / held_dir(n)) for n in range(lay.nodes) if n != lay.node
         ]:
             for name, path in _committed(folder).items():
+                if int(STEP_RE.match(name).group(1)) <= newer_than:  # type: ignore[union-attr]
+                    continue  # the durable tier is as new: not worth reading
                 try:
                     manifest = read_manifest(path)
                 except CheckpointError as exc:
@@ -363,8 +387,7 @@ class PartnerCopies:
                         f"verification: {problems[0]}"
                     )
                     continue
-                found[slice_node] = {"step": int(manifest["step"]), "path": str(path),
-                                     "manifest": manifest}  # fmt: skip
+                found[slice_node, int(manifest["step"])] = {"path": str(path), "manifest": manifest}
         return found, refused
 
     def restore(
@@ -376,7 +399,7 @@ class PartnerCopies:
         fresh = fresh_nodes_from_env() if fresh is None else fresh
         mine: Any = None
         if self.leader:
-            mine = ({}, []) if lay.node in fresh else self.inventory()
+            mine = ({}, []) if lay.node in fresh else self.inventory(newer_than)
         gathered = m._all_gather(mine)
         tables = {n: gathered[lay.rank_on(n, 0)] for n in range(lay.nodes)}
         refused = [line for n in sorted(tables) for line in tables[n][1]]
@@ -384,8 +407,11 @@ class PartnerCopies:
         if step is None:
             why = why_not(tables, lay.nodes, newer_than, refused)
             return PartnerRestore(None, why_not=why)
-        manifest = merged_manifest(tables, plan)
-        folder = self._assemble(step, tables, plan)
+        manifest = merged_manifest(tables, plan, step)
+        try:
+            folder = self._assemble(step, tables, plan)
+        except CheckpointError as exc:  # every rank raises it (gathered): all fall back
+            return PartnerRestore(None, why_not=str(exc))
         try:
             m._load(folder, manifest, trainer)
         finally:
@@ -404,14 +430,14 @@ class PartnerCopies:
             shutil.rmtree(folder.parent, ignore_errors=True)
             folder.mkdir(parents=True)
             for slice_node in range(lay.nodes):
-                held = tables[lay.node][0].get(slice_node)
-                if held is not None and held["step"] == step:
+                held = tables[lay.node][0].get((slice_node, step))
+                if held is not None:
                     _link_tree(Path(held["path"]), folder)
         m._barrier()
         problem = None
         try:
             for slice_node, sender, receiver in transfers(tables, plan, step, lay.nodes):
-                held = tables[sender][0][slice_node]
+                held = tables[sender][0][slice_node, step]
                 sizes = {rel: f["size"] for rel, f in held["manifest"]["files"].items()}
                 share = share_of(sizes, lay.local_rank, lay.local_world)
                 if sender == lay.node:
@@ -432,7 +458,7 @@ class PartnerCopies:
     def clear(self) -> None:
         """Free this node's copies (its own, the one held for its peer, a restore's);
         a collective."""
-        self.wait()
+        self.wait(quiet=True)
         self.manager._barrier()
         if self.leader and self.dir.is_dir():
             for sub in self.dir.iterdir():
@@ -466,13 +492,12 @@ def choose(
 ) -> tuple[int | None, dict[int, int]]:
     """The newest step newer than `newer_than` for which every slice has a verified
     copy, and for each slice the node that serves it (its own node first)."""
-    steps = {entry["step"] for n in tables for entry in tables[n][0].values()}
-    for step in sorted((s for s in steps if s > newer_than), reverse=True):
+    for step in sorted((s for s in _steps(tables) if s > newer_than), reverse=True):
         plan: dict[int, int] = {}
         for slice_node in range(nodes):
             holders = [
                 n for n in sorted(tables, key=lambda n: (n != slice_node, n))
-                if tables[n][0].get(slice_node, {}).get("step") == step
+                if (slice_node, step) in tables[n][0]
             ]  # fmt: skip
             if not holders:
                 break
@@ -480,6 +505,11 @@ def choose(
         else:
             return step, plan
     return None, {}
+
+
+def _steps(tables: dict[int, Any]) -> set[int]:
+    """Every step some node holds a verified copy of (of any slice)."""
+    return {step for n in tables for _, step in tables[n][0]}
 
 
 def transfers(
@@ -490,16 +520,15 @@ def transfers(
     out = []
     for receiver in range(nodes):
         for slice_node in range(nodes):
-            held = tables[receiver][0].get(slice_node)
-            if held is None or held["step"] != step:
+            if (slice_node, step) not in tables[receiver][0]:
                 out.append((slice_node, plan[slice_node], receiver))
     return out
 
 
-def merged_manifest(tables: dict[int, Any], plan: dict[int, int]) -> dict[str, Any]:
+def merged_manifest(tables: dict[int, Any], plan: dict[int, int], step: int) -> dict[str, Any]:
     """The step's manifest as one folder holds it: node 0's slice's fields, every
     slice's files."""
-    manifests = [tables[holder][0][s]["manifest"] for s, holder in sorted(plan.items())]
+    manifests = [tables[holder][0][s, step]["manifest"] for s, holder in sorted(plan.items())]
     files = {rel: f for man in manifests for rel, f in man["files"].items()}
     merged = {k: v for k, v in manifests[0].items() if k not in ("node", "files")}
     return {**merged, "files": dict(sorted(files.items()))}
@@ -507,13 +536,12 @@ def merged_manifest(tables: dict[int, Any], plan: dict[int, int]) -> dict[str, A
 
 def why_not(tables: dict[int, Any], nodes: int, newer_than: int, refused: list[str]) -> str | None:
     """Why no memory step serves (None: no copy newer than the durable tier anywhere)."""
-    steps = {entry["step"] for n in tables for entry in tables[n][0].values()}
-    newest = max((s for s in steps if s > newer_than), default=None)
+    newest = max((s for s in _steps(tables) if s > newer_than), default=None)
     if newest is None:
         return "; ".join(refused) or None
     lost = []
     for slice_node in range(nodes):
-        if not any(tables[n][0].get(slice_node, {}).get("step") == newest for n in tables):
+        if not any((slice_node, newest) in tables[n][0] for n in tables):
             lost.append(
                 f"node {slice_node}'s memory copy of step {newest} and its partner copy "
                 f"(on node {partner_of(slice_node, nodes)}) are both gone"

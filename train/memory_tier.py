@@ -54,7 +54,7 @@ from typing import Any
 
 from ..orchestrator.checkpoint_list import STEP_RE
 from ..orchestrator.durable import free_bytes, write_text_atomic
-from ..orchestrator.errors import PermanentError, StorageError
+from ..orchestrator.errors import CheckpointError, PermanentError, StorageError
 from ..orchestrator.fence import AttemptFence
 from ..orchestrator.rundir import attempt_token
 from ..orchestrator.storage import STAGING_SUFFIX, PosixStorage
@@ -203,6 +203,14 @@ class MemoryTier:
             log.error("memory tier off for this attempt: %s", exc)
             self.every = 0
             return
+        except (CheckpointError, OSError) as exc:
+            if self.partner is None:
+                raise
+            # Across nodes every failure is shared with every rank (gathered), so all
+            # turn the tier off together and training goes on with the durable tier.
+            log.error("memory tier off for this attempt: %s", exc)
+            self.every = 0
+            return
         self.stall_s.append(time.perf_counter() - t0)
 
     def clear(self) -> None:
@@ -256,7 +264,7 @@ class MemoryTier:
         """Wait for a copy in flight; release the tier's own staging buffers (a
         shared `StateIO` is the durable manager's to close)."""
         if self.partner is not None:
-            self.partner.wait()
+            self.partner.wait(quiet=True)
         if self.background:
             self.manager.close()
         else:
@@ -410,10 +418,14 @@ def last_restore(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def restore_words(entry: dict[str, Any]) -> str:
-    """`restored from memory at step 40 (3 steps lost)`, for `status`."""
+    """`restored from memory at step 40 (3 steps lost)`, `restored from partner at step
+    40 (node 1 served by node 0's partner copy; 3 steps lost)`, for `status`."""
     lost = entry.get("lost_steps")
     lost_text = "steps lost unknown" if not isinstance(lost, int) else f"{lost} steps lost"
     if lost == 1:
         lost_text = "1 step lost"
     refused = f"; {entry['refused']}" if entry.get("refused") else ""
-    return f"restored from {entry.get('tier')} at step {entry['step']} ({lost_text}{refused})"
+    served = f"{entry['served']}; " if entry.get("served") else ""
+    return (
+        f"restored from {entry.get('tier')} at step {entry['step']} ({served}{lost_text}{refused})"
+    )
