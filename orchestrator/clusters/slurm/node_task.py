@@ -248,11 +248,15 @@ class SlurmAdapter:
         replaced = lineup.replace(rank) if rank is not None else None
         try:
             write_lineup(self.run_dir, self.job_id, self.allocation, round_ + 1, replaced or lineup)
-            if replaced is not None and rank is not None:
-                self._record_replacement(verdict.outcome, replaced, rank, round_)
         except OSError as exc:
-            # The other nodes then keep this round's lineup: a restart as without spares.
+            # Every node then keeps this round's lineup: a restart as without spares.
             say(f"node 0: could not write the next round's lineup ({exc}); no spare used")
+            return
+        if replaced is not None and rank is not None:
+            try:
+                self._record_replacement(verdict.outcome, replaced, rank, round_)
+            except OSError as exc:
+                say(f"node 0: a spare replaces node rank {rank}; not recorded for status ({exc})")
 
     def _record_replacement(self, out: Outcome, replaced: Lineup, rank: int, round_: int) -> None:
         hosts = hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
