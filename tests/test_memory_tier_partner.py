@@ -42,6 +42,12 @@ def _held(*copies: tuple[int, int]) -> tuple[dict, list]:
     return {copy: {"path": "/x", "manifest": {"files": {}}} for copy in copies}, []
 
 
+def test_the_trainer_state_folder_is_the_checkpoints_own() -> None:
+    from shardctl.train import checkpoint, memory_partner
+
+    assert memory_partner.TRAINER_DIR == checkpoint.TRAINER_DIR  # a torch-free mirror
+
+
 def test_partner_is_the_next_node_and_the_last_wraps_to_node_0() -> None:
     assert [partner_of(n, 3) for n in range(3)] == [1, 2, 0]
 
@@ -94,21 +100,23 @@ def test_more_than_one_node_is_accepted(tmp_path: Path) -> None:
 # ------------------------------------------------- two nodes on this host
 
 
-def _node_argv(node: int, port: int, *command: str) -> list[str]:
-    """torchrun of node `node` of two (one rank each), meeting at 127.0.0.1:`port`."""
+def _node_argv(node: int, port: int, nproc: int, *command: str) -> list[str]:
+    """torchrun of node `node` of two (`nproc` ranks each), meeting at 127.0.0.1:`port`."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-        "--node-rank", str(node), "--nproc-per-node", "1",
+        "--node-rank", str(node), "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(port), *command,
     ]  # fmt: skip
 
 
-def _start_nodes(command: list[str], env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def _start_nodes(
+    command: list[str], env: dict[str, str] | None = None, nproc: int = 1
+) -> list[subprocess.Popen]:
     """Both nodes of `command` (what torchrun runs), each in a session of its own."""
     port = free_port()
     return [
         subprocess.Popen(
-            _node_argv(node, port, *command),
+            _node_argv(node, port, nproc, *command),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -124,9 +132,9 @@ def _loop(spec: Path) -> list[str]:
     return ["-m", "shardctl.train", str(spec)]
 
 
-def _run_nodes(command: list[str]) -> str:
+def _run_nodes(command: list[str], env: dict[str, str] | None = None, nproc: int = 1) -> str:
     """Both nodes to the end; their output (node 0's, then node 1's)."""
-    procs = _start_nodes(command)
+    procs = _start_nodes(command, env, nproc)
     outs = []
     try:
         for proc in procs:
@@ -307,22 +315,34 @@ dist.destroy_process_group()
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_checkpointer_on_two_nodes_a_wiped_node_gets_its_copy_from_the_partner(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("node1", "nproc"),
+    [("wiped", 1), ("new", 2)],  # "new": a spare stands in (SHARDCTL_MEMORY_FRESH_NODES)
+)
+def test_checkpointer_on_two_nodes_node_1_gets_its_copy_from_the_partner(
+    tmp_path: Path, node1: str, nproc: int
 ) -> None:
+    """A user's script on two nodes (1 or 2 ranks each) stops after step 6 (disk: step
+    4, memory: step 6); node 1's memory is removed, or node 1 is said to be new (its
+    folder is then not asked, though it is still there): the next start resumes at
+    step 6 from node 0's partner copy, every rank bit-identical to where it stopped."""
     import torch
 
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    _run_nodes([str(script), "first", str(tmp_path)])
+    _run_nodes([str(script), "first", str(tmp_path)], nproc=nproc)
     tier = tmp_path / "tier"
     assert sorted(p.name for p in (tier / "node-0").iterdir()) == ["own", "partner-of-node-1"]
     assert [p.name for p in (tier / "node-0" / "partner-of-node-1").iterdir()] == ["step-00000006"]
-    shutil.rmtree(tier / "node-1")  # node 1's memory is gone
+    env = {}
+    if node1 == "wiped":
+        shutil.rmtree(tier / "node-1")  # node 1's memory is gone
+    else:
+        env = {"SHARDCTL_MEMORY_FRESH_NODES": "1"}
 
-    out = _run_nodes([str(script), "second", str(tmp_path)])
+    out = _run_nodes([str(script), "second", str(tmp_path)], env, nproc)
     assert "resumed at step 6 (from partner: node 1 served by node 0's partner copy" in out
-    for rank in (0, 1):
+    for rank in range(2 * nproc):
         assert json.loads((tmp_path / f"second-{rank}.json").read_text())["start"] == 6
         before = torch.load(tmp_path / f"first-{rank}.pt")
         after = torch.load(tmp_path / f"second-{rank}.pt")

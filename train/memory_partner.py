@@ -62,6 +62,7 @@ from .manifest import (
 log = logging.getLogger(__name__)
 
 OWN = "own"
+TRAINER_DIR = "train_state"  # `checkpoint.TRAINER_DIR` (that module imports torch)
 RESTORE = "restore"
 FRESH_NODES_ENV = "SHARDCTL_MEMORY_FRESH_NODES"
 
@@ -268,7 +269,7 @@ class PartnerCopies:
         tmp = self.dir / OWN / (step_dirname(step) + ".tmp")
         if self.leader:
             _clean_staging(self.dir / OWN)
-            (tmp / "train_state").mkdir(parents=True, exist_ok=True)
+            (tmp / TRAINER_DIR).mkdir(parents=True, exist_ok=True)
         self.manager._barrier()
         self.manager._write_trainer_state(tmp, step, trainer)
         if not background:
