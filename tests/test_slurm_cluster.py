@@ -736,6 +736,7 @@ def test_a_script_without_a_usr2_handler_says_nothing_was_saved_and_requeues(
     `scancel --signal=USR2`: its ranks do not keep an ignored SIGUSR2, each says that
     nothing was saved, and the job is a preemption — requeued, run again, COMPLETED."""
     spec = _own_spec("own-nohandler", "tests/data/usercode/no_handler_once.py", [str(tmp_path)])
+    spec["env"] = {"SHARDCTL_WARNING_HOLD_S": "3"}  # it never installs one: held 3 s, not 30
     ref = _submitted(tmp_path, spec)
     _wait(ref, lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 180,
           "both ranks to start")  # fmt: skip

@@ -41,6 +41,8 @@ def _plain_spec(name: str, folder: Path, **slurm: Any) -> dict[str, Any]:
     del spec["train"]
     script = ROOT / "tests" / "data" / "usercode" / "no_handler_once.py"
     spec["entrypoint"] = {"script": str(script), "args": [str(folder)]}
+    # The script never installs a handler: the warning is held 3 s, not the default 30.
+    spec["env"] = {"SHARDCTL_WARNING_HOLD_S": "3"}
     spec["slurm"].update(slurm)
     return spec
 

@@ -27,6 +27,7 @@ from shardctl.orchestrator import proctree
 from shardctl.orchestrator.goodput import goodput
 from shardctl.orchestrator.outcome import Decision, Evidence, Kind, judge
 from shardctl.orchestrator.rundir import ATTEMPTS_FILE, ENV_HF_TRAINER_AUTO, PREEMPTED_FILE
+from shardctl.train.preemption import DEFAULT_WARNING_HOLD_S, WARNING_HOLD_ENV, warning_hold_s
 
 ROOT = Path(__file__).resolve().parent.parent
 CODE = ROOT / "tests" / "data" / "usercode"
@@ -55,16 +56,25 @@ def _wait_for(found, what: str, seconds: float, log: Path | None = None):
 
 
 def _entry(
-    tmp_path: Path, script: Path, *args: str, ignore: tuple[int, ...] = (), stderr=subprocess.PIPE
+    tmp_path: Path,
+    script: Path,
+    *args: str,
+    ignore: tuple[int, ...] = (),
+    stderr=subprocess.PIPE,
+    hold_s: str | None = None,
 ):
     """`python -m shardctl.train.entry script SCRIPT ARGS` as a rank, started with the
-    signals `ignore` ignored (as Slurm's node task starts the launcher)."""
+    signals `ignore` ignored (as Slurm's node task starts the launcher); `hold_s`: how
+    long a warning waits for the script's handler (`SHARDCTL_WARNING_HOLD_S`)."""
 
     def ignored() -> None:
         for sig in ignore:
             signal.signal(sig, signal.SIG_IGN)
 
     env = {**child_env(), "SHARDCTL_RUN_DIR": str(tmp_path / "run"), "RANK": "0"}
+    env.pop(WARNING_HOLD_ENV, None)
+    if hold_s is not None:
+        env[WARNING_HOLD_ENV] = hold_s
     return subprocess.Popen(
         [sys.executable, "-m", "shardctl.train.entry", "script", str(script), *args],
         env=env, cwd=tmp_path, preexec_fn=ignored, stdout=subprocess.PIPE,
@@ -89,10 +99,12 @@ def test_a_rank_does_not_keep_the_stop_signals_its_launcher_ignored(tmp_path: Pa
 def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     tmp_path: Path,
 ) -> None:
-    """SIGUSR2 inherited ignored, a script with no handler: the rank says it, records
-    PREEMPTED with `saved: false`, and ends by the signal; the classifier requeues."""
+    """SIGUSR2 inherited ignored, a script with no handler: the rank holds the warning
+    for its hold (1 s here), then says it, records PREEMPTED with `saved: false`, and
+    ends by the signal; the classifier requeues."""
     started = time.time()
-    proc = _entry(tmp_path, CODE / "no_handler.py", str(tmp_path), ignore=(signal.SIGUSR2,))
+    proc = _entry(tmp_path, CODE / "no_handler.py", str(tmp_path), ignore=(signal.SIGUSR2,),
+                  hold_s="1")  # fmt: skip
     try:
         pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
         assert pid == proc.pid
@@ -106,6 +118,9 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
             proc.kill()
             proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGUSR2, err  # ended as it would without shardctl
+    assert (
+        "SIGUSR2 arrived before the script installed a handler for it: it is held up to 1 s" in err
+    )
     assert "SIGUSR2 arrived and the script has no handler for it: nothing was saved" in err
     marker = json.loads((tmp_path / "run" / PREEMPTED_FILE).read_text())
     assert (marker["kind"], marker["saved"], marker["rank"]) == ("preempted", False, 0)
@@ -114,6 +129,45 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     verdict = judge(Evidence.gather(tmp_path / "run", started, 1), max_retries=3)
     assert verdict.outcome.kind is Kind.PREEMPTED and verdict.decision is Decision.RETRY
     assert "nothing saved: rank 0 had no handler for SIGUSR2" in verdict.summary()
+
+
+@pytest.mark.parametrize("handler", ["own", "shardctl"])
+def test_a_handler_installed_while_the_warning_is_held_gets_it(
+    tmp_path: Path, handler: str
+) -> None:
+    """A warning that lands while the script is still starting (no handler yet): the
+    rank holds it, and the handler the script installs within the hold — its own
+    `signal.signal` or shardctl's preemption flag — gets it; the rank lives and saves
+    as the script would. Without the hold the rank died of the signal at once."""
+    err_log = tmp_path / "rank.err"
+    with err_log.open("w") as err_file:
+        proc = _entry(tmp_path, CODE / "late_handler.py", str(tmp_path), handler,
+                      ignore=(signal.SIGUSR2,), stderr=err_file, hold_s="120")  # fmt: skip
+        try:
+            pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
+            os.kill(pid, signal.SIGUSR2)
+            held = "SIGUSR2 arrived before the script installed a handler for it"
+            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
+                      "the rank's word on the signal", 60, err_log)  # fmt: skip
+            (tmp_path / "install").touch()
+            out, _ = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    err = err_log.read_text()
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == "got SIGUSR2", out
+    assert held in err and "nothing was saved" not in err, err[-3000:]
+    assert not (tmp_path / "run" / PREEMPTED_FILE).exists()
+
+
+def test_the_hold_is_read_from_the_environment_and_a_bad_value_is_the_default() -> None:
+    assert warning_hold_s({}) == DEFAULT_WARNING_HOLD_S == 30.0
+    assert warning_hold_s({WARNING_HOLD_ENV: " 12.5 "}) == 12.5
+    assert warning_hold_s({WARNING_HOLD_ENV: "0"}) == 0.0  # end the rank at once
+    for bad in ("", "ten", "-1", "inf", "nan", "1e400"):
+        assert warning_hold_s({WARNING_HOLD_ENV: bad}) == 30.0, bad
 
 
 def test_a_trainer_script_holds_an_early_warning_and_saves_at_its_first_step(

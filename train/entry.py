@@ -27,13 +27,16 @@ Before the user's code, every rank:
 
 - gets back the usual action of SIGUSR2, SIGTERM and SIGINT where it inherited them
   ignored (Slurm's node task starts the launcher with its warning signal ignored);
-- catches SIGUSR2 while the code has no handler of its own: the rank says that
-  nothing was saved (a line on stderr; PREEMPTED with `"saved": false` and its rank,
-  the first rank's only), then ends by the signal's default action. The job is a
-  preemption: it is requeued and the script starts from what it saved itself. A
+- catches SIGUSR2 while the code has no handler of its own and holds it for a
+  bounded part of the grace period (`SHARDCTL_WARNING_HOLD_S`, 30 s unless the
+  cluster sets it): a handler the script installs within it gets the signal then. A
   Trainer script's rank (transformers' Trainer imported, or `shardctl.train.hf`)
-  holds the signal instead until shardctl's callback installs its handler at
-  `on_train_begin`, which takes it: that rank saves at its first step;
+  holds it until shardctl's callback installs its handler at `on_train_begin`,
+  which takes it: that rank saves at its first step. Past the hold, with no handler,
+  the rank says that nothing was saved (a line on stderr; PREEMPTED with `"saved":
+  false` and its rank, the first rank's only), then ends by the signal's default
+  action. The job is a preemption: it is requeued and the script starts from what it
+  saved itself;
 - wraps transformers' `Trainer.train` once the script imports it
   (`shardctl.train.hf_auto`): an unmodified Trainer script resumes and saves on a
   preemption (`entrypoint.hf_trainer_auto: false` turns it off);
@@ -79,7 +82,7 @@ from .heartbeat import install_stack_dump
 from .hf_auto import install as wrap_hf_trainer
 from .leave import leave
 from .libwarnings import show_library_warnings_once
-from .preemption import UnhandledWarning, undo_inherited_ignores
+from .preemption import WARNING_HOLD_ENV, UnhandledWarning, undo_inherited_ignores
 
 USAGE = "usage: python -m shardctl.train.entry script PATH [ARGS...] | module NAME [ARGS...]"
 
@@ -174,14 +177,24 @@ def prepare_signals(started: float, run_dir: str | None, rank: int) -> None:
             marker = unsaved_marker(signum, rank)
             RunDir.of(run_dir).write_first_marker(PREEMPTED_FILE, marker, started)
 
-    def held(signum: int) -> None:
-        print(
-            f"[rank {rank}] {signal_name(signum)} arrived before the Trainer began "
-            "training: it is held for shardctl's callback, which saves at the first step",
-            file=sys.stderr, flush=True,
-        )  # fmt: skip
+    warning = None
 
-    UnhandledWarning(nothing_saved, held).install()
+    def held(signum: int, for_callback: bool) -> None:
+        if for_callback:
+            text = (
+                "arrived before the Trainer began training: it is held for shardctl's "
+                "callback, which saves at the first step"
+            )
+        else:
+            text = (
+                f"arrived before the script installed a handler for it: it is held up to "
+                f"{warning.hold_s:g} s for one ({WARNING_HOLD_ENV}); a Trainer or "
+                "shardctl Checkpointer started by then saves at its first step"
+            )
+        print(f"[rank {rank}] {signal_name(signum)} {text}", file=sys.stderr, flush=True)
+
+    warning = UnhandledWarning(nothing_saved, held)
+    warning.install()
 
 
 def main(argv: list[str] | None = None) -> int:

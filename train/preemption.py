@@ -24,11 +24,16 @@ Before a rank's own code runs (`shardctl.train.entry`, the built-in loop's
 usual action where the rank inherited them ignored (Slurm's node task starts the
 launcher with its warning signal ignored, so that the launcher survives it, and an
 ignored signal stays ignored across `exec`), and `UnhandledWarning` catches SIGUSR2
-for as long as the rank's code has no handler of its own: a rank that cannot save
-says so, then ends as it would have without shardctl. A rank whose code will install
-shardctl's handler later (a Hugging Face Trainer script: the callback comes at
-`on_train_begin`; `expect_handler`) holds the signal instead, and that handler takes
-it when installed: the run stops and saves at its first step.
+for as long as the rank's code has no handler of its own. A rank whose code will
+install shardctl's handler later (a Hugging Face Trainer script: the callback comes
+at `on_train_begin`; `expect_handler`) holds the signal, and that handler takes it
+when installed: the run stops and saves at its first step. Any other rank holds it
+for a bounded part of the warning's grace period (`SHARDCTL_WARNING_HOLD_S`, 30 s
+unless the cluster sets it), because a warning often lands while the script is
+still importing or building its model: a handler installed within the hold (its own
+`signal.signal`, shardctl's) gets the signal then; a script that imports the Trainer
+within it is held for the callback as above. Past the hold a rank that cannot save
+says so, then ends as it would have without shardctl.
 
 This module imports nothing heavy. The exit codes are defined in
 `shardctl.orchestrator.rundir` and re-exported here.
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -55,10 +61,12 @@ __all__ = [
     "HOLD_AT_STEP_ENV",
     "SIGNALS",
     "STOP_AFTER_STEP_ENV",
+    "WARNING_HOLD_ENV",
     "PreemptionFlag",
     "UnhandledWarning",
     "expect_handler",
     "undo_inherited_ignores",
+    "warning_hold_s",
 ]
 
 SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
@@ -69,6 +77,12 @@ HOLD_WAIT_S = 300.0  # a test that never signals fails instead of hanging for ev
 # when it starts with it not ignored.
 INHERITED = (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
 WARNING_SIGNAL = signal.SIGUSR2  # what every supervisor sends the ranks for a preemption
+# How long a warning waits for a handler of the script's (see the module docstring):
+# the cluster may set it from its grace period; without one, 30 s leaves most of
+# Slurm's default 120 s for the save.
+WARNING_HOLD_ENV = "SHARDCTL_WARNING_HOLD_S"
+DEFAULT_WARNING_HOLD_S = 30.0
+HOLD_POLL_S = 0.1  # how soon a handler installed during the hold gets the signal
 
 
 def undo_inherited_ignores(signals: tuple[signal.Signals, ...] = INHERITED) -> list[str]:
@@ -108,23 +122,48 @@ def _take_held_signal() -> int | None:
     return held
 
 
+def warning_hold_s(environ: dict[str, str] | None = None) -> float:
+    """How long a warning waits for the script's handler: `SHARDCTL_WARNING_HOLD_S`
+    (seconds, 0 to end the rank at once), else `DEFAULT_WARNING_HOLD_S`. A value that
+    is not a number, negative or not finite falls back to the default: a rank cannot
+    stop to complain while a warning is on its way."""
+    raw = (os.environ if environ is None else environ).get(WARNING_HOLD_ENV, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_WARNING_HOLD_S
+    return value if 0 <= value < float("inf") else DEFAULT_WARNING_HOLD_S
+
+
 class UnhandledWarning:
     """shardctl's handler of SIGUSR2 while the rank's own code has none.
 
     A script that installs its own handler (shardctl's `api`, the HF callback, its
     own `signal.signal`) replaces this one, and puts it back when it uninstalls its
-    own. When SIGUSR2 reaches this handler and a handler of shardctl's is expected
-    (`expect_handler`), the signal is held for it and `held` is called with it (to say
-    so). Otherwise nothing in the rank can save: `notice` is called with the signal
-    (to say so: a line, a marker), then the signal's default action ends the rank as
-    it would have without shardctl, and the job is requeued to resume from whatever
-    the script saved before."""
+    own. When SIGUSR2 reaches this handler it is held (`held` is called with it and
+    whether a handler of shardctl's is expected, to say so):
+
+    - a handler of shardctl's is expected (`expect_handler`): until it is installed,
+      and it takes the signal;
+    - else for `hold_s`: a watcher thread hands the signal to a handler the script
+      installs within it (re-sent to the main thread, where Python runs handlers), or
+      keeps holding it if the script comes to expect shardctl's. Past `hold_s` nothing
+      in the rank can save: `notice` is called with the signal (to say so: a line, a
+      marker), then the signal's default action ends the rank as it would have
+      without shardctl, and the job is requeued to resume from whatever the script
+      saved before."""
 
     def __init__(
-        self, notice: Callable[[int], None], held: Callable[[int], None] | None = None
+        self,
+        notice: Callable[[int], None],
+        held: Callable[[int, bool], None] | None = None,
+        hold_s: float | None = None,
     ) -> None:
         self.notice = notice
         self.held = held
+        self.hold_s = warning_hold_s() if hold_s is None else hold_s
+        self._expired = False
+        self._watching = False
 
     def install(self) -> None:
         signal.signal(WARNING_SIGNAL, self._handle)
@@ -134,13 +173,42 @@ class UnhandledWarning:
         if _expecting_handler:
             _held_signal = signum
             if self.held is not None:
-                self.held(signum)
+                self.held(signum, True)
+            return
+        if not self._expired and self.hold_s > 0:
+            if not self._watching:  # a second warning during the hold changes nothing
+                _held_signal = signum
+                self._watching = True
+                if self.held is not None:
+                    self.held(signum, False)
+                threading.Thread(
+                    target=self._watch, args=(signum,), name="shardctl-warning-hold",
+                    daemon=True,
+                ).start()  # fmt: skip
             return
         try:
             self.notice(signum)
         finally:
             signal.signal(signum, signal.SIG_DFL)
             signal.raise_signal(signum)
+
+    def _watch(self, signum: int) -> None:
+        """The hold's watcher (a thread; only the main thread may set handlers, so it
+        hands the signal back there with `pthread_kill`)."""
+        global _held_signal
+        deadline = time.monotonic() + self.hold_s
+        while True:
+            if _held_signal is None or _expecting_handler:
+                return  # shardctl's handler took it, or is on its way and will
+            if signal.getsignal(signum) != self._handle:
+                break  # the script's own handler (or action) is in place: it gets it
+            if time.monotonic() >= deadline:
+                self._expired = True  # this handler ends the rank when it comes back
+                break
+            time.sleep(HOLD_POLL_S)
+        _held_signal = None
+        self._watching = False
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 class PreemptionFlag:
