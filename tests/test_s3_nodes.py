@@ -175,3 +175,23 @@ def test_each_node_stages_in_a_folder_of_its_own(monkeypatch: pytest.MonkeyPatch
     }
     assert roots == {Path("/r/s3-cache/node-0/bkt/p"), Path("/r/s3-cache/node-1/bkt/p")}
     assert checkpoint_storage("s3://bkt/p", run_dir="/r").root == Path("/r/s3-cache/bkt/p")
+
+
+def test_a_node_other_than_0_is_fenced_where_it_sees_the_runs_claim(tmp_path: Path) -> None:
+    """Node 0 (the commit) is always fenced; another node where the run dir it sees holds
+    the claim (shared: a stale attempt there stops), not where its run dir is its own."""
+    from shardctl.orchestrator.fence import AttemptFence, StaleAttemptError, claim_attempt
+    from shardctl.train.checkpoint import _fence_of_node
+
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    claim_attempt(shared, "attempt-2")
+    stale = AttemptFence(shared, "attempt-1")
+    for node in (0, 1):
+        with pytest.raises(StaleAttemptError):
+            _fence_of_node(stale, node)("step-00000002")
+    own.mkdir()
+    alone = AttemptFence(own, "attempt-2")  # a pod's emptyDir: node 0 claimed elsewhere
+    assert _fence_of_node(alone, 1) is None
+    with pytest.raises(StaleAttemptError):
+        _fence_of_node(alone, 0)("step-00000002")
+    assert _fence_of_node(None, 0) is None

@@ -70,7 +70,7 @@ import torch.distributed as dist
 
 from ..orchestrator.durable import one_line, storage_error
 from ..orchestrator.errors import CheckpointError, StorageError
-from ..orchestrator.fence import AttemptFence, StaleAttemptError
+from ..orchestrator.fence import AttemptFence, StaleAttemptError, current_attempt
 from ..orchestrator.rundir import ENV_RUN_DIR
 from ..orchestrator.storage import CheckpointStorage, checkpoint_storage, is_object_url
 from . import heartbeat
@@ -212,6 +212,18 @@ def _step_of(path: Path) -> int:
 RANKS_PER_NODE_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "SHARDCTL_NPROC_PER_NODE")
 
 
+def _fence_of_node(fence: AttemptFence | None, node: int) -> Any:
+    """The check a node's storage calls before it stages or uploads. Node 0 publishes:
+    always fenced. Another node is fenced where it sees the run's claim (a shared run
+    dir: Slurm, this machine); where its run dir is its own (a pod's emptyDir) no claim
+    is there to read, and node 0's fenced commit is what keeps a stale attempt out."""
+    if fence is None:
+        return None
+    if node == 0 or current_attempt(fence.run_dir) is not None:
+        return fence.check
+    return None
+
+
 def _node_layout(rank: int, world_size: int) -> tuple[int, int, int]:
     """(this rank's node, the number of nodes, ranks per node). Every launcher numbers
     ranks node by node and says how many run on each node (`RANKS_PER_NODE_ENV`);
@@ -274,7 +286,7 @@ class CheckpointManager:
         self.storage: CheckpointStorage = storage or checkpoint_storage(
             where,
             run_dir=os.environ.get(ENV_RUN_DIR),
-            fence=fence.check if fence is not None else None,
+            fence=_fence_of_node(fence, self.node),
             behind=True,
             node=self.node,
             nodes=self.nodes,
