@@ -56,6 +56,9 @@ TRAIN_MODULE = "shardctl.train"
 ENTRY_MODULE = "shardctl.train.entry"  # runs an entrypoint: the user's script
 # Runs the launcher as its child and ends the node's ranks when they stop advancing.
 WATCHDOG_MODULE = "shardctl.train.watchdog"
+# A node agent the launch script execs (`launch_script(node_agent=...)`) applies the
+# hang rule itself when given this flag.
+WATCH_HANGS_FLAG = "--watch-hangs"
 PYTHON_VAR = "SHARDCTL_PYTHON"  # the interpreter that runs the watchdog and the launcher
 # Runs torchrun or `accelerate launch` in its own process and records which rank ended
 # how (the launcher's exception, not its text): `launch_wrapper.ENTRY_POINTS`.
@@ -352,8 +355,8 @@ def launch_script(
     `spec_path` (the rendered `job.yaml`) is used as-is when absolute, else it is
     taken relative to the script's own folder. `module` is what every rank runs
     with `python -m` (the trainer; tests start a probe instead). `node_agent`: the
-    module of a cluster whose node agent the script execs, above the watchdog and
-    the launcher (Kubernetes: the pod's first process; the other clusters start
+    module of a cluster whose node agent the script execs in the watchdog's place,
+    above the launcher (Kubernetes: the pod's first process; the other clusters start
     their agent above the script).
     """
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
@@ -363,14 +366,17 @@ def launch_script(
         # wrapper, knows which rank it was and records it for the node's supervisor
         # (`launch_wrapper`, Slurm's `killed_ranks`). Same Python as the watchdog's.
         command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {LAUNCH_WRAPPER_MODULE}')
-    if spec.watchdog.enabled:
+    if node_agent is not None:
+        # The node agent runs the launcher and, unless `watchdog.enabled: false`, applies
+        # the hang rule itself (the watchdog's `HangWatch`): no watchdog between them.
+        watch = f" {WATCH_HANGS_FLAG}" if spec.watchdog.enabled else ""
+        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {node_agent}{watch} --')
+    elif spec.watchdog.enabled:
         # The watchdog starts the launcher as its child, passes signals on, and ends
         # the ranks (with their stacks in the log) when none of them advances. Its
         # Python: the one `shardctl submit` ran under (the local and Slurm clusters
         # export it), else the node's python3 (a container image, a plain sbatch).
         command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {WATCHDOG_MODULE} --')
-    if node_agent is not None:
-        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {node_agent} --')
     return render_template(
         "launch.sh.j2",
         job_name=spec.name,

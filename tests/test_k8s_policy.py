@@ -13,6 +13,7 @@ as the rendered launch script execs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -236,6 +237,40 @@ def test_a_count_the_bucket_cannot_keep_is_said_in_one_line(tmp_path: Path) -> N
     assert "Traceback" not in pod.log
 
 
+FAKE_LAUNCHER = ROOT / "tests" / "data" / "watchdog" / "fake_launcher.py"
+
+
+@pytest.mark.timeout(300)
+def test_the_node_agent_ends_a_hung_pod_s_ranks_and_the_pod_restarts(tmp_path: Path) -> None:
+    """No watchdog in the pod: the agent itself (`--watch-hangs`, as rendered) reads the
+    ranks' heartbeats, ends a node none of whose ranks advances for the hang timeout
+    (HUNG under this start's token, every rank's stack in its log and in the report),
+    and the pod exits 252 (128 + 124), which the operator restarts."""
+    pod = Pod(tmp_path)
+    pod.env.update(SHARDCTL_HANG_TIMEOUT_S="3", SHARDCTL_NNODES="1", FAKE_OUT=str(tmp_path))
+    command = [sys.executable, "-m", NODE_AGENT, "--watch-hangs", "--",
+               sys.executable, str(FAKE_LAUNCHER), "2", "stuck"]  # fmt: skip
+    try:
+        done = subprocess.run(command, env=pod.env, capture_output=True, text=True, timeout=240)
+    finally:
+        pids = (
+            (tmp_path / "rank-pids").read_text().split()
+            if (tmp_path / "rank-pids").exists()
+            else []
+        )
+        for pid in map(int, pids):  # whatever the agent left (nothing, when it works)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    log = done.stdout + done.stderr
+    assert done.returncode == 252, log
+    marker = json.loads((pod.run_dir / "HUNG").read_text())
+    assert marker["token"] == "k8s-job-0" and marker["step"] == 3, marker
+    assert log.count("Python stack, most recent call first") == 2, log
+    assert "stuck_in_a_collective" in log and "the operator restarts it" in log
+    assert "stuck_in_a_collective" in Path(marker["report"]).read_text()
+
+
 # ----------------------------------------------------------------- what is rendered
 
 
@@ -253,14 +288,14 @@ def test_the_pytorchjob_restarts_by_exit_code_and_its_pods_carry_the_decision() 
     assert "export SHARDCTL_EXIT_CODES=kubernetes\n" in launch
     assert "export SHARDCTL_POD_RESTARTS=4\n" in launch
     assert f"export SHARDCTL_POD_COUNTS=/shardctl/runs/{spec.name}/.attempts\n" in launch
-    # The node agent is what the container runs, above the watchdog: it maps the
-    # launcher's end to the pod's code.
+    # The node agent is what the container runs, right above the launcher: it applies
+    # the hang rule and maps the launcher's end to the pod's code. No watchdog.
     assert (
-        f'exec "${{SHARDCTL_PYTHON:-python3}}" -m {NODE_AGENT} -- \\\n    '
-        '"${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \\\n    '
+        f'exec "${{SHARDCTL_PYTHON:-python3}}" -m {NODE_AGENT} --watch-hangs -- \\\n    '
         + LAUNCH_WRAPPER
         + "torchrun"
     ) in launch
+    assert "shardctl.train.watchdog" not in launch
 
 
 def test_without_a_pvc_a_crash_is_not_restarted() -> None:

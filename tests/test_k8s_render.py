@@ -248,10 +248,13 @@ def test_launch_script_runs_with_operator_env(tmp_path: Any) -> None:
     folder = tmp_path / "etc"
     folder.mkdir()
     for name, text in objects["configmap"]["data"].items():
-        # Without the node agent above the watchdog: it puts its own interpreter's
+        # Without the node agent above the launcher: it puts its own interpreter's
         # launchers first on PATH, the real torchrun (the agent's own tests:
         # test_k8s_policy.py, test_k8s_pods.py).
-        agent = f'"${{SHARDCTL_PYTHON:-python3}}" -m {render_k8s.NODE_AGENT_MODULE} -- \\\n    '
+        agent = (
+            f'"${{SHARDCTL_PYTHON:-python3}}" -m {render_k8s.NODE_AGENT_MODULE} --watch-hangs '
+            "-- \\\n    "
+        )
         assert name != "launch.sh" or agent in text
         (folder / name).write_text(text.replace(agent, ""))
     bin_dir = tmp_path / "bin"
@@ -476,7 +479,7 @@ def test_what_k8s_users_ask_for_reaches_the_job_and_its_pods() -> None:
     # k8s.setup runs in every pod, before the launcher.
     launch = objects["configmap"]["data"]["launch.sh"]
     assert launch.index("python -m pip install --user 'shardctl[train]'") < launch.index(
-        "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun"
+        f"{render_k8s.NODE_AGENT_MODULE} --watch-hangs -- \\\n    " + LAUNCH_WRAPPER + "torchrun"
     )
 
 

@@ -583,9 +583,9 @@ def test_the_node_that_names_the_culprit_writes_again_after_a_same_instant_decla
 
 
 def test_the_watchdog_names_the_launcher_not_the_python_of_its_wrapper() -> None:
-    from shardctl.train.watchdog import _launcher_name
+    from shardctl.train.watchdog import launcher_name
 
     wrapped = ["/venv/bin/python", "-m", "shardctl.orchestrator.launch_wrapper", "torchrun",
                "--nnodes", "1"]  # fmt: skip
-    assert _launcher_name(wrapped) == "torchrun"
-    assert _launcher_name(["deepspeed", "--num_gpus", "2"]) == "deepspeed"
+    assert launcher_name(wrapped) == "torchrun"
+    assert launcher_name(["deepspeed", "--num_gpus", "2"]) == "deepspeed"

@@ -17,10 +17,11 @@ every few seconds. It exits with the launcher's code, except:
 - **another node hung**: the launcher failed after another node's watchdog wrote a
   fresh HUNG (its ranks lost their peers): this node exits 124 too, so the whole
   job is retried as a hang and not failed (not under a node agent that says it
-  judges from the markers, `SHARDCTL_NODE_SUPERVISOR`: Slurm's and Kubernetes').
+  judges from the markers, `SHARDCTL_NODE_SUPERVISOR`: Slurm's).
 
-What a pod's exit code tells the Kubernetes operator is the node agent's
-(`orchestrator/clusters/k8s/node_agent.py`), which runs this watchdog below it.
+The rule itself, one look at a time, is `HangWatch`: this watchdog's loop calls it,
+and so does a Kubernetes pod's node agent (`orchestrator/clusters/k8s/node_agent.py`,
+`--watch-hangs`), which runs the launcher with no watchdog process between.
 
 The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
 (`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest
@@ -59,7 +60,14 @@ from typing import Any
 
 from shardctl.orchestrator.checkpoint_list import save_times
 from shardctl.orchestrator.outcome import Kind
-from shardctl.orchestrator.proctree import descendants, forward_to_catchers, signal_all
+from shardctl.orchestrator.proctree import (
+    Proc,
+    alive,
+    descendants,
+    forward_to_catchers,
+    proc,
+    signal_all,
+)
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
     ENV_CHECKPOINT_DIR,
@@ -91,6 +99,7 @@ STARTUP_FLOOR_S = 900.0
 COLLECTIVE_MARGIN_S = 120.0  # mirrors spec.COLLECTIVE_MARGIN_S
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0  # torch's; what env.sh renders when nothing is set
 STACK_WAIT_S = 5.0  # how long the ranks get to write their stacks
+KILL_WAIT_S = 30.0  # how long the killed launcher's tree gets to be gone
 OTHER_NODE_WAIT_S = 10.0  # for another node's HUNG after this node's launcher failed
 MAX_POLL_S = 5.0
 # Signals passed on: TERM, INT and HUP to the launcher, as if it had received them
@@ -480,16 +489,22 @@ def _env_seconds(name: str) -> float | None:
     return value
 
 
-class Watchdog:
-    def __init__(self, command: list[str]) -> None:
-        self.command = command
+class HangWatch:
+    """The hang rule over one node's ranks, one look at a time: a library that the
+    watchdog's loop and a node agent (`Adapter.watch`: Kubernetes' pods) call.
+
+    The ranks beat into `folder` (their `SHARDCTL_HEARTBEAT_DIR`). `look` reads the
+    beats, passes on a stack a rank wrote on someone's SIGQUIT and, once no rank
+    advanced past its limit, ends them (`end_hung`): the HUNG marker, the report with
+    every rank's stack, SIGKILL to the launcher's whole tree. What it knows of the
+    run comes from the rendered environment (node, attempt, run dir, timeouts)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
         self.node = _env_int("SHARDCTL_NODE_RANK", 0)
-        self.nnodes = _env_int("SHARDCTL_NNODES", 1)
         self.attempt = _env_int(ENV_ATTEMPT, 0)
         self.restart = _env_int(ENV_RESTART, 0)
         self.run_dir = os.environ.get(ENV_RUN_DIR) or None
-        # A node agent above the launcher (Slurm's, Kubernetes') judges from the markers.
-        self.judged_above = bool(os.environ.get(ENV_NODE_SUPERVISOR))
         self.rule = HangRule(
             explicit=_env_seconds(ENV_HANG_TIMEOUT),
             earlier_saves=earlier_save_times(os.environ.get(ENV_CHECKPOINT_DIR)),
@@ -497,103 +512,35 @@ class Watchdog:
             collective_s=_env_seconds(ENV_COLLECTIVE_TIMEOUT) or DEFAULT_COLLECTIVE_TIMEOUT_S,
         )
         self.monitor = Monitor(self.rule)
-        self.received: list[int] = []
-        self.signalled = False  # a stop was asked for: a failure then is not a hang
         self.stack_seen: dict[int, int] = {}  # bytes of each rank's stack file passed on
         self.started = time.time()
+        self.next_look = time.monotonic()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
-        self.signalled = True
+    def describe(self) -> str:
+        return (f"hang timeout {self.rule.describe()}; start-up allowance "
+                f"{self.rule.describe_startup()}")  # fmt: skip
 
-    def run(self) -> int:
-        try:
-            folder = Path(tempfile.mkdtemp(prefix="shardctl-heartbeat-"))
-        except OSError as exc:
-            # No writable temporary folder (TMPDIR): train without hang detection
-            # rather than not at all.
-            _say(f"cannot make a heartbeat folder ({exc}); running {self.command[0]} "
-                 "without hang detection (set TMPDIR to a writable folder)")  # fmt: skip
-            try:
-                os.execvp(self.command[0], self.command)
-            except OSError as err:
-                _say(f"cannot start {self.command[0]!r}: {err}")
-                return 127
-        try:
-            code = self._run(folder)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return code
+    def look(self, launcher: int, *, own_child: bool = False) -> bool:
+        """One look at the ranks below `launcher` (at most one per poll interval): True
+        once it ended them as hung. `own_child`: the launcher is this process's child,
+        whose caller reaps it (the watchdog); else this waits for it to be gone."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + min(MAX_POLL_S, max(0.5, self.rule.limit("step") / 10))
+        beats = read_beats(self.folder)
+        self.monitor.observe(beats, now)
+        self._pass_on_stacks(beats)
+        verdict = self.monitor.verdict(now, _alive_pids(launcher))
+        if verdict is None:
+            return False
+        self.end_hung(verdict, launcher)
+        return True
 
-    def _run(self, folder: Path) -> int:
-        handled = []
-        for sig in (*TO_LAUNCHER, *TO_RANKS):
-            if signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, self._on_signal)
-                handled.append(sig)
-        env = dict(os.environ)
-        env[ENV_HEARTBEAT_DIR] = str(folder)
-        try:
-            child = subprocess.Popen(self.command, env=env)
-        except OSError as exc:
-            _say(f"cannot start {self.command[0]!r}: {exc}")
-            return 127
-        _say(f"node {self.node}: watching the ranks of {_launcher_name(self.command)} "
-             f"(pid {child.pid}); "
-             f"hang timeout {self.rule.describe()}; start-up allowance "
-             f"{self.rule.describe_startup()}")  # fmt: skip
-        forwarded: set[tuple[int, int]] = set()
-        next_look = time.monotonic()
-        while True:
-            try:
-                # Short waits: a signal is passed on within a quarter second.
-                rc = child.wait(timeout=0.25)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            while self.received:
-                signum = self.received.pop(0)
-                if signum in TO_LAUNCHER:
-                    with contextlib.suppress(ProcessLookupError):
-                        child.send_signal(signum)
-                else:
-                    forwarded |= forward_to_catchers(child.pid, signum, forwarded)
-            now = time.monotonic()
-            if now < next_look:
-                continue
-            next_look = now + min(MAX_POLL_S, max(0.5, self.rule.limit("step") / 10))
-            beats = read_beats(folder)
-            self.monitor.observe(beats, now)
-            self._pass_on_stacks(folder, beats)
-            alive = _alive_pids(os.getpid())
-            verdict = self.monitor.verdict(now, alive)
-            if verdict is not None:
-                self._end_hung(verdict, folder, child)
-                return EXIT_HUNG
-        for sig in handled:
-            signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
-        code = rc if rc >= 0 else 128 - rc
-        # Another node's HUNG turns this node's lost peers into its own 124, for a
-        # launcher whose supervisor reads exit codes only. A node agent that reads the
-        # markers itself (Slurm's, Kubernetes') needs no such wait: it cost every
-        # crash of a Slurm job 10 s.
-        if code != 0 and self.nnodes > 1 and not self.signalled and not self.judged_above:
-            other = (
-                RunDir.of(self.run_dir).wait_for_marker(HUNG_FILE, self.started, OTHER_NODE_WAIT_S)
-                if self.run_dir
-                else None
-            )
-            if other is not None:
-                _say(f"node {self.node}: the launcher exited with code {code} after node "
-                     f"{other.get('node')} declared the job hung (ranks of this node lost "
-                     f"their peers); exiting with {EXIT_HUNG}")  # fmt: skip
-                return EXIT_HUNG
-        return code
-
-    def _pass_on_stacks(self, folder: Path, beats: Sequence[Beat]) -> None:
+    def _pass_on_stacks(self, beats: Sequence[Beat]) -> None:
         """Stacks a rank wrote on someone's `kill -QUIT` go to the node's log."""
         for b in beats:
-            path = stack_path(folder, b.rank)
+            path = stack_path(self.folder, b.rank)
             size, seen = _size(path), self.stack_seen.get(b.rank, 0)
             if size <= seen:
                 continue
@@ -608,7 +555,9 @@ class Watchdog:
             sys.stderr.write(text if text.endswith("\n") else text + "\n")
             sys.stderr.flush()
 
-    def _end_hung(self, verdict: Verdict, folder: Path, child: subprocess.Popen) -> None:
+    def end_hung(self, verdict: Verdict, launcher: int) -> None:
+        """HUNG, the report and the stacks, then SIGKILL to the launcher and every
+        process below it; returns once they are gone (at most `KILL_WAIT_S`)."""
         states = read_states(verdict.ranks)
         lines = report_lines(verdict, self.rule, self.node, time.time(), states)
         # A restart inside the allocation keeps the attempt number: its own report.
@@ -624,7 +573,7 @@ class Watchdog:
         for line in lines:
             _say(line)
         _say(f"node {self.node}: collecting every rank's Python stack (SIGQUIT)")
-        stacks = collect_stacks(folder, verdict.ranks, states)
+        stacks = collect_stacks(self.folder, verdict.ranks, states)
         text = ""
         for v in verdict.ranks:
             b = v.beat
@@ -643,15 +592,122 @@ class Watchdog:
         # Seconds after the marker (the stacks took them): a node that declared in the
         # same instant has written by now.
         keep_hung_marker(self.run_dir, marker, self.started)
-        procs = descendants(os.getpid())
+        procs = [proc(launcher), *descendants(launcher)]
         signal_all(procs, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=30)
+        _wait_gone(procs, KILL_WAIT_S)
         keep_hung_marker(self.run_dir, marker, self.started)  # and once more, the last
         where = f"; report in {report_path}" if self.run_dir else ""
         _say(f"node {self.node}: ended the launcher and {len(procs) - 1} process(es) below "
-             f"it; exiting with {EXIT_HUNG} (hung: nothing saved, resume from the newest "
-             f"complete checkpoint){where}")  # fmt: skip
+             f"it (hung: nothing saved, resume from the newest complete checkpoint)"
+             f"{where}")  # fmt: skip
+
+
+def _wait_gone(procs: Sequence[Proc], wait_s: float) -> None:
+    """Until every process of `procs` exited (a zombie counts as gone), at most `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while any(alive(p.pid, p.ticks) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def heartbeat_folder() -> Path | None:
+    """A fresh folder for this node's heartbeats (None, said in one line, when the
+    temporary directory is not writable: train without hang detection rather than not
+    at all)."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="shardctl-heartbeat-"))
+    except OSError as exc:
+        _say(f"cannot make a heartbeat folder ({exc}); running without hang detection "
+             "(set TMPDIR to a writable folder)")  # fmt: skip
+        return None
+
+
+class Watchdog:
+    """The launcher's parent on a node: passes signals on, applies the hang rule
+    (`HangWatch`), and exits with the launcher's code or 124."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.node = _env_int("SHARDCTL_NODE_RANK", 0)
+        self.nnodes = _env_int("SHARDCTL_NNODES", 1)
+        self.run_dir = os.environ.get(ENV_RUN_DIR) or None
+        # A node agent above the launcher (Slurm's) judges from the markers.
+        self.judged_above = bool(os.environ.get(ENV_NODE_SUPERVISOR))
+        self.received: list[int] = []
+        self.signalled = False  # a stop was asked for: a failure then is not a hang
+        self.started = time.time()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        self.signalled = True
+
+    def run(self) -> int:
+        folder = heartbeat_folder()
+        if folder is None:
+            try:
+                os.execvp(self.command[0], self.command)
+            except OSError as err:
+                _say(f"cannot start {self.command[0]!r}: {err}")
+                return 127
+        try:
+            code = self._run(HangWatch(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return code
+
+    def _run(self, hang: HangWatch) -> int:
+        handled = []
+        for sig in (*TO_LAUNCHER, *TO_RANKS):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
+                handled.append(sig)
+        env = dict(os.environ)
+        env[ENV_HEARTBEAT_DIR] = str(hang.folder)
+        try:
+            child = subprocess.Popen(self.command, env=env)
+        except OSError as exc:
+            _say(f"cannot start {self.command[0]!r}: {exc}")
+            return 127
+        _say(f"node {self.node}: watching the ranks of {launcher_name(self.command)} "
+             f"(pid {child.pid}); {hang.describe()}")  # fmt: skip
+        forwarded: set[tuple[int, int]] = set()
+        while True:
+            try:
+                # Short waits: a signal is passed on within a quarter second.
+                rc = child.wait(timeout=0.25)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            while self.received:
+                signum = self.received.pop(0)
+                if signum in TO_LAUNCHER:
+                    with contextlib.suppress(ProcessLookupError):
+                        child.send_signal(signum)
+                else:
+                    forwarded |= forward_to_catchers(child.pid, signum, forwarded)
+            if hang.look(child.pid):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=KILL_WAIT_S)
+                _say(f"node {self.node}: exiting with {EXIT_HUNG}")
+                return EXIT_HUNG
+        for sig in handled:
+            signal.signal(sig, signal.SIG_IGN)  # the children are gone: nothing to pass on
+        code = rc if rc >= 0 else 128 - rc
+        # Another node's HUNG turns this node's lost peers into its own 124, for a
+        # launcher whose supervisor reads exit codes only. A node agent that reads the
+        # markers itself (Slurm's) needs no such wait: it cost every crash of a Slurm
+        # job 10 s.
+        if code != 0 and self.nnodes > 1 and not self.signalled and not self.judged_above:
+            other = (
+                RunDir.of(self.run_dir).wait_for_marker(HUNG_FILE, self.started, OTHER_NODE_WAIT_S)
+                if self.run_dir
+                else None
+            )
+            if other is not None:
+                _say(f"node {self.node}: the launcher exited with code {code} after node "
+                     f"{other.get('node')} declared the job hung (ranks of this node lost "
+                     f"their peers); exiting with {EXIT_HUNG}")  # fmt: skip
+                return EXIT_HUNG
+        return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -664,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     return Watchdog(words).run()
 
 
-def _launcher_name(command: list[str]) -> str:
+def launcher_name(command: list[str]) -> str:
     """The launcher a command runs: torchrun, not the Python that runs it under
     `shardctl.orchestrator.launch_wrapper` (which records each rank's end)."""
     for i, word in enumerate(command[:-1]):

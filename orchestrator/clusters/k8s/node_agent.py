@@ -1,13 +1,16 @@
-"""The node agent in a Kubernetes pod: what the rendered launch script execs, above the
-node's watchdog and launcher (`__main__.py`):
+"""The node agent in a Kubernetes pod: what the rendered launch script execs above the
+node's launcher (`__main__.py`):
 
-    python3 -m shardctl.orchestrator.clusters.k8s -- LAUNCHER [ARGS...]
+    python3 -m shardctl.orchestrator.clusters.k8s [--watch-hangs] -- LAUNCHER [ARGS...]
 
 Every pod runs the one node agent (`orchestrator/agent/`) with Kubernetes' adapter
 (`PodAdapter`). The agent starts the launcher, passes the kubelet's TERM on to the
-ranks and judges the attempt with the one classifier; "go again" is the pod's exit
-code, which the operator's policy acts on (PyTorchJob `restartPolicy: ExitCode`,
-shardctl's TrainJob runtime: 128-255 restart the pod, 1-127 fail the job):
+ranks, applies the hang rule (`--watch-hangs`, unless `watchdog.enabled: false`: the
+watchdog's `HangWatch` reads the ranks' heartbeats at every poll and ends a hung
+node's ranks with HUNG and their stacks) and judges the attempt with the one
+classifier; "go again" is the pod's exit code, which the operator's policy acts on
+(PyTorchJob `restartPolicy: ExitCode`, shardctl's TrainJob runtime: 128-255 restart
+the pod, 1-127 fail the job):
 
 - done → 0;
 - a preemption (this pod's TERM, or another pod's that made every rank save) →
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -50,14 +54,16 @@ from ...agent import NodeAgent, say
 from ...agent.core import MARKER_WAIT_S
 from ...errors import ObjectStoreError
 from ...fence import claim_attempt
+from ...launch import WATCH_HANGS_FLAG
 from ...outcome import Decision, Evidence, Kind, Verdict, decide
 from ...rundir import (
     CANCELLED_FILE,
     ENV_ATTEMPT,
+    ENV_ATTEMPT_TOKEN,
     ENV_CHECKPOINT_DIR,
     ENV_EXIT_CODES,
+    ENV_HEARTBEAT_DIR,
     ENV_JOB_NAME,
-    ENV_NODE_SUPERVISOR,
     ENV_POD_RESTARTS,
     ENV_RUN_DIR,
     EXIT_FAILED,
@@ -65,11 +71,13 @@ from ...rundir import (
 from ...storage import is_object_url
 
 if TYPE_CHECKING:
+    from shardctl.train.watchdog import HangWatch
+
     from ...s3 import S3Client
 
 # `python -m` of the package (its `__main__`): this module is imported by the package.
 MODULE = "shardctl.orchestrator.clusters.k8s"
-USAGE = f"usage: python3 -m {MODULE} -- LAUNCHER [ARGS...]"
+USAGE = f"usage: python3 -m {MODULE} [{WATCH_HANGS_FLAG}] -- LAUNCHER [ARGS...]"
 
 # Where the pod's counts survive it (a folder on the PVC or an s3:// URL; empty: none).
 ENV_POD_COUNTS = "SHARDCTL_POD_COUNTS"
@@ -211,6 +219,12 @@ def count_start(counts: PodCounts | None, node: int) -> int:
 # ------------------------------------------------------------------ the adapter
 
 
+def pod_token(job: str, start: int) -> str:
+    """The attempt token of a pod's start (the module docstring says why every pod of
+    the attempt derives the same)."""
+    return f"k8s-{job}-{start}"
+
+
 class PodAdapter:
     """Kubernetes' part of the node agent (`agent.Adapter`): one pod's start."""
 
@@ -222,6 +236,7 @@ class PodAdapter:
     def __init__(
         self, run_dir: str, job: str, node: int, nodes: int, start: int, *,
         exit_codes: bool, bound: int, counts: PodCounts | None,
+        hang: HangWatch | None = None,
     ) -> None:  # fmt: skip
         self.run_dir = run_dir
         self.job_id = job
@@ -231,11 +246,12 @@ class PodAdapter:
         self.exit_codes = exit_codes
         self.bound = bound
         self.counts = counts
+        self.hang = hang
         self.exit_code = 0
 
     def token(self, round_: int) -> str | None:
         again = f"-r{round_}" if round_ else ""
-        return f"k8s-{self.job_id}-{self.allocation}{again}"
+        return f"{pod_token(self.job_id, self.allocation)}{again}"
 
     def claim(self, round_: int) -> None:
         token = self.token(round_)
@@ -244,14 +260,20 @@ class PodAdapter:
 
     def prepare_env(self, env: dict[str, str]) -> None:
         env[ENV_ATTEMPT] = str(self.allocation)
-        # The watchdog below judges nothing: a lost peer's exit is this agent's to read.
-        env[ENV_NODE_SUPERVISOR] = self.cluster
+        if self.hang is not None:  # where the ranks beat
+            env[ENV_HEARTBEAT_DIR] = str(self.hang.folder)
 
     def outside_signal(self, signal_name: str) -> bool:
         return False
 
     def watch(self, round_: int) -> Callable[[int], None] | None:
-        return None
+        return self._look if self.hang is not None else None
+
+    def _look(self, launcher: int) -> None:
+        """The hang rule, at every poll of the launcher: a hung node's ranks are ended
+        (HUNG, their stacks, SIGKILL) and the launcher's end is judged a hang."""
+        if self.hang is not None:
+            self.hang.look(launcher)
 
     def pin_killed(self, round_: int, started: float) -> None:
         """A pod names a killed rank from the markers only."""
@@ -314,26 +336,57 @@ def _env_int(name: str, default: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    watch_hangs = words[:1] == [WATCH_HANGS_FLAG]
+    words = words[1:] if watch_hangs else words
     if words[:1] == ["--"]:
         words = words[1:]
     if not words or words[0].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
-    env = os.environ
-    run_dir = env.get(ENV_RUN_DIR, "")
+    run_dir = os.environ.get(ENV_RUN_DIR, "")
     if not run_dir:
         print(f"{ENV_RUN_DIR} is not set: the rendered launch script sets it", file=sys.stderr)
         return 2
+    folder = _heartbeat_folder() if watch_hangs else None
+    try:
+        return _run_pod(words, run_dir, folder)
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _heartbeat_folder() -> Path | None:
+    # The hang rule is the watchdog's library (torch-free), imported where it is used:
+    # orchestrator/ imports nothing of train/ at module level.
+    from shardctl.train.watchdog import heartbeat_folder
+
+    return heartbeat_folder()
+
+
+def _run_pod(command: list[str], run_dir: str, folder: Path | None) -> int:
+    env = os.environ
     node = _env_int("SHARDCTL_NODE_RANK", 0)
+    job = env.get(ENV_JOB_NAME) or Path(run_dir).name
     counts = pod_counts(env.get(ENV_POD_COUNTS, ""))
+    start = count_start(counts, node)
+    hang = None
+    if folder is not None:
+        from shardctl.train.watchdog import HangWatch, launcher_name
+
+        # A pod's start is one attempt (no round in place): the HUNG this process
+        # writes carries its token, and the report names its start.
+        os.environ[ENV_ATTEMPT_TOKEN] = pod_token(job, start)
+        os.environ[ENV_ATTEMPT] = str(start)
+        hang = HangWatch(folder)
+        say(f"node {node}: watching the ranks of {launcher_name(command)}; {hang.describe()}")
     adapter = PodAdapter(
-        run_dir, env.get(ENV_JOB_NAME) or Path(run_dir).name, node,
-        _env_int("SHARDCTL_NNODES", 1), count_start(counts, node),
+        run_dir, job, node,
+        _env_int("SHARDCTL_NNODES", 1), start,
         exit_codes=env.get(ENV_EXIT_CODES) == "kubernetes",
-        bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts,
+        bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts, hang=hang,
     )  # fmt: skip
     agent = NodeAgent(
-        adapter, words, run_dir, checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
+        adapter, command, run_dir, checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
         # The operator restarts the pod; the agent runs no round in place.
         max_restarts=0,
         # One node: rank 0, which writes the markers, ran below this agent.

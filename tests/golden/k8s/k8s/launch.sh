@@ -30,8 +30,7 @@ export SHARDCTL_EXIT_CODES=kubernetes
 # restarts of this node after a crash or a hang (k8s.backoff_limit; 0 with neither k8s.pvc nor an s3:// checkpoint.dir)
 export SHARDCTL_POD_RESTARTS=3
 
-exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.clusters.k8s -- \
-    "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.clusters.k8s --watch-hangs -- \
     "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --nnodes "${SHARDCTL_NNODES}" \
