@@ -195,3 +195,20 @@ def test_a_node_other_than_0_is_fenced_where_it_sees_the_runs_claim(tmp_path: Pa
     with pytest.raises(StaleAttemptError):
         _fence_of_node(alone, 0)("step-00000002")
     assert _fence_of_node(None, 0) is None
+
+
+def test_a_node_other_than_0_drops_the_local_copies_a_crash_left(url: str, tmp_path: Path) -> None:
+    """Node 1 keeps no copy once its upload is in: one found at the next save was left
+    by a crashed upload (or a resume's download) and goes; node 0's are its to keep."""
+    node0, node1 = _node(url, tmp_path, 0), _node(url, tmp_path, 1)
+    _save(node0, node1, 2, node1_files=_described(NODE1))
+    node1.wait()
+    node0.wait()
+    left = tmp_path / "node-1" / "step-00000004"  # a killed node's held upload
+    (left / "dcp").mkdir(parents=True)
+    (left / "dcp" / "__1_0.distcp").write_bytes(b"x")
+    ours = lambda name: name.startswith("step-")  # noqa: E731
+    assert node1.clean_stale(ours) == ["step-00000004"]
+    assert not left.exists()
+    assert node0.clean_stale(ours) == []
+    assert (tmp_path / "node-0" / "step-00000002" / "__0_0.distcp").is_file()

@@ -336,7 +336,7 @@ class S3Storage:
         self.wait()  # an upload running behind is no crashed save's
         removed = self._local.clean_stale(ours)
         if self.node != 0:  # the store is node 0's to clean
-            return removed
+            return removed + self._drop_local_copies(ours)
         for folder in self.client.list(self.url, folders=True).folders:
             name = _relative(folder, self.url)
             staged = name.endswith(STAGING_SUFFIX) and ours(name[: -len(STAGING_SUFFIX)])
@@ -345,6 +345,15 @@ class S3Storage:
                 self.client.delete_prefix(folder)
                 removed.append(f"{self.url.child(name)}")
         return removed
+
+    def _drop_local_copies(self, ours: Callable[[str], bool]) -> list[str]:
+        """On a node other than 0, every local copy of a checkpoint: such a node drops
+        its copy once its upload is in, so one still here was left by a crashed upload
+        or brought down for a resume that has loaded it."""
+        found = [p.name for p in self.root.glob("*") if p.is_dir() and ours(p.name)]
+        for name in found:
+            self._local.delete(name)
+        return found
 
     def fetch(self, name: str) -> Path:
         """The complete entry `name` in `root/<name>`, where readers find its files by
