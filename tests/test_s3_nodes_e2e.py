@@ -148,6 +148,8 @@ def test_two_nodes_without_shared_staging_lose_a_node_mid_upload_and_resume_bit_
     assert "step-00000002 (step 2)" in outs[0] and "resumed from" in outs[0], outs[0][-3000:]
     assert "step-00000008/manifest.json" in keys()
     assert not [k for k in keys() if "/.nodes/" in k]  # the nodes' lists go before a commit
+    # Node 1 kept no copy: neither the killed upload's, nor resume's, nor its last upload's.
+    assert not list((run_dir / "s3-cache" / "node-1" / bucket / CKPT).glob("step-*"))
 
     out = tmp_path / "model"
     result = CliRunner().invoke(
