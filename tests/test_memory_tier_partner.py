@@ -82,6 +82,40 @@ def test_a_node_lost_with_its_partner_says_why() -> None:
     )
 
 
+def _a_copy(folder: Path, step: int, data: bytes = b"weights") -> Path:
+    """A committed copy of `step` in `folder` (one file and its manifest)."""
+    from shardctl.train.manifest import FORMAT_VERSION, describe_files, write_manifest
+
+    path = folder / f"step-{step:08d}"
+    (path / "dcp").mkdir(parents=True)
+    (path / "dcp" / "__0_0.distcp").write_bytes(data)
+    files = describe_files(path, ["dcp/__0_0.distcp"])
+    write_manifest(path, {"format_version": FORMAT_VERSION, "step": step, "files": files})
+    return path
+
+
+def test_a_node_renumbered_by_the_rendezvous_finds_what_it_wrote_as_another_node(
+    tmp_path: Path,
+) -> None:
+    """This host wrote as node 0 and is node 1 now: alone on its host it also reads
+    `node-0/` (own copy: node 0's slice; partner copy: node 1's); sharing the host
+    with another node (the local cluster) it reads only its own folder."""
+    from shardctl.train.memory_partner import Layout, PartnerCopies
+
+    _a_copy(tmp_path / "node-0" / "own", 8)
+    _a_copy(tmp_path / "node-0" / "partner-of-node-1", 8)
+    bad = _a_copy(tmp_path / "node-0" / "partner-of-node-1", 4)
+    (bad / "dcp" / "__0_0.distcp").write_bytes(b"weighTs")  # one byte changed
+    now_node_1 = PartnerCopies(None, None, tmp_path, Layout(rank=1, world_size=2, local_world=1))
+    assert now_node_1.inventory(0) == ({}, [])
+    found, refused = now_node_1.inventory(0, every_node=True)
+    assert sorted(found) == [(0, 8), (1, 8)]
+    assert found[1, 8]["path"] == str(tmp_path / "node-0" / "partner-of-node-1" / "step-00000008")
+    assert len(refused) == 1 and "node 1's step-00000004 failed verification" in refused[0]
+    assert "sha256" in refused[0]
+    assert now_node_1.inventory(4, every_node=True)[1] == []  # not newer than durable: unread
+
+
 def test_room_on_two_nodes_counts_the_share_and_the_partners_share(tmp_path: Path) -> None:
     free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
     problem = room_problem(tmp_path, free, nodes=2)  # 4 copies of half the free space

@@ -26,11 +26,13 @@ Every node needs every slice to load (the backends read files written by other
 ranks: DCP's `.metadata`, deduplicated tensors, DeepSpeed's model states), so a
 restore moves the other nodes' slices over the wire: its cost grows with the job.
 
-A node that comes back under another node rank (a rendezvous that numbers nodes by
-arrival) looks in its new number's folder, finds nothing, and is served by a partner
-copy or the durable tier. `fresh_nodes` (or `SHARDCTL_MEMORY_FRESH_NODES=1,3`) says
-which node ranks are new (a spare standing in for a lost node): their folders are not
-asked, the partner copies serve them.
+A node that comes back under another node rank (torchrun's c10d rendezvous numbers
+nodes by arrival) still finds what it wrote: alone on its host it also reads the
+`node-<m>/` folders it wrote under other numbers (a folder's number says which node's
+slice its `own/` holds), and drops them once the restore is done. Nodes sharing a host
+(the local cluster) read only their own folder. `fresh_nodes` (or
+`SHARDCTL_MEMORY_FRESH_NODES=1,3`) says which node ranks are new (a spare standing in
+for a lost node): their folders are not asked, the partner copies serve them.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ import hashlib
 import logging
 import os
 import pickle
+import re
 import shutil
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,6 +69,7 @@ OWN = "own"
 TRAINER_DIR = "train_state"  # `checkpoint.TRAINER_DIR` (that module imports torch)
 RESTORE = "restore"
 FRESH_NODES_ENV = "SHARDCTL_MEMORY_FRESH_NODES"
+NODE_DIR_RE = re.compile(r"^node-(\d+)$")
 
 
 def partner_of(node: int, nodes: int) -> int:
@@ -363,25 +368,45 @@ class PartnerCopies:
 
     # -- restore -----------------------------------------------------------------
 
-    def inventory(self, newer_than: int) -> tuple[dict[tuple[int, int], Any], list[str]]:
-        """This node's verified copies newer than `newer_than`, `{(slice node, step):
-        {"path", "manifest"}}`, and a line for each copy refused (its sha256, a missing
-        file)."""
+    def _folders(self, every_node: bool) -> list[tuple[int, Path]]:
+        """(slice node, folder) of the copies this node may hold: those in its own
+        folder; with `every_node` (no other node shares this host's memory) also those
+        in the folders it wrote under another node rank (a rendezvous that numbers
+        nodes by arrival may have numbered it differently before)."""
+        dirs = [self.dir]
+        if every_node and self.dir.parent.is_dir():
+            dirs += sorted(
+                p for p in self.dir.parent.iterdir()
+                if p != self.dir and NODE_DIR_RE.match(p.name) and p.is_dir()
+            )  # fmt: skip
+        out = []
+        for folder in dirs:
+            wrote_as = int(NODE_DIR_RE.match(folder.name).group(1))  # type: ignore[union-attr]
+            out.append((wrote_as, folder / OWN))
+            out += [(n, folder / held_dir(n)) for n in range(self.layout.nodes) if n != wrote_as]
+        return out
+
+    def inventory(
+        self, newer_than: int, *, every_node: bool = False, verified: bool = True
+    ) -> tuple[dict[tuple[int, int], Any], list[str]]:
+        """This node's copies newer than `newer_than`, `{(slice node, step): {"path",
+        "manifest"}}`, verified unless told not to (`restore` has the node's ranks
+        verify a share each), and a line for each copy refused (an unreadable manifest,
+        its sha256, a missing file). `every_node`: see `_folders`."""
         found: dict[tuple[int, int], Any] = {}
         refused: list[str] = []
         lay = self.layout
-        for slice_node, folder in [(lay.node, self.dir / OWN)] + [
-            (n, self.dir / held_dir(n)) for n in range(lay.nodes) if n != lay.node
-        ]:
+        for slice_node, folder in self._folders(every_node):
             for name, path in _committed(folder).items():
-                if int(STEP_RE.match(name).group(1)) <= newer_than:  # type: ignore[union-attr]
-                    continue  # the durable tier is as new: not worth reading
+                step = int(STEP_RE.match(name).group(1))  # type: ignore[union-attr]
+                if step <= newer_than or (slice_node, step) in found:
+                    continue  # the durable tier is as new (not worth reading), or held twice
                 try:
                     manifest = read_manifest(path)
                 except CheckpointError as exc:
                     refused.append(f"node {lay.node}'s copy of node {slice_node}: {exc}")
                     continue
-                problems = verify(path, manifest=manifest)
+                problems = verify(path, manifest=manifest) if verified else []
                 if problems:
                     refused.append(
                         f"node {lay.node}'s copy of node {slice_node}'s {name} failed "
@@ -398,11 +423,54 @@ class PartnerCopies:
         a verified copy on some node (a collective); `step` None when there is none."""
         lay, m = self.layout, self.manager
         fresh = fresh_nodes_from_env() if fresh is None else fresh
+        hosts = m._all_gather(socket.gethostname())
+        alone = hosts.count(hosts[lay.rank]) == lay.local_world  # no other node's ranks here
         mine: Any = None
-        if self.leader:
-            mine = ({}, []) if lay.node in fresh else self.inventory(newer_than)
-        gathered = m._all_gather(mine)
-        tables = {n: gathered[lay.rank_on(n, 0)] for n in range(lay.nodes)}
+        if self.leader and lay.node not in fresh:
+            mine = self.inventory(newer_than, every_node=alone, verified=False)
+        gathered = [entry or ({}, []) for entry in m._all_gather(mine)]
+        tables = self._verified({n: gathered[lay.rank_on(n, 0)] for n in range(lay.nodes)})
+        try:
+            return self._restore_from(trainer, tables, newer_than)
+        finally:
+            m._barrier()  # every transfer done: what this host wrote as another node can go
+            if alone and self.leader:
+                self._drop_other_node_folders()
+
+    def _drop_other_node_folders(self) -> None:
+        """The copies this host wrote under another node rank: older than any this
+        node writes from now on."""
+        if not self.dir.parent.is_dir():
+            return
+        for p in self.dir.parent.iterdir():
+            if p != self.dir and NODE_DIR_RE.match(p.name) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+    def _verified(self, tables: dict[int, Any]) -> dict[int, Any]:
+        """`tables` without the copies that fail verification (each node's ranks hash
+        a share of its copies; a collective), each refusal said in its node's lines."""
+        lay = self.layout
+        failed = []
+        for (slice_node, step), held in sorted(tables[lay.node][0].items()):
+            files = held["manifest"]["files"]
+            sizes = {rel: f["size"] for rel, f in files.items()}
+            share = share_of(sizes, lay.local_rank, lay.local_world)
+            problems = verify(held["path"], files=share, manifest=held["manifest"])
+            if problems:
+                failed.append((slice_node, step, problems[0]))
+        for node, failures in self.manager._all_gather((lay.node, failed)):
+            for slice_node, step, problem in failures:
+                if tables[node][0].pop((slice_node, step), None) is not None:
+                    tables[node][1].append(
+                        f"node {node}'s copy of node {slice_node}'s {step_dirname(step)} failed "
+                        f"verification: {problem}"
+                    )
+        return tables
+
+    def _restore_from(
+        self, trainer: Stateful | None, tables: dict[int, Any], newer_than: int
+    ) -> PartnerRestore:
+        lay, m = self.layout, self.manager
         refused = [line for n in sorted(tables) for line in tables[n][1]]
         step, plan = choose(tables, lay.nodes, newer_than)
         if step is None:
