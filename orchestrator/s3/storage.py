@@ -176,7 +176,7 @@ class S3Storage:
         # Into `<name>/`, or beside a complete `name` this save replaces: node 0 has not
         # touched the old entry yet (it waits for this very list), so every node agrees.
         target = self._upload_prefix(name)
-        listed = target.child(NODE_LISTS, f"node-{self.node:05d}.json")
+        listed = target.child(NODE_LISTS, _list_name(self.node))
         try:
             for rel in sorted(files):
                 if self.fence is not None:
