@@ -173,3 +173,37 @@ def _tensors(folder: Path) -> dict:
     for path in sorted(folder.glob("*.safetensors")):
         out.update(load_file(path))
     return out
+
+
+def test_a_two_node_local_run_submitted_to_s3_uploads_from_each_nodes_own_folder(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through the local cluster (its two node launches, the node agent, fenced
+    attempts: node 1 sees the run's claim in the shared run dir and is fenced too)."""
+    from helpers.local_run import follow_to_end
+    from shardctl.orchestrator.clusters.local import LocalCluster
+    from shardctl.orchestrator.spec import load_spec
+
+    isolate_aws_settings(monkeypatch, tmp_path)
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    bucket = s3_server.make_bucket(f"local-{uuid.uuid4().hex[:12]}")
+    spec = load_spec(
+        tiny_spec(
+            tmp_path,
+            "two",
+            resources={"nodes": 2, "procs_per_node": 1},
+            checkpoint={"dir": f"s3://{bucket}/{CKPT}"},
+        )
+    )
+    local = LocalCluster()
+    ref = local.schedule(local.dryrun(spec))
+    assert follow_to_end(local, ref) == 0, local.logs(ref)[-5000:]
+    raw = s3_server.boto3_client()
+    found = raw.list_objects_v2(Bucket=bucket, Prefix=f"{CKPT}/step-00000004/")["Contents"]
+    stored = {item["Key"].split("/step-00000004/", 1)[1] for item in found}
+    assert {"manifest.json", "dcp/__1_0.distcp", "train_state/rank-00001.pt"} <= stored
+    cache = tmp_path / "two" / "s3-cache"
+    assert (cache / "node-0" / bucket / CKPT / "step-00000004" / "dcp" / "__0_0.distcp").is_file()
+    assert not list(cache.rglob("__1_0.distcp"))  # node 1's, uploaded by node 1 and dropped
