@@ -62,6 +62,8 @@ import recovery as rec  # beside this file (sys.path above)
 FIRST_STEP_TIMEOUT_S = 600.0  # from submit (a queue, imports) to the first step
 FAULT_TIMEOUT_S = 300.0  # from a fault to the restarted ranks' first step
 END_TIMEOUT_S = 600.0  # from the last fault to the job's end
+LOOK_AHEAD_STEPS = 5  # the ranks are found this many steps before a fault's step
+RUNNING_EVERY_S = 5.0  # how often the cluster is asked whether the job still runs
 # The guide's terms (docs/guides/faults.md, "on paper"): a failure an hour, a durable
 # save stalling 10 s every 30 minutes, a 1,000-node rendezvous of 30-60 s.
 PAPER = {"M": 3600.0, "C": 10.0, "T": 1800.0, "rdzv": (30.0, 60.0), "hang_D": 120.0}
@@ -135,6 +137,11 @@ class Steps:
         return self.seen
 
 
+def all_alive(ranks: list[rec.RunProc], world: int) -> bool:
+    """Whether `ranks` are the run's `world` ranks, every one still alive."""
+    return len(ranks) == world and all(rec.alive(p.pid, p.ticks) for p in ranks)
+
+
 def _claim_token(run: TierRun) -> str | None:
     token = (rec._json(run.run_dir / "CURRENT_ATTEMPT") or {}).get("token")
     return str(token) if token else None
@@ -149,17 +156,27 @@ def inject(run: TierRun, steps: Steps, fault: Fault) -> dict[str, Any]:
     """Wait until the run reached `fault.at_step` with all its ranks up, inject the
     fault, wait for the restarted ranks' first step; what it cost."""
 
+    # The ranks are found ahead of the step (a walk of /proc takes a while on a loaded
+    # host: found at the step, the kill would land steps late), and the cluster asked
+    # whether the job still runs only every few seconds (squeue is not free either).
+    ranks: list[rec.RunProc] = []
+    looked = [time.monotonic()]
+
     def due() -> list[rec.RunProc] | None:
         time.sleep(0.02)
         seen = steps.pump()
-        if not seen or seen[-1][0] < fault.at_step:
+        step = seen[-1][0] if seen else 0
+        if step >= fault.at_step - LOOK_AHEAD_STEPS and not all_alive(ranks, run.world):
+            ranks[:] = [p for p in rec.scan(run.run_dir) if p.role == "rank"]
+        if step >= fault.at_step and all_alive(ranks, run.world):
+            return ranks
+        if time.monotonic() - looked[0] > RUNNING_EVERY_S:
+            looked[0] = time.monotonic()
             if not run.running():
                 raise RuntimeError(f"{run.name}: the job ended before step {fault.at_step}")
-            return None
-        ranks = [p for p in rec.scan(run.run_dir) if p.role == "rank"]
-        return ranks if len(ranks) == run.world else None
+        return None
 
-    ranks = rec._until(f"step {fault.at_step}", due, FIRST_STEP_TIMEOUT_S, run)
+    rec._until(f"step {fault.at_step}", due, FIRST_STEP_TIMEOUT_S, run)
     token_before = _claim_token(run)
     victim = run.victim(ranks)
     t_fault = time.time()
