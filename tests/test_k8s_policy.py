@@ -146,6 +146,14 @@ def test_a_crash_restarts_within_the_bound_then_stops(tmp_path: Path) -> None:
     assert codes == [129, 129, 1], pod.log
     assert [operator_restarts(c) for c in codes] == [True, True, False]
     assert "the job stops" in pod.log
+    # The ledger (attempts.jsonl, what goodput and the no-progress rule read) records
+    # the pod's decision: the operator's retry, then the stop; each start its token.
+    lines = (pod.run_dir / "attempts.jsonl").read_text().splitlines()
+    ledger = [json.loads(line) for line in lines]
+    assert [(e["kind"], e["decision"], e["token"]) for e in ledger] == [
+        ("failed", "retry", "k8s-job-0"), ("failed", "retry", "k8s-job-1"),
+        ("failed", "stop", "k8s-job-2"),
+    ]  # fmt: skip
     # A preemption is never counted against the bound: it resumes past it too.
     assert pod.run("saved") == 170, pod.log
 

@@ -17,7 +17,11 @@ lives in its adapter:
   on this node (`pin_killed`), what to keep of each round's verdict (`judged`);
 - what "go again" means once a round's verdict is not a restart in place
   (`carry_out`): Slurm requeues the job and leaves a bad node behind, a local run
-  returns its result, a Kubernetes pod exits with a code its operator acts on.
+  returns its result, a Kubernetes pod exits with a code its operator acts on;
+- optionally, the verdict itself (`own_verdict(verdict, evidence) -> Verdict`, called
+  right after the classifier's, before the ledger records it), for a cluster whose
+  bound on going again is its own (Kubernetes: restarts counted per pod, so a crash
+  within it is a RETRY by the operator, never a restart in place).
 
 A plugin cluster brings its own adapter and gets restarts in place, fencing, the
 ledger and the verdicts with it. The agent imports no cluster module; each cluster

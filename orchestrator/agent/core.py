@@ -330,6 +330,12 @@ class NodeAgent:
             # Node 0 alone decides a restart; the others follow its RESTART.
             restarts=round_, max_restarts=self.max_restarts if node == 0 else None,
         )  # fmt: skip
+        # A cluster that goes again its own way may decide for itself (optional
+        # `Adapter.own_verdict`: Kubernetes' pods, which the operator restarts on their
+        # exit code); the ledger records that decision.
+        own_verdict = getattr(a, "own_verdict", None)
+        if own_verdict is not None:
+            verdict = own_verdict(verdict, evidence)
         if progress is not None:
             record_attempt(self.run_dir, a.job_id, verdict, progress, started, a.token(round_))
         a.judged(verdict, rc, round_)

@@ -55,7 +55,7 @@ from ...agent.core import MARKER_WAIT_S
 from ...errors import ObjectStoreError
 from ...fence import claim_attempt
 from ...launch import WATCH_HANGS_FLAG
-from ...outcome import Decision, Evidence, Kind, Verdict, decide
+from ...outcome import Decision, Evidence, Kind, Verdict, decide, rule_for
 from ...rundir import (
     CANCELLED_FILE,
     ENV_ATTEMPT,
@@ -231,7 +231,6 @@ class PodAdapter:
     cluster = "k8s"
     # The kubelet's TERM reaches the pod's first process (this agent) alone.
     forwards_signals = True
-    retries = 0
 
     def __init__(
         self, run_dir: str, job: str, node: int, nodes: int, start: int, *,
@@ -247,6 +246,9 @@ class PodAdapter:
         self.bound = bound
         self.counts = counts
         self.hang = hang
+        # The ledger's attempt: this node's start (its restarts and preemptions so far).
+        self.retries = start
+        self.restarts: int | None = None  # this node's restarts after this one's crash
         self.exit_code = 0
 
     def token(self, round_: int) -> str | None:
@@ -278,17 +280,13 @@ class PodAdapter:
     def pin_killed(self, round_: int, started: float) -> None:
         """A pod names a killed rank from the markers only."""
 
-    def judged(self, verdict: Verdict, rc: int, round_: int) -> None:
-        """Nothing kept: `carry_out` follows at once."""
-
-    def carry_out(self, verdict: Verdict, evidence: Evidence, rc: int, round_: int) -> str:
+    def own_verdict(self, verdict: Verdict, evidence: Evidence) -> Verdict:
+        """The pod's decision, which the ledger records (under the operator's exit-code
+        policy; else the classifier's is kept). The operator restarts a pod: going
+        again is a RETRY — a preemption always, a crash or a hang while this node
+        restarted fewer than the bound — and anything else a STOP."""
         if not self.exit_codes:
-            self.exit_code = shell_code(rc)
-            return verdict.decision.value
-        self.exit_code = self._pod_code(verdict, evidence)
-        return verdict.decision.value
-
-    def _pod_code(self, verdict: Verdict, evidence: Evidence) -> int:
+            return verdict
         outcome = verdict.outcome
         if (
             outcome.kind is Kind.CANCELLED
@@ -298,30 +296,42 @@ class PodAdapter:
             # A pod's TERM is Kubernetes' preemption warning (a deletion, an
             # eviction), this pod's or another's that made every rank save: it resumes.
             outcome = replace(outcome, kind=Kind.PREEMPTED)
-        name = RESTARTS_NAME.format(node=self.node)
-        restarts = _read(self.counts, name) or 0
-        bound = self.bound if self.counts is not None else 0
-        pod = decide(outcome, restarts=restarts, max_restarts=bound)
-        if pod.decision is Decision.FINISH:
-            return 0
         if verdict.no_progress:  # node 0's ledger: attempts without a new checkpoint
-            pod = verdict
-        elif pod.decision is Decision.RESTART:
-            _write(self.counts, name, restarts + 1)
-            return self._restarts(pod)
-        elif pod.decision is Decision.RETRY and outcome.kind is Kind.PREEMPTED:
-            return self._restarts(pod)
-        # A stop, or a retry no restart is left for (a hang past the bound): the
-        # operator only restarts a pod, so past the bound the job fails.
-        code = permanent(pod.exit_code)
-        say(f"node {self.node}: {pod.summary()}; the pod exits with {code} (the job stops)")
-        return code
+            return replace(verdict, outcome=outcome)
+        restarts = _read(self.counts, RESTARTS_NAME.format(node=self.node)) or 0
+        bound = self.bound if self.counts is not None else 0
+        pod = decide(outcome, retries=self.retries, restarts=restarts, max_restarts=bound)
+        if pod.decision is Decision.RESTART:
+            self.restarts = restarts + 1
+            return replace(pod, decision=Decision.RETRY)
+        if pod.decision is Decision.RETRY and rule_for(outcome).restart:
+            # A hang past the bound: the operator only restarts a pod, so the job stops.
+            return replace(pod, decision=Decision.STOP)
+        return pod
 
-    def _restarts(self, pod: Verdict) -> int:
-        code = retryable(pod.exit_code)
-        say(f"node {self.node}: {pod.summary()}; the pod exits with {code} "
-            "(the operator restarts it)")  # fmt: skip
-        return code
+    def judged(self, verdict: Verdict, rc: int, round_: int) -> None:
+        """Nothing kept: `carry_out` follows at once."""
+
+    def carry_out(self, verdict: Verdict, evidence: Evidence, rc: int, round_: int) -> str:
+        """The pod's exit code for the verdict (`own_verdict`'s)."""
+        if not self.exit_codes:
+            self.exit_code = shell_code(rc)
+        elif verdict.decision is Decision.FINISH:
+            self.exit_code = 0
+        elif verdict.decision is Decision.RETRY:
+            self.exit_code = retryable(verdict.exit_code)
+            counted = ""
+            if self.restarts is not None:
+                _write(self.counts, RESTARTS_NAME.format(node=self.node), self.restarts)
+                counted = f", restart {self.restarts} of at most {self.bound} of this node"
+            say(f"node {self.node}: {verdict.summary()}; the pod exits with "
+                f"{self.exit_code} (the operator restarts it{counted})")  # fmt: skip
+        else:
+            # A stop: the operator fails the job on 1-127.
+            self.exit_code = permanent(verdict.exit_code)
+            say(f"node {self.node}: {verdict.summary()}; the pod exits with "
+                f"{self.exit_code} (the job stops)")  # fmt: skip
+        return verdict.decision.value
 
 
 # ------------------------------------------------------------------ main
