@@ -136,6 +136,9 @@ ENV_POD_RESTARTS = "SHARDCTL_POD_RESTARTS"
 # "0": an entrypoint's HF Trainer is left as transformers made it
 # (`entrypoint.hf_trainer_auto: false`; shardctl.train.hf_auto).
 ENV_HF_TRAINER_AUTO = "SHARDCTL_HF_TRAINER_AUTO"
+# How long a rank whose script has no SIGUSR2 handler yet holds the warning for one
+# (seconds; `shardctl.train.preemption`); a cluster with a known grace period sets it.
+ENV_WARNING_HOLD = "SHARDCTL_WARNING_HOLD_S"
 CONTRACT_ENV = (
     ENV_RUN_DIR, ENV_CHECKPOINT_DIR, ENV_JOB_NAME, ENV_ATTEMPT, ENV_SPEC,
     ENV_ACCELERATE_CONFIG, ENV_DEEPSPEED_CONFIG,

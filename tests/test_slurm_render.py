@@ -186,6 +186,20 @@ def test_render_artifacts_include_the_submission() -> None:
     assert render_artifacts(spec, "slurm") == files  # deterministic
 
 
+def test_a_warning_waits_for_a_handler_half_the_signal_delay_unless_the_spec_says() -> None:
+    """The ranks hold a warning that comes before the script's handler for half of
+    `slurm.signal_delay_s` (the other half is the save's); the spec's `env:` wins."""
+    env = render_artifacts(_spec(signal_delay_s=300), "slurm")["env.sh"]
+    assert "\nexport SHARDCTL_WARNING_HOLD_S=150\n" in env
+    default = render_artifacts(_spec(), "slurm")["env.sh"]
+    assert "\nexport SHARDCTL_WARNING_HOLD_S=60\n" in default
+    data = _spec().model_dump(mode="json", exclude_defaults=True)
+    own = parse_spec({**data, "env": {"SHARDCTL_WARNING_HOLD_S": "5"}})
+    own_env = render_artifacts(own, "slurm")["env.sh"]
+    lines = [x for x in own_env.splitlines() if "WARNING_HOLD" in x]
+    assert lines == ["export SHARDCTL_WARNING_HOLD_S=5"]
+
+
 def test_rendered_sbatch_passes_shellcheck(tmp_path: Path) -> None:
     import shutil
 

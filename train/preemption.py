@@ -51,7 +51,13 @@ from types import FrameType
 
 # The codes live with the run-directory contract (torch-free, shared with every
 # launcher and cluster backend); re-exported here for the loop and older callers.
-from shardctl.orchestrator.rundir import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_SPEC
+from shardctl.orchestrator.rundir import (
+    ENV_WARNING_HOLD,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_SPEC,
+)
 
 __all__ = [
     "EXIT_FAILED",
@@ -80,7 +86,7 @@ WARNING_SIGNAL = signal.SIGUSR2  # what every supervisor sends the ranks for a p
 # How long a warning waits for a handler of the script's (see the module docstring):
 # the cluster may set it from its grace period; without one, 30 s leaves most of
 # Slurm's default 120 s for the save.
-WARNING_HOLD_ENV = "SHARDCTL_WARNING_HOLD_S"
+WARNING_HOLD_ENV = ENV_WARNING_HOLD
 DEFAULT_WARNING_HOLD_S = 30.0
 HOLD_POLL_S = 0.1  # how soon a handler installed during the hold gets the signal
 

@@ -51,7 +51,7 @@ from ...errors import ClusterError, MissingDependencyError, UsageError
 from ...launch import EnvLine, export, export_from
 from ...launcher_output import LauncherReport, readable
 from ...outcome import Kind, from_marker, last_attempt
-from ...rundir import CLOCK_SLACK_S, ENV_ATTEMPT, HUNG_FILE, TOKEN_FIELD, RunDir
+from ...rundir import CLOCK_SLACK_S, ENV_ATTEMPT, ENV_WARNING_HOLD, HUNG_FILE, TOKEN_FIELD, RunDir
 from ...spec import JobSpec, parse_spec
 from ...storage import is_object_url
 from ..base import (
@@ -197,11 +197,18 @@ class SlurmCluster(Cluster):
                     "SHARDCTL_NODE_RANK", "SLURM_NODEID", where, "this node's index, set by Slurm"
                 ),
             ]
+        # A warning that reaches a rank before its script has a handler waits for one
+        # half of the grace period at most: the other half is left for the save.
+        hold = [] if ENV_WARNING_HOLD in spec.env else [
+            export(ENV_WARNING_HOLD, str(spec.slurm.signal_delay_s // 2),
+                   "a warning waits for the script's handler: half of slurm.signal_delay_s"),
+        ]  # fmt: skip
         return [
             *nodes,
             export("SHARDCTL_NPROC_PER_NODE", str(spec.resources.procs_per_node)),
             *master,
             export("MASTER_PORT", str(spec.slurm.master_port)),
+            *hold,
             EnvLine(
                 f'export {ENV_ATTEMPT}="${{SLURM_RESTART_COUNT:-0}}"',
                 "requeues of this job so far",

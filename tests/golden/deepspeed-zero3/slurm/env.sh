@@ -23,5 +23,7 @@ MASTER_ADDR="$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run this script in
 MASTER_ADDR="${MASTER_ADDR%%[[:space:]]*}"
 export MASTER_ADDR
 export MASTER_PORT=29500
+# a warning waits for the script's handler: half of slurm.signal_delay_s
+export SHARDCTL_WARNING_HOLD_S=60
 # requeues of this job so far
 export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
