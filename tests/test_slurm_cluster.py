@@ -647,7 +647,10 @@ def test_your_hf_trainer_script_gets_the_time_limit_signal_and_resumes(
     held for the callback. Slurm counts from the allocation, not from the ranks' start:
     on a loaded CI host the batch step took ~16 s to start the node tasks, and a
     warning due at 20 s reached the ranks 4 s after they started, before the script
-    imported the Trainer (nothing saved). The script's steps are paced
+    imported the Trainer (nothing saved). A later loaded run had the warning 24 s
+    after the ranks started, still before the import: the ranks now hold a warning
+    for the script's handler for half of `signal_delay_s` (275 s here), and the
+    Trainer imported within it takes it. The script's steps are paced
     (tests/helpers/paced_script.py: at least 0.15 s each, 75 s for 500 steps after
     the start-up), so on any host it is still stepping then: unpaced, a quiet host
     once finished 400 steps in 29 s, before the signal came."""
