@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ...agent import NodeAgent, say
 from ...agent.core import MARKER_WAIT_S
-from ...errors import ObjectStoreError
+from ...errors import ShardctlError
 from ...fence import claim_attempt
 from ...launch import WATCH_HANGS_FLAG
 from ...outcome import Decision, Evidence, Kind, Verdict, decide, rule_for
@@ -193,7 +193,7 @@ def _read(counts: PodCounts | None, name: str) -> int | None:
         return None
     try:
         return counts.read(name)
-    except ObjectStoreError as err:
+    except ShardctlError as err:  # the store's failure, or no boto3 in the image
         say(f"cannot read the pod's count {name} at {counts.where}: {err}")
         return None
 
@@ -203,7 +203,7 @@ def _write(counts: PodCounts | None, name: str, value: int) -> None:
         return
     try:
         counts.write(name, value)
-    except ObjectStoreError as err:
+    except ShardctlError as err:  # the store's failure, or no boto3 in the image
         say(f"cannot keep the pod's count {name} at {counts.where}: {err}")
 
 
