@@ -161,6 +161,20 @@ def test_a_bad_spare_nodes_is_one_line_naming_the_field(over: dict, said: str) -
     assert [p for p in caught.value.problems if said in p] == caught.value.problems
 
 
+def test_validate_says_the_spares(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from shardctl.orchestrator.cli import cli
+
+    path = tmp_path / "spares.yaml"
+    path.write_text(json.dumps(_spec(slurm={"spare_nodes": 2})))  # JSON is YAML
+    res = CliRunner().invoke(cli, ["validate", str(path), "--cluster", "slurm"])
+    assert res.exit_code == 0, res.output
+    assert "world size 2 (+ 2 spare node(s) standing by in the allocation)," in res.output
+    path.write_text(json.dumps(_spec(slurm={})))
+    res = CliRunner().invoke(cli, ["validate", str(path), "--cluster", "slurm"])
+    assert res.exit_code == 0 and "spare node" not in res.output, res.output
+
+
 def test_the_job_asks_for_the_spares_and_the_launcher_trains_on_the_others(
     tmp_path: Path,
 ) -> None:

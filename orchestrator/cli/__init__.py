@@ -96,10 +96,17 @@ def validate(
     s = job.strategy
     click.echo(
         f"{spec}: valid — {job.name}: {job.resources.nodes} node(s) × "
-        f"{job.resources.procs_per_node} proc(s) = world size {job.world_size}, "
+        f"{job.resources.procs_per_node} proc(s) = world size {job.world_size}"
+        f"{_spare_words(job)}, "
         f"{job.launcher} → {s.backend} (sharding {s.sharding}, ZeRO stage {s.zero_stage}), "
         f"{precision_words(job)}, checkpoints in {job.checkpoint_dir}{_memory_words(job)}"
     )
+
+
+def _spare_words(job: JobSpec) -> str:
+    """Slurm's hot spares as `validate` says them (they hold nodes but train on none)."""
+    spares = job.slurm.spare_nodes if job.slurm is not None else 0
+    return f" (+ {spares} spare node(s) standing by in the allocation)" if spares else ""
 
 
 def _memory_words(job: JobSpec) -> str:
