@@ -233,13 +233,14 @@ def test_without_a_pvc_the_bucket_keeps_a_pod_s_starts_and_restarts(
 
 def test_a_count_the_bucket_cannot_keep_is_said_in_one_line(tmp_path: Path) -> None:
     """An endpoint that does not answer: the pod still runs and exits with its
-    decision, and its log says which count could not be read or kept, and where."""
+    decision, and its log says which count could not be read or kept, and where. With
+    no count to bound them, a crash stops (no endless restarts); a preemption resumes."""
     pod = Pod(tmp_path, bound=2, counts="s3://nowhere/runs/job/.attempts")
     pod.env.update(
         AWS_ENDPOINT_URL="http://127.0.0.1:9", AWS_ACCESS_KEY_ID="x",
         AWS_SECRET_ACCESS_KEY="y", AWS_DEFAULT_REGION="us-east-1", AWS_MAX_ATTEMPTS="1",
     )  # fmt: skip
-    assert pod.run("78") == 78, pod.log
+    assert [pod.run("78"), pod.run("1"), pod.run("saved")] == [78, 1, 170], pod.log
     lines = [line for line in pod.log.splitlines() if "s3://nowhere/runs/job/.attempts" in line]
     assert lines and all(line.startswith("[shardctl] cannot ") for line in lines), pod.log
     assert "Traceback" not in pod.log

@@ -186,16 +186,23 @@ def counts_place(run_dir: str, checkpoint_dir: str, on_volume: bool) -> str:
     return ""
 
 
-def _read(counts: PodCounts | None, name: str) -> int | None:
-    """A count, or None; a store that cannot be read is said in one line and counts
-    as never written (the operator's own backoff limit still bounds the restarts)."""
+class Unreadable:
+    """A count the store could not give (said in one line where it was read)."""
+
+
+UNREADABLE = Unreadable()
+
+
+def _read(counts: PodCounts | None, name: str) -> int | Unreadable | None:
+    """A count; None when never written (or kept nowhere); UNREADABLE when the store
+    failed, said in one line."""
     if counts is None:
         return None
     try:
         return counts.read(name)
     except ShardctlError as err:  # the store's failure, or no boto3 in the image
         say(f"cannot read the pod's count {name} at {counts.where}: {err}")
-        return None
+        return UNREADABLE
 
 
 def _write(counts: PodCounts | None, name: str, value: int) -> None:
@@ -211,7 +218,9 @@ def count_start(counts: PodCounts | None, node: int) -> int:
     """This start of the node: 0 on its first, +1 on each after (kept in `counts`)."""
     name = STARTS_NAME.format(node=node)
     previous = _read(counts, name)
-    start = 0 if previous is None else previous + 1
+    # Unreadable: 0. Without a PVC the run dir is the pod's own emptyDir, so no
+    # earlier start's marker is there to be taken for this one's.
+    start = previous + 1 if isinstance(previous, int) else 0
     _write(counts, name, start)
     return start
 
@@ -298,8 +307,13 @@ class PodAdapter:
             outcome = replace(outcome, kind=Kind.PREEMPTED)
         if verdict.no_progress:  # node 0's ledger: attempts without a new checkpoint
             return replace(verdict, outcome=outcome)
-        restarts = _read(self.counts, RESTARTS_NAME.format(node=self.node)) or 0
-        bound = self.bound if self.counts is not None else 0
+        kept = _read(self.counts, RESTARTS_NAME.format(node=self.node))
+        if self.counts is None or isinstance(kept, Unreadable):
+            # Kept nowhere, or unreadable: nothing would bound a crash loop (the
+            # operator counts no backoffLimit under ExitCode): a crash or a hang stops.
+            bound, restarts = 0, 0
+        else:
+            bound, restarts = self.bound, kept or 0
         pod = decide(outcome, retries=self.retries, restarts=restarts, max_restarts=bound)
         if pod.decision is Decision.RESTART:
             self.restarts = restarts + 1
