@@ -223,6 +223,12 @@ def _as_one_checkpoint(copies: list[Path], out: Path) -> None:
     (out / "manifest.json").write_text(json.dumps({**manifest, "files": files}))
 
 
+def _bytes(copy: Path) -> int:
+    """The bytes of a copy's files, as its manifest lists them."""
+    files = json.loads((copy / "manifest.json").read_text())["files"]
+    return sum(f["size"] for f in files.values())
+
+
 def _two_node_spec(tmp_path: Path, name: str, **checkpoint: object) -> Path:
     return tiny_spec(
         tmp_path, name, resources={"nodes": 2, "procs_per_node": 1},
@@ -248,6 +254,7 @@ def test_a_wiped_node_resumes_from_its_partners_copy_bit_identical_to_disk(
     _hold_then_kill(spec, 7, tmp_path / "hold", ready)
     disk = tmp_path / "disk" / "checkpoints"
     _as_one_checkpoint([tier / f"node-{n}" / "own" / step4 for n in (0, 1)], disk / step4)
+    slice_bytes = [_bytes(tier / f"node-{n}" / "own" / step4) for n in (0, 1)]
     shutil.rmtree(tier / "node-1")  # node 1's memory is gone
 
     out = _run_nodes(_loop(spec))
@@ -256,6 +263,9 @@ def test_a_wiped_node_resumes_from_its_partners_copy_bit_identical_to_disk(
     assert (last["tier"], last["step"]) == ("partner", 4)
     assert last["lost_steps"] < 4  # steps 5 and 6 logged, then lost: fewer than K
     assert last["served"] == "node 1 served by node 0's partner copy"
+    # Node 1 got its own slice back and, of node 0's, only what every rank loads whole
+    # (DCP's metadata and the values written once): not node 0's shards.
+    assert slice_bytes[1] < last["received_bytes"] < sum(slice_bytes)
     assert not tier.exists()  # finished: the final durable step is newer, memory freed
 
     reference = _two_node_spec(tmp_path, "disk", every_steps=8, dir=str(disk))

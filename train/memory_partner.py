@@ -21,10 +21,11 @@ sha256 (its own slice, the slice it holds for the node before it); the ranks agr
 the newest step for which every slice has a verified copy somewhere, own copy
 preferred; a slice a node lacks is sent to it by a node that holds it (a node whose
 memory was wiped gets its own slice back from its partner), and each node loads the
-step from one folder (`restore/step-N`: its own files hard-linked, the rest received).
-Every node needs every slice to load (the backends read files written by other
-ranks: DCP's `.metadata`, deduplicated tensors, DeepSpeed's model states), so a
-restore moves the other nodes' slices over the wire: its cost grows with the job.
+step from one folder (`restore/step-N`: the copies it holds hard-linked, the rest
+received). A rank also reads files other ranks wrote: with DCP at the same world size
+only `.metadata` and the values written once for every rank (`dcp_shared_files`), so a
+node gets just those of the other nodes' slices; otherwise (DeepSpeed's model states,
+another world size) every file of every slice, a cost that grows with the job.
 
 A node that comes back under another node rank (torchrun's c10d rendezvous numbers
 nodes by arrival) still finds what it wrote: alone on its host it also reads the
@@ -129,6 +130,7 @@ class PartnerRestore:
     step: int | None
     served_by: dict[int, int] = field(default_factory=dict)  # slice → node
     why_not: str | None = None
+    received_bytes: int = 0  # what every node together received over the wire
 
     @property
     def tier(self) -> str:
@@ -260,6 +262,7 @@ class PartnerCopies:
         # when the backend saves in the background; the loop's stall is the tier's
         # `stall_s`).
         self.send_s: list[float] = []
+        self.received_bytes = 0  # what the last restore brought to this rank over the wire
 
     @property
     def leader(self) -> bool:
@@ -413,7 +416,10 @@ class PartnerCopies:
                         f"verification: {problems[0]}"
                     )
                     continue
-                found[slice_node, int(manifest["step"])] = {"path": str(path), "manifest": manifest}
+                entry = {"path": str(path), "manifest": manifest}
+                if "dcp/.metadata" in manifest["files"]:
+                    entry["shared"] = dcp_shared_files(path)
+                found[slice_node, int(manifest["step"])] = entry
         return found, refused
 
     def restore(
@@ -470,6 +476,8 @@ class PartnerCopies:
     def _restore_from(
         self, trainer: Stateful | None, tables: dict[int, Any], newer_than: int
     ) -> PartnerRestore:
+        from torch.distributed.checkpoint.api import CheckpointException
+
         lay, m = self.layout, self.manager
         refused = [line for n in sorted(tables) for line in tables[n][1]]
         step, plan = choose(tables, lay.nodes, newer_than)
@@ -477,18 +485,24 @@ class PartnerCopies:
             why = why_not(tables, lay.nodes, newer_than, refused)
             return PartnerRestore(None, why_not=why)
         manifest = merged_manifest(tables, plan, step)
+        self.received_bytes = 0
         try:
             folder = self._assemble(step, tables, plan)
         except CheckpointError as exc:  # every rank raises it (gathered): all fall back
             return PartnerRestore(None, why_not=str(exc))
+        received = sum(m._all_gather(self.received_bytes))
         try:
             m._load(folder, manifest, trainer)
+        except CheckpointException as exc:  # DCP raises it on every rank alike
+            # A file a rank reads was not sent (a model laid out otherwise than the
+            # spec says): the durable tier loads every value again.
+            return PartnerRestore(None, why_not=f"loading step {step} from memory failed: {exc}")
         finally:
             m._barrier()
             if self.leader:
                 shutil.rmtree(folder.parent, ignore_errors=True)
         why = "; ".join(refused) or None
-        return PartnerRestore(step, served_by=plan, why_not=why)
+        return PartnerRestore(step, served_by=plan, why_not=why, received_bytes=received)
 
     def _assemble(self, step: int, tables: dict[int, Any], plan: dict[int, int]) -> Path:
         """This node's `restore/step-N`: the slices it holds hard-linked, the others
@@ -504,10 +518,16 @@ class PartnerCopies:
                     _link_tree(Path(held["path"]), folder)
         m._barrier()
         problem = None
+        shared = shared_files(tables, plan, step, lay.world_size)
         try:
             for slice_node, sender, receiver in transfers(tables, plan, step, lay.nodes):
                 held = tables[sender][0][slice_node, step]
-                sizes = {rel: f["size"] for rel, f in held["manifest"]["files"].items()}
+                sizes = {
+                    rel: f["size"] for rel, f in held["manifest"]["files"].items()
+                    if shared is None or receiver == slice_node or rel in shared
+                }  # fmt: skip
+                if not sizes:
+                    continue  # nothing of this slice is read on the receiving node
                 share = share_of(sizes, lay.local_rank, lay.local_world)
                 if sender == lay.node:
                     data = _pack(Path(held["path"]), held["manifest"], share)
@@ -515,6 +535,7 @@ class PartnerCopies:
                 elif receiver == lay.node:
                     data = _recv(lay.rank_on(sender, lay.local_rank), m.group)
                     _unpack(data, folder, f"node {sender}")
+                    self.received_bytes += sum(len(blob) for blob, _ in data.values())
         except (OSError, CheckpointError) as exc:
             problem = f"rank {lay.rank}: {exc}"
         problems = [p for p in m._all_gather(problem) if p]
@@ -579,6 +600,50 @@ def choose(
 def _steps(tables: dict[int, Any]) -> set[int]:
     """Every step some node holds a verified copy of (of any slice)."""
     return {step for n in tables for _, step in tables[n][0]}
+
+
+def shared_files(
+    tables: dict[int, Any], plan: dict[int, int], step: int, world_size: int
+) -> set[str] | None:
+    """The files of another node's slice a node reads to load `step`: with DCP at the
+    world size that wrote it and every tensor sharded over the whole world (FSDP's
+    full_shard or shard_grad_op), a rank reads its own shards (its node's slice) and
+    only the values every rank loads whole (DCP writes each once, on any rank) plus
+    `.metadata`; None (every file) otherwise (hybrid_shard's shards are replicated
+    across nodes, and DCP writes each replica once, on any node)."""
+    held = tables[plan[0]][0][0, step]
+    manifest = held["manifest"]
+    if (
+        manifest.get("world_size") != world_size
+        or manifest.get("sharding") not in ("full_shard", "shard_grad_op")
+        or held.get("shared") is None
+    ):
+        return None
+    return set(held["shared"])
+
+
+def dcp_shared_files(step_dir: Path) -> list[str] | None:
+    """`dcp/...` files of a DCP checkpoint holding what every rank loads whole (a
+    non-tensor value, a tensor saved as one chunk), and `.metadata`; None when the
+    folder holds no readable DCP metadata."""
+    if not (step_dir / "dcp" / ".metadata").is_file():
+        return None
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        meta = FileSystemReader(str(step_dir / "dcp")).read_metadata()
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        log.warning("%s: DCP metadata unreadable (%s); every file is sent", step_dir, exc)
+        return None
+    whole = {
+        fqn for fqn, md in meta.state_dict_metadata.items()
+        if not isinstance(md, TensorStorageMetadata)
+        or (len(md.chunks) == 1 and tuple(md.chunks[0].sizes) == tuple(md.size))
+    }  # fmt: skip
+    files = {f"dcp/{info.relative_path}" for index, info in (meta.storage_data or {}).items()
+             if index.fqn in whole}  # fmt: skip
+    return sorted(files | {"dcp/.metadata"})
 
 
 def transfers(

@@ -280,6 +280,7 @@ class Restored:
     seconds: float
     refused: str | None = None  # why a newer memory copy was not used
     served: str | None = None  # which node's partner copy served which node
+    received_bytes: int | None = None  # across nodes: what the restore sent over the wire
 
     def words(self) -> str:
         """`resumed at step 40 (from memory: checkpoint verified and loaded in 0.21 s)`;
@@ -323,7 +324,10 @@ def restore_newest(
         found = memory.partner.restore(trainer, newer_than=newest_durable, fresh=fresh_nodes)
         if found.step is not None:
             seconds = time.perf_counter() - t0
-            return Restored(found.step, found.tier, seconds, found.why_not, found.partner_words())
+            return Restored(
+                found.step, found.tier, seconds, found.why_not, found.partner_words(),
+                found.received_bytes,
+            )  # fmt: skip
         refused = found.why_not
         if refused and memory.rank == 0:
             log.warning("memory tier not used: %s; restoring from the durable tier", refused)
@@ -393,6 +397,7 @@ def record_restore(run_dir: str | Path, restored: Restored, reached: int | None)
         "seconds": round(restored.seconds, 3),
         "refused": restored.refused,
         "served": restored.served,
+        "received_bytes": restored.received_bytes,
     }
     logs = Path(run_dir) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
