@@ -151,3 +151,15 @@ def test_k8s_checks_through_the_api(server: KMockServer, tmp_path: Path) -> None
     code, checks = doctor(data, tmp_path, "--cluster", "k8s")
     assert code == 0, checks
     assert checks["checkpoint dir"].detail == "PVC runs exists (ReadWriteMany)"
+    # No PVC: two pods need one unless their checkpoints are in a bucket (the cluster's
+    # own checks: doctor's S3 probe of the bucket is test_s3_client.py's).
+    from shardctl.orchestrator.clusters.k8s import K8sCluster
+    from shardctl.orchestrator.spec import parse_spec
+
+    data["k8s"]["pvc"] = None
+    found = {c.name: c for c in K8sCluster().preflight(parse_spec(data)).checks}
+    assert found["checkpoint dir"].status == "fail" and "s3://" in found["checkpoint dir"].fix
+    data["checkpoint"]["dir"] = "s3://team-ckpt/runs"
+    found = {c.name: c for c in K8sCluster().preflight(parse_spec(data)).checks}
+    assert found["checkpoint dir"].status == "ok", found["checkpoint dir"]
+    assert "markers live in the pod (each pod's own)" in found["checkpoint dir"].detail

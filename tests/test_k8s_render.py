@@ -63,6 +63,11 @@ VARIANTS = {
         "k8s__pvc": None,
         "k8s__env_from_secrets": ["s3-credentials"],
     },
+    "s3-two-nodes-no-pvc": {
+        "checkpoint__dir": "s3://team-ckpt/runs/k8s-test",
+        "k8s__pvc": None,
+        "k8s__env_from_secrets": ["s3-credentials"],
+    },
     "cuda-elastic-everything": {
         "resources__device": "cuda",
         "resources__procs_per_node": 8,
@@ -156,6 +161,11 @@ TRAINJOB_VARIANTS: dict[str, dict[str, Any]] = {
     # envFrom reaches a TrainJob's pods through a runtime of shardctl's own.
     "trainjob-s3-one-node-no-pvc": {
         **VARIANTS["s3-one-node-no-pvc"],
+        "k8s__api": "trainjob",
+        "k8s__runtime": "shardctl-torch",
+    },
+    "trainjob-s3-two-nodes-no-pvc": {
+        **VARIANTS["s3-two-nodes-no-pvc"],
         "k8s__api": "trainjob",
         "k8s__runtime": "shardctl-torch",
     },
@@ -483,10 +493,16 @@ def test_what_k8s_users_ask_for_reaches_the_job_and_its_pods() -> None:
     )
 
 
-def test_a_multi_node_job_without_a_shared_volume_is_refused() -> None:
+@pytest.mark.parametrize("api", ["pytorchjob", "trainjob"])
+def test_a_multi_node_job_without_a_shared_volume_is_refused(api: str) -> None:
+    """Checkpoints on a path need one volume every pod mounts: one line naming k8s.pvc
+    and what is accepted instead (tests/test_s3_k8s.py: an s3:// dir needs none)."""
+    kind = {"k8s__api": api, "k8s__runtime": "shardctl-torch"} if api == "trainjob" else {}
     with pytest.raises(SpecError, match=r"k8s.pvc is required for a 2-node job") as err:
-        render_k8s.k8s_objects(make(k8s__pvc=None))
-    assert "ReadWriteMany" in str(err.value)
+        render_k8s.k8s_objects(make(k8s__pvc=None, **kind))
+    (line,) = err.value.problems
+    assert "ReadWriteMany" in line and "\n" not in line
+    assert "checkpoint.dir on a path" in line and "Accepted without a PVC: an s3://" in line
     # One pod: its emptyDir survives container restarts, which is all one pod needs.
     render_k8s.k8s_objects(make(k8s__pvc=None, resources__nodes=1))
 

@@ -1,8 +1,9 @@
 """Kubernetes without a shared volume (issue 33): with `checkpoint.dir: s3://...` a
-one-node PyTorchJob or TrainJob mounts no PVC, its pods keep the URL (the run dir's
+PyTorchJob or TrainJob of one node or several mounts no PVC, its pods keep the URL (the run dir's
 small files in an emptyDir), the S3 credentials come from a named Secret through
 `envFrom`, and no secret of the submitting machine reaches a rendered file. The CRD
-and core schema checks of these variants: test_k8s_render.py (`s3-one-node-no-pvc`)."""
+and core schema checks of these variants: test_k8s_render.py (`s3-one-node-no-pvc`,
+`s3-two-nodes-no-pvc`)."""
 
 from __future__ import annotations
 
@@ -33,14 +34,25 @@ def _pods(objects: dict[str, Any]) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(
     "overrides",
-    [VARIANTS["s3-one-node-no-pvc"], TRAINJOB_VARIANTS["trainjob-s3-one-node-no-pvc"]],
-    ids=["pytorchjob", "trainjob"],
+    [
+        VARIANTS["s3-one-node-no-pvc"],
+        TRAINJOB_VARIANTS["trainjob-s3-one-node-no-pvc"],
+        VARIANTS["s3-two-nodes-no-pvc"],
+        TRAINJOB_VARIANTS["trainjob-s3-two-nodes-no-pvc"],
+    ],
+    ids=["pytorchjob", "trainjob", "pytorchjob-2-nodes", "trainjob-2-nodes"],
 )
-def test_a_one_node_job_on_s3_needs_no_pvc_and_reads_credentials_from_a_secret(
+def test_a_job_on_s3_needs_no_pvc_and_reads_credentials_from_a_secret(
     overrides: dict[str, Any],
 ) -> None:
-    rendered = render_k8s.render(make(**overrides))
+    """One node or several: each pod's run dir is its own emptyDir (each pod uploads its
+    own ranks' files), and its counts live beside the checkpoints in the bucket."""
+    spec = make(**overrides)
+    rendered = render_k8s.render(spec)
     objects = rendered.objects
+    launch = objects["configmap"]["data"]["launch.sh"]
+    assert f"export SHARDCTL_POD_COUNTS={URL}/.attempts\n" in launch
+    assert f"export SHARDCTL_POD_RESTARTS={spec.k8s.backoff_limit}\n" in launch
     inside = yaml.safe_load(objects["configmap"]["data"]["job.yaml"])
     # Was replaced by the PVC's folder, so the pods checkpointed into their emptyDir.
     assert inside["checkpoint"]["dir"] == URL

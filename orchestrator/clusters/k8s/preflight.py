@@ -86,13 +86,15 @@ def k8s_checks(spec: JobSpec, backend: K8sCluster) -> list[Check]:
             "kubectl apply -f the serviceaccount.yaml of the manifests `shardctl --version` lists",
         )
     )
-    if k.pvc is None and is_object_url(spec.checkpoint_dir) and spec.resources.nodes == 1:
+    if k.pvc is None and is_object_url(spec.checkpoint_dir):
+        # Each pod uploads its own ranks' files from its emptyDir: no shared volume.
+        each = " (each pod's own)" if spec.resources.nodes > 1 else ""
         checks.append(
             Check(
                 "checkpoint dir",
                 "ok",
                 f"checkpoints in {spec.checkpoint_dir}; no k8s.pvc: the run dir's logs and "
-                "markers live in the pod (k8s.env_from_secrets gives the S3 credentials)",
+                f"markers live in the pod{each} (k8s.env_from_secrets gives the S3 credentials)",
             )
         )
         return checks
@@ -102,7 +104,8 @@ def k8s_checks(spec: JobSpec, backend: K8sCluster) -> list[Check]:
                 "checkpoint dir",
                 "warn" if spec.resources.nodes == 1 else "fail",
                 "no k8s.pvc: checkpoints live in the pod and die with it",
-                "set k8s.pvc to a ReadWriteMany PersistentVolumeClaim",
+                "set k8s.pvc to a ReadWriteMany PersistentVolumeClaim, or checkpoint.dir "
+                "to an s3:// URL",
             )
         )
         return checks

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ...s3.url import is_s3_url  # torch- and boto3-free
 from ...sizes import MemorySize
 from ...spec.common import (
     CONTROL_RE,
@@ -322,7 +323,8 @@ class K8sSection(ClusterSection):
     """The pods' service account (`manifests/serviceaccount.yaml` creates the default)."""
     pvc: str | None = None
     """PersistentVolumeClaim mounted at the run directory, so restarted pods resume;
-    required for more than one node (ReadWriteMany)."""
+    required for more than one node (ReadWriteMany) unless `checkpoint.dir` is
+    `s3://`: then each pod's run dir is its own emptyDir (docs/guides/kubernetes.md)."""
     cpu: str | None = None
     """CPU request/limit per pod: cores (`8`, `0.5`) or millicores (`1500m`), more than 0
     and at most 4096 cores; default procs_per_node × cpus_per_proc."""
@@ -570,14 +572,17 @@ class K8sSection(ClusterSection):
                 'lines that install shardctl at start (e.g. "python -m pip install --user '
                 "'shardctl[train]'\")"
             )
-        if spec.resources.nodes > 1 and self.pvc is None:
+        # Checkpoints in a bucket need no shared volume: each pod uploads its own ranks'
+        # files from its emptyDir and node 0 commits the manifest once every list is in.
+        if spec.resources.nodes > 1 and self.pvc is None and not is_s3_url(spec.checkpoint_dir):
             problems.append(
-                f"k8s.pvc is required for a {spec.resources.nodes}-node job: the ranks on "
+                f"k8s.pvc is required for a {spec.resources.nodes}-node job with its "
+                "checkpoint.dir on a path (not s3://): the ranks on "
                 "different pods write one checkpoint together, which needs one volume they all "
                 "mount (a ReadWriteMany PersistentVolumeClaim, e.g. on NFS/CephFS/Lustre; "
                 "pvc.yaml in the manifests `shardctl --version` lists is one); with an emptyDir "
-                "each pod would hold only "
-                "its own shards and resume would find no complete checkpoint"
+                "each pod would hold only its own shards and resume would find no complete "
+                "checkpoint. Accepted without a PVC: an s3:// checkpoint.dir"
             )
         # The API's own rules (JobKind.problems) join these in objects.run_problems:
         # this module loads at start-up and imports no kind.
