@@ -181,14 +181,15 @@ def _run_nodes(command: list[str], env: dict[str, str] | None = None, nproc: int
     return text
 
 
-def _hold_then_kill(spec: Path, step: int, hold: Path, ready: list[Path]) -> None:
-    """Run both nodes until every rank is held at `step` and `ready` exist; then SIGKILL
-    node 1's rank and both launchers with every rank below them."""
+def _hold_then_kill(spec: Path, step: int, hold: Path, ready: list[Path], nproc: int = 1) -> None:
+    """Run both nodes (`nproc` ranks each) until every rank is held at `step` and
+    `ready` exist; then SIGKILL node 1's ranks and both launchers with every rank below
+    them."""
     hold.mkdir()
-    procs = _start_nodes(_loop(spec), {"SHARDCTL_HOLD_AT_STEP": f"{step}:{hold}"})
+    procs = _start_nodes(_loop(spec), {"SHARDCTL_HOLD_AT_STEP": f"{step}:{hold}"}, nproc)
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        wanted = [hold / "held-0", hold / "held-1", *ready]
+        wanted = [*(hold / f"held-{rank}" for rank in range(2 * nproc)), *ready]
         while not all(p.exists() for p in wanted):
             ended = [p for p in procs if p.poll() is not None]
             assert not ended, f"a node ended first: {ended[0].communicate()[0][-4000:]}"
