@@ -84,10 +84,12 @@ class Pods:
             render_k8s.RUNS_MOUNT, str(self.runs)
         )
 
-    def start(self, attempt: int) -> None:
+    def start(self, attempt: int, only: int | None = None) -> None:
+        """Start every node's pod, or `only` that node's (a pod with folders of its own:
+        each `Pods` then holds one node, test_k8s_s3_restarts.py)."""
         nodes = self.spec.resources.nodes
         self.procs, self.logs = [], []
-        for node in reversed(range(nodes)):
+        for node in reversed(range(nodes)) if only is None else [only]:
             env = {
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
                 # The container's own env, with the cache paths of this test.

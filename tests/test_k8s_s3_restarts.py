@@ -1,13 +1,17 @@
-"""Kubernetes without a shared volume restarts in place (issue 33's leftover): a
-one-node job with `checkpoint.dir: s3://...` and no PVC is submitted through the real
-`kubernetes` client (kmock), and its pod, run on this host as in test_k8s_pods.py
-against a real S3 server (SeaweedFS), keeps its counts in the bucket: every start on a
-fresh emptyDir still knows how many times its node restarted.
+"""Kubernetes without a shared volume restarts in place (issue 33's leftover): a job
+with `checkpoint.dir: s3://...` and no PVC is submitted through the real `kubernetes`
+client (kmock), and its pods, run on this host as in test_k8s_pods.py against a real
+S3 server (SeaweedFS), keep their counts in the bucket: every start on a fresh
+emptyDir still knows how many times its node restarted. With two nodes each pod has a
+run dir of its own and the checkpoints meet only in the bucket.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,8 @@ import pytest
 import yaml
 from helpers.kmock_server import PYTORCHJOBS, KMockServer
 from shardctl.orchestrator.clusters import k8s as k8s_backend
+from shardctl.orchestrator.fence import current_attempt
+from shardctl.orchestrator.proctree import descendants
 from shardctl.orchestrator.spec import load_spec, parse_spec
 from test_k8s_pods import Pods
 
@@ -88,3 +94,121 @@ def test_a_pod_without_a_volume_restarts_within_the_bound_counted_in_the_bucket(
         assert body.read() == b"2\n", name
     contract = yaml.safe_load((pods.etc / "job.yaml").read_text())
     assert contract["checkpoint"]["dir"] == f"s3://{bucket}/runs/crash"
+
+
+# ----------------------------------------------------- two pods, no shared run dir
+
+
+def _pod_of_each_node(spec: Any, root: Path, env: dict[str, str]) -> list[Pods]:
+    """One `Pods` per node, each with folders of its own (its emptyDirs: run dir, cache,
+    /etc/shardctl), the bucket's credentials as its Secret gives them, one master port."""
+    pods = [Pods(spec, root / f"pod-node{node}") for node in range(spec.resources.nodes)]
+    for pod in pods:
+        pod.port = pods[0].port
+        pod.container["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    return pods
+
+
+def _start(pods: list[Pods], attempt: int) -> None:
+    for node, pod in reversed(list(enumerate(pods))):
+        # A recreated pod gets a new emptyDir: nothing of the last run dir is left.
+        shutil.rmtree(pod.runs, ignore_errors=True)
+        pod.runs.mkdir()
+        pod.start(attempt=attempt, only=node)
+
+
+def _committed_steps(client: Any, bucket: str, prefix: str) -> list[int]:
+    """Steps whose manifest object is in the bucket (a checkpoint is complete then)."""
+    found = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/step-")
+    return sorted(
+        int(key.split("/step-")[1].split("/")[0])
+        for key in (o["Key"] for o in found.get("Contents", []))
+        if key.endswith("/manifest.json") and ".tmp/" not in key
+    )
+
+
+def _a_rank_of(pod: Pods) -> Any:
+    """A training rank below the pod (torchrun gave it LOCAL_RANK)."""
+    for proc in pod.procs:
+        for p in descendants(proc.pid):
+            try:
+                env = (Path("/proc") / str(p.pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(w.startswith(b"LOCAL_RANK=") for w in env):
+                return p
+    raise AssertionError("no rank below the pod:\n" + pod.tail())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_pods_without_a_volume_train_crash_restart_and_resume_from_the_bucket(
+    tmp_path: Path, kube: KMockServer, s3_server: Any
+) -> None:
+    """A 2-node PyTorchJob with `checkpoint.dir: s3://...` and no PVC, submitted through
+    the kubernetes client (kmock), its pods run on this host each with a run dir of its
+    own: they train and save to the bucket from their own folders; a rank of node 1
+    killed after the first committed checkpoint ends both pods with a code the operator
+    restarts; the recreated pods (fresh emptyDirs) resume from the bucket's newest
+    complete checkpoint and the job succeeds."""
+    bucket = s3_server.make_bucket("k8s-two-pods")
+    prefix = "runs/two"
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    data["train"]["steps"] = 16
+    data["checkpoint"].update(dir=f"s3://{bucket}/{prefix}", every_steps=4, keep=2)
+    data["k8s"].update(pvc=None, backoff_limit=2)
+    spec = parse_spec(data)
+    assert spec.resources.nodes == 2
+    k8s_backend.K8sCluster().submit(spec)  # refused before: k8s.pvc is required
+    ((_, job),) = kube.objects(PYTORCHJOBS).items()
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        volumes = replica["template"]["spec"]["volumes"]
+        assert {"name": "runs", "emptyDir": {}} in volumes
+        assert not any("persistentVolumeClaim" in v for v in volumes)
+
+    pods = _pod_of_each_node(spec, tmp_path, s3_server.env())
+    client = s3_server.boto3_client()
+    killed: list[Any] = []
+    try:
+        _start(pods, attempt=0)
+        deadline = time.monotonic() + 480
+        while not _committed_steps(client, bucket, prefix):
+            assert time.monotonic() < deadline, "no checkpoint in time:\n" + _tails(pods)
+            assert all(p.poll() is None for pod in pods for p in pod.procs), _tails(pods)
+            time.sleep(0.5)
+        rank = _a_rank_of(pods[1])
+        os.kill(rank.pid, signal.SIGKILL)  # a crash of node 1's pod
+        killed.append(rank)
+        codes = [code for pod in pods for code in pod.wait(timeout=300)]
+        # 128-255: the operator restarts each pod (a crash within k8s.backoff_limit).
+        assert all(128 <= code <= 255 for code in codes), (codes, _tails(pods))
+        saved = _committed_steps(client, bucket, prefix)
+        assert saved and saved[-1] < 16, (saved, _tails(pods))
+
+        _start(pods, attempt=1)  # the operator recreates both pods
+        codes = [code for pod in pods for code in pod.wait(timeout=480)]
+        assert codes == [0, 0], _tails(pods)
+    finally:
+        for pod in pods:
+            pod.kill()
+    assert _committed_steps(client, bucket, prefix)[-1] == 16
+    second = "\n".join(log.read_text() for pod in pods for log in pod.logs)
+    assert f"resumed at step {saved[-1]}" in second, _tails(pods)
+    # Each pod's starts were counted in the bucket, so both derived the same token.
+    for node in (0, 1):
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/.attempts/node-{node}")["Body"]
+        assert body.read() == b"1\n", node
+    tokens = {_claimed(pod, spec.name) for pod in pods}
+    assert tokens == {f"k8s-{spec.name}-1"}, tokens
+    # Rank 0 ran in one of the pods: its DONE is in that pod's own run dir only.
+    assert sum((pod.runs / spec.name / "DONE").is_file() for pod in pods) == 1
+
+
+def _claimed(pod: Pods, name: str) -> object:
+    """The attempt token claimed in the pod's own run dir."""
+    claim = current_attempt(pod.runs / name)
+    return claim["token"] if claim else None
+
+
+def _tails(pods: list[Pods]) -> str:
+    return "\n".join(pod.tail() for pod in pods)

@@ -37,6 +37,11 @@ each), so the pods of one attempt count the same starts and agree on the token
 without talking to each other. Node 0 claims it (`CURRENT_ATTEMPT`) before its ranks
 start; the ranks' markers carry it, and the agent reads only its own attempt's
 markers, never by time.
+
+Without a PVC (an `s3://` checkpoint dir) each pod's run dir is its own emptyDir:
+every pod claims its token there (global rank 0, which commits each checkpoint's
+manifest, may run in any pod) and judges its own launcher from its own ranks'
+markers; the operator's success policy takes the master's end.
 """
 
 from __future__ import annotations
@@ -184,6 +189,12 @@ def counts_place(run_dir: str, checkpoint_dir: str, on_volume: bool) -> str:
     if is_object_url(checkpoint_dir):
         return f"{checkpoint_dir.rstrip('/')}/{COUNTS_DIR}"
     return ""
+
+
+def own_run_dir(counts_where: str) -> bool:
+    """Whether each pod's run dir is its own (an emptyDir, no PVC): the counts are kept
+    in the bucket exactly when the job has no volume (`counts_place`)."""
+    return is_object_url(counts_where)
 
 
 class Unreadable:
@@ -409,12 +420,19 @@ def _run_pod(command: list[str], run_dir: str, folder: Path | None) -> int:
         exit_codes=env.get(ENV_EXIT_CODES) == "kubernetes",
         bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts, hang=hang,
     )  # fmt: skip
+    own = own_run_dir(env.get(ENV_POD_COUNTS, ""))
+    if own and node != 0:
+        # No shared run dir: the agent (node 0) claims only its own pod's. Global rank 0,
+        # which commits each checkpoint, may run in any pod (torchrun's c10d rendezvous
+        # numbers nodes by arrival) and is fenced by the claim in its pod's run dir.
+        adapter.claim(0)
     agent = NodeAgent(
         adapter, command, run_dir, checkpoint_dir=env.get(ENV_CHECKPOINT_DIR) or None,
         # The operator restarts the pod; the agent runs no round in place.
         max_restarts=0,
-        # One node: rank 0, which writes the markers, ran below this agent.
-        marker_wait_s=MARKER_WAIT_S if adapter.nodes > 1 else 0.0,
+        # Rank 0, which writes the markers, may run in another pod of a shared run dir;
+        # in this pod's own run dir only this pod's ranks write, before the launcher ends.
+        marker_wait_s=MARKER_WAIT_S if adapter.nodes > 1 and not own else 0.0,
     )  # fmt: skip
     agent.run()
     return adapter.exit_code
