@@ -106,3 +106,16 @@ def test_no_aws_secret_of_the_submitting_machine_reaches_a_rendered_file(
     assert files
     for path in files:
         assert SECRET not in path.read_text(errors="replace"), path
+
+
+def test_ls_says_a_run_dir_without_a_pvc_is_in_the_pods() -> None:
+    """`ls`/`status` cannot read a Kubernetes run dir here; without a PVC they say it is
+    in the pods' emptyDirs, not on a claim the job does not have."""
+    from shardctl.orchestrator.cli.jobs import _progress
+    from shardctl.orchestrator.clusters.base import JobRef
+    from shardctl.orchestrator.clusters.k8s import K8sCluster
+
+    ref = JobRef("k8s", "ml/k8s-test", "k8s-test", "/shardctl/runs/k8s-test", {"pvc": None})
+    progress, why = _progress(K8sCluster(), ref)
+    assert progress is None
+    assert "each pod's emptyDir" in why and "not on this machine" in why

@@ -100,7 +100,12 @@ class K8sCluster(Cluster):
     can_follow = True
     supports_replace = True
     run_dir_here = False
-    run_dir_elsewhere = "the run dir is on the job's PersistentVolumeClaim, not on this machine"
+    # `status` and `logs` read the API and the job's ConfigMap, never the run dir, which
+    # is on the PVC or, with checkpoints in a bucket and no PVC, each pod's own emptyDir.
+    run_dir_elsewhere = (
+        "the run dir is in the job's pods (its PersistentVolumeClaim, or without one each "
+        "pod's emptyDir), not on this machine"
+    )
 
     def __init__(self, replace: bool | None = None, api_client: Any = None) -> None:
         # --replace (or SHARDCTL_K8S_REPLACE=1): delete a job of the same name first.
