@@ -371,3 +371,45 @@ def test_the_trainjob_runtime_fails_the_jobset_on_a_permanent_code() -> None:
     assert all((code in permanent) != operator_restarts(code) for code in range(1, 256))
     assert 78 in permanent and not {129, 137, 170, 252} & permanent
     assert "SHARDCTL_EXIT_CODES=kubernetes" in rendered.common["launch.sh"]
+
+
+@pytest.mark.parametrize("own_run_dir", [True, False])
+def test_a_pod_without_a_shared_run_dir_takes_its_ranks_exits_42_for_a_save(
+    tmp_path: Path, own_run_dir: bool
+) -> None:
+    """Without a PVC rank 0's PREEMPTED is in its own pod's run dir only. A pod whose
+    every rank exited 42 (after its save, as its launcher recorded) for another pod's
+    preemption is a preemption too: restarted (170) and not counted against
+    k8s.backoff_limit. With a shared run dir the marker decides: the same exits alone
+    are a crash, counted (tests above)."""
+    from shardctl.orchestrator.clusters.k8s.node_agent import FolderCounts, PodAdapter
+    from shardctl.orchestrator.launch_wrapper import record_path, write_once
+    from shardctl.orchestrator.outcome import Decision, Evidence, Kind, judge
+
+    run_dir = tmp_path / "runs" / "job"
+    adapter = PodAdapter(
+        str(run_dir), "job", 1, 2, 0, exit_codes=True, bound=2,
+        counts=FolderCounts(str(tmp_path / "counts")), own_run_dir=own_run_dir,
+    )  # fmt: skip
+    ranks = [{"rank": r, "local_rank": r - 2, "exitcode": 42} for r in (2, 3)]
+    write_once(record_path(run_dir, "k8s-job-0", 1), {"token": "k8s-job-0", "failures": ranks})
+    evidence = Evidence(1, {}, (), None, "k8s-job-0")  # torchrun exits 1, no marker here
+    verdict = adapter.own_verdict(judge(evidence), evidence)
+    assert verdict.decision is Decision.RETRY
+    adapter.carry_out(verdict, evidence, 1, 0)
+    if own_run_dir:
+        assert verdict.outcome.kind is Kind.PREEMPTED and adapter.exit_code == 170
+        assert not (tmp_path / "counts" / "restarts-node-1").exists()
+    else:
+        assert verdict.outcome.kind is Kind.FAILED and adapter.exit_code == 129
+        assert (tmp_path / "counts" / "restarts-node-1").read_text() == "1\n"
+
+    # One rank's 42 beside another's crash is a crash, counted, in either run dir.
+    other = PodAdapter(
+        str(tmp_path / "other"), "job", 1, 2, 0, exit_codes=True, bound=2,
+        counts=FolderCounts(str(tmp_path / "counts-other")), own_run_dir=True,
+    )  # fmt: skip
+    mixed = [ranks[0], {**ranks[1], "exitcode": 1}]
+    write_once(record_path(tmp_path / "other", "k8s-job-0", 1), {"failures": mixed})
+    crash = other.own_verdict(judge(evidence), evidence)
+    assert crash.outcome.kind is Kind.FAILED and crash.decision is Decision.RETRY

@@ -26,6 +26,7 @@ from shardctl.orchestrator.spec import load_spec, parse_spec
 from test_k8s_pods import Pods
 
 ROOT = Path(__file__).resolve().parent.parent
+STEPS = 24  # the two-pod job's: a crash and a preemption fit in
 CRASH = "import sys\nprint('the script crashes with 3', flush=True)\nsys.exit(3)\n"
 
 
@@ -142,7 +143,7 @@ def _a_rank_of(pod: Pods) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_pods_without_a_volume_train_crash_restart_and_resume_from_the_bucket(
+def test_two_pods_without_a_volume_crash_and_are_preempted_and_resume_from_the_bucket(
     tmp_path: Path, kube: KMockServer, s3_server: Any
 ) -> None:
     """A 2-node PyTorchJob with `checkpoint.dir: s3://...` and no PVC, submitted through
@@ -150,11 +151,14 @@ def test_two_pods_without_a_volume_train_crash_restart_and_resume_from_the_bucke
     own: they train and save to the bucket from their own folders; a rank of node 1
     killed after the first committed checkpoint ends both pods with a code the operator
     restarts; the recreated pods (fresh emptyDirs) resume from the bucket's newest
-    complete checkpoint and the job succeeds."""
+    complete checkpoint. Then the pod of global rank 0 alone is deleted (SIGTERM): every
+    rank saves, both pods exit 170 (the other pod sees no PREEMPTED, which is in rank
+    0's pod, and takes its ranks' exits 42 for the save), neither counts a restart; the
+    recreated pods resume from that save and the job succeeds."""
     bucket = s3_server.make_bucket("k8s-two-pods")
     prefix = "runs/two"
     data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
-    data["train"]["steps"] = 16
+    data["train"]["steps"] = STEPS
     data["checkpoint"].update(dir=f"s3://{bucket}/{prefix}", every_steps=4, keep=2)
     data["k8s"].update(pvc=None, backoff_limit=2)
     spec = parse_spec(data)
@@ -183,25 +187,57 @@ def test_two_pods_without_a_volume_train_crash_restart_and_resume_from_the_bucke
         # 128-255: the operator restarts each pod (a crash within k8s.backoff_limit).
         assert all(128 <= code <= 255 for code in codes), (codes, _tails(pods))
         saved = _committed_steps(client, bucket, prefix)
-        assert saved and saved[-1] < 16, (saved, _tails(pods))
+        assert saved and saved[-1] < STEPS, (saved, _tails(pods))
 
         _start(pods, attempt=1)  # the operator recreates both pods
+        deadline = time.monotonic() + 480
+        while _committed_steps(client, bucket, prefix)[-1] <= saved[-1]:
+            assert time.monotonic() < deadline, "no new checkpoint in time:\n" + _tails(pods)
+            assert all(p.poll() is None for pod in pods for p in pod.procs), _tails(pods)
+            time.sleep(0.5)
+        resumed = "\n".join(log.read_text() for pod in pods for log in pod.logs)
+        assert f"resumed at step {saved[-1]}" in resumed, _tails(pods)
+        tokens = {_claimed(pod, spec.name) for pod in pods}
+        assert tokens == {f"k8s-{spec.name}-1"}, tokens
+
+        # The kubelet deletes the pod that holds global rank 0 (SIGTERM to its agent).
+        holder = next(pod for pod in pods if _holds_rank_0(pod))
+        os.kill(holder.procs[0].pid, signal.SIGTERM)
+        codes = [code for pod in pods for code in pod.wait(timeout=300)]
+        assert codes == [170, 170], _tails(pods)
+        preempted = _committed_steps(client, bucket, prefix)[-1]
+        assert saved[-1] < preempted < STEPS, _tails(pods)
+
+        _start(pods, attempt=2)
         codes = [code for pod in pods for code in pod.wait(timeout=480)]
         assert codes == [0, 0], _tails(pods)
     finally:
         for pod in pods:
             pod.kill()
-    assert _committed_steps(client, bucket, prefix)[-1] == 16
-    second = "\n".join(log.read_text() for pod in pods for log in pod.logs)
-    assert f"resumed at step {saved[-1]}" in second, _tails(pods)
-    # Each pod's starts were counted in the bucket, so both derived the same token.
-    for node in (0, 1):
-        body = client.get_object(Bucket=bucket, Key=f"{prefix}/.attempts/node-{node}")["Body"]
-        assert body.read() == b"1\n", node
-    tokens = {_claimed(pod, spec.name) for pod in pods}
-    assert tokens == {f"k8s-{spec.name}-1"}, tokens
+    assert _committed_steps(client, bucket, prefix)[-1] == STEPS
+    third = "\n".join(log.read_text() for pod in pods for log in pod.logs)
+    assert f"resumed at step {preempted}" in third, _tails(pods)
+    # Each pod's starts were counted in the bucket, so both derived the same token; the
+    # crash counted one restart of each node, the preemption none.
+    for name, count in (("node-0", 2), ("node-1", 2), ("restarts-node-0", 1),
+                        ("restarts-node-1", 1)):  # fmt: skip
+        body = client.get_object(Bucket=bucket, Key=f"{prefix}/.attempts/{name}")["Body"]
+        assert body.read() == f"{count}\n".encode(), name
     # Rank 0 ran in one of the pods: its DONE is in that pod's own run dir only.
     assert sum((pod.runs / spec.name / "DONE").is_file() for pod in pods) == 1
+
+
+def _holds_rank_0(pod: Pods) -> bool:
+    """Whether global rank 0 runs below the pod (c10d numbers nodes by arrival)."""
+    for proc in pod.procs:
+        for p in descendants(proc.pid):
+            try:
+                env = (Path("/proc") / str(p.pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"RANK=0" in env and any(w.startswith(b"LOCAL_RANK=") for w in env):
+                return True
+    return False
 
 
 def _claimed(pod: Pods, name: str) -> object:

@@ -41,7 +41,9 @@ markers, never by time.
 Without a PVC (an `s3://` checkpoint dir) each pod's run dir is its own emptyDir:
 every pod claims its token there (global rank 0, which commits each checkpoint's
 manifest, may run in any pod) and judges its own launcher from its own ranks'
-markers; the operator's success policy takes the master's end.
+markers, or, where rank 0's PREEMPTED is out of sight, from its ranks' exits as its
+launcher recorded them (every one 42: saved); the operator's success policy takes the
+master's end.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ from ...agent.core import MARKER_WAIT_S
 from ...errors import ShardctlError
 from ...fence import claim_attempt
 from ...launch import WATCH_HANGS_FLAG
-from ...outcome import Decision, Evidence, Kind, Verdict, decide, rule_for
+from ...launch_wrapper import read_record
+from ...outcome import Decision, Evidence, Kind, Outcome, Verdict, decide, rule_for
 from ...rundir import (
     CANCELLED_FILE,
     ENV_ATTEMPT,
@@ -72,6 +75,10 @@ from ...rundir import (
     ENV_POD_RESTARTS,
     ENV_RUN_DIR,
     EXIT_FAILED,
+    EXIT_PREEMPTED,
+    FAILED_FILE,
+    HUNG_FILE,
+    KILLED_FILE,
 )
 from ...storage import is_object_url
 
@@ -255,9 +262,11 @@ class PodAdapter:
     def __init__(
         self, run_dir: str, job: str, node: int, nodes: int, start: int, *,
         exit_codes: bool, bound: int, counts: PodCounts | None,
-        hang: HangWatch | None = None,
+        hang: HangWatch | None = None, own_run_dir: bool = False,
     ) -> None:  # fmt: skip
         self.run_dir = run_dir
+        # No PVC: the run dir is this pod's emptyDir, read by no other pod.
+        self.own_run_dir = own_run_dir
         self.job_id = job
         self.node = node
         self.nodes = nodes
@@ -316,6 +325,11 @@ class PodAdapter:
             # A pod's TERM is Kubernetes' preemption warning (a deletion, an
             # eviction), this pod's or another's that made every rank save: it resumes.
             outcome = replace(outcome, kind=Kind.PREEMPTED)
+        if self._saved_for_another_pod(outcome, evidence):
+            outcome = replace(
+                outcome, kind=Kind.PREEMPTED, code=None,
+                reason="every rank of this pod saved and exited 42 (another pod's preemption)",
+            )  # fmt: skip
         if verdict.no_progress:  # node 0's ledger: attempts without a new checkpoint
             return replace(verdict, outcome=outcome)
         kept = _read(self.counts, RESTARTS_NAME.format(node=self.node))
@@ -333,6 +347,20 @@ class PodAdapter:
             # A hang past the bound: the operator only restarts a pod, so the job stops.
             return replace(pod, decision=Decision.STOP)
         return pod
+
+    def _saved_for_another_pod(self, outcome: Outcome, evidence: Evidence) -> bool:
+        """A crash that is a preemption's save: in a run dir of its own the pod cannot
+        see rank 0's PREEMPTED (in rank 0's pod), so its ranks' exits, as its launcher
+        recorded them (`launch_wrapper`), say it: every one 42, which a rank exits only
+        after its save. Not a crash, so not counted against the bound."""
+        if not self.own_run_dir or outcome.kind is not Kind.FAILED:
+            return False
+        if any(name in evidence.markers for name in (FAILED_FILE, HUNG_FILE, KILLED_FILE)):
+            return False
+        token = self.token(0)
+        record = read_record(self.run_dir, token, self.node) if token else None
+        codes = [f.get("exitcode") for f in record["failures"]] if record else []
+        return bool(codes) and all(code == EXIT_PREEMPTED for code in codes)
 
     def judged(self, verdict: Verdict, rc: int, round_: int) -> None:
         """Nothing kept: `carry_out` follows at once."""
@@ -403,6 +431,7 @@ def _run_pod(command: list[str], run_dir: str, folder: Path | None) -> int:
     node = _env_int("SHARDCTL_NODE_RANK", 0)
     job = env.get(ENV_JOB_NAME) or Path(run_dir).name
     counts = pod_counts(env.get(ENV_POD_COUNTS, ""))
+    own = own_run_dir(env.get(ENV_POD_COUNTS, ""))
     start = count_start(counts, node)
     hang = None
     if folder is not None:
@@ -418,9 +447,8 @@ def _run_pod(command: list[str], run_dir: str, folder: Path | None) -> int:
         run_dir, job, node,
         _env_int("SHARDCTL_NNODES", 1), start,
         exit_codes=env.get(ENV_EXIT_CODES) == "kubernetes",
-        bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts, hang=hang,
+        bound=_env_int(ENV_POD_RESTARTS, 0), counts=counts, hang=hang, own_run_dir=own,
     )  # fmt: skip
-    own = own_run_dir(env.get(ENV_POD_COUNTS, ""))
     if own and node != 0:
         # No shared run dir: the agent (node 0) claims only its own pod's. Global rank 0,
         # which commits each checkpoint, may run in any pod (torchrun's c10d rendezvous
