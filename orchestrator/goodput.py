@@ -6,11 +6,12 @@ seconds, `kind`, `decision`, `checkpoint_step`: the newest complete checkpoint a
 attempt's end) and `logs/metrics.jsonl` (one line per logged step with its wall-clock
 `time`, `progress.py`); and, where the memory tier ran, `logs/restores.jsonl` (one
 line per resume, written by rank 0: `token`, the attempt's token; `step`, the step it
-resumed from; `tier`, `memory` or `durable`; `train/memory_tier.record_restore`). One
-job's attempts only (its id in attempts.jsonl: a new submission starts over); a job
-still running adds an open attempt, from its start (the run dir's `CURRENT_ATTEMPT`,
-claimed by the attempt's supervisor, when the claim names this job; or the end of the
-attempt before it) up to now.
+resumed from; `tier`, `memory`, `partner` (a partner node's copy) or `durable`;
+`train/memory_tier.record_restore`). One job's attempts only (its id in
+attempts.jsonl: a new submission starts over); a job still running adds an open
+attempt, from its start (the run dir's `CURRENT_ATTEMPT`, claimed by the attempt's
+supervisor, when the claim names this job; or the end of the attempt before it) up to
+now.
 
 Definitions (what `status` and `ls` show):
 
@@ -50,7 +51,7 @@ Definitions (what `status` and `ls` show):
   hung, preempted, ...) and `seconds` from the fault (the attempt's end) to the first
   step record of the attempt after it (up to now while the job is still running
   without one; None when it never logged one); `tier`, where the attempt after it has
-  a restore line: the tier it resumed from (`memory`, `durable`).
+  a restore line: the tier it resumed from (`memory`, `partner`, `durable`).
 
 A long metrics.jsonl (past FULL_READ_BYTES) is not read whole: `status` and `ls` ask
 for the goodput every time, and a million logged steps took seconds. Its lines are
