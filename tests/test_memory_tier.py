@@ -76,6 +76,18 @@ def test_a_tmpfs_too_small_names_both_sizes(tmp_path: Path) -> None:
     assert room_problem(tmp_path, 1024) is None
 
 
+def test_a_memory_dir_that_is_or_lies_under_a_file_is_one_line(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("the user's")
+    for where in (afile, afile / "below"):
+        problem = room_problem(where, 1024)
+        assert problem == (
+            f"checkpoint.memory_dir {str(where)!r}: {str(afile)!r} is a file, not a folder; "
+            "accepted: a folder this user may write on a tmpfs (unset: /dev/shm/shardctl/...)"
+        )
+    assert afile.read_text() == "the user's"
+
+
 # ------------------------------------------------------------ a user's script
 
 

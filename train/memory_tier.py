@@ -99,7 +99,14 @@ def state_bytes(parameters: Any) -> int:
 def room_problem(directory: str | Path, copy_bytes: int, nodes: int = 1) -> str | None:
     """One line when `directory`'s file system cannot hold the tier (two copies of
     `copy_bytes` at once; on more than one node, two of this node's share and two of
-    the share it holds for its peer), else None."""
+    the share it holds for its peer), else None. A path that is, or lies under, a file
+    or a folder this process may not write is said too (every retry would find it)."""
+    unusable = _unusable(Path(directory))
+    if unusable is not None:
+        return (
+            f"checkpoint.memory_dir {str(directory)!r}: {unusable}; accepted: a folder "
+            "this user may write on a tmpfs (unset: /dev/shm/shardctl/...)"
+        )
     free = free_bytes(directory)
     share = -(-copy_bytes // nodes)
     copies = COPIES_HELD if nodes == 1 else 2 * COPIES_HELD
@@ -344,6 +351,19 @@ def restore_newest(
     step = durable.restore(trainer)
     tier = "durable" if step is not None else None
     return Restored(step, tier, time.perf_counter() - t0, refused)
+
+
+def _unusable(directory: Path) -> str | None:
+    """Why no copy can be written under `directory` (its nearest existing part is a
+    file, or a folder this process may not write), else None."""
+    existing = directory.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{str(existing)!r} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{str(existing)!r} is not writable by this user"
+    return None
 
 
 def check_room(memory: MemoryTier, parameters: Any) -> None:
