@@ -28,10 +28,11 @@ that node's launcher: `<run dir>/logs/rank-exits/<attempt token>/node<N>.json`
 `first` is the global rank torch names the first failure (its report's "Root Cause");
 `signal` is the signal's name when `exitcode` is negative, else null. The run dir,
 token and node come from the environment `launch.sh` runs in (`SHARDCTL_RUN_DIR`,
-`SHARDCTL_ATTEMPT_TOKEN`, `SHARDCTL_NODE_RANK`); without a token (an unfenced attempt:
-Kubernetes pods, the standalone `job.sbatch`) nothing is recorded, since no reader
-could tell which attempt it belongs to. Slurm's node task reads its node's record
-after the launcher exits (`clusters/slurm/killed_ranks`).
+`SHARDCTL_ATTEMPT_TOKEN`, `SHARDCTL_NODE_RANK`); without a token (a launch outside
+a fenced attempt) nothing is recorded, since no reader could tell which attempt it
+belongs to. Slurm's node task reads its node's record after the launcher exits
+(`clusters/slurm/killed_ranks`); so does a Kubernetes pod without a shared run dir,
+for a save another pod's preemption asked for (`clusters/k8s/node_agent`).
 
 Nothing here reads the launcher's text: torchrun can keep its ranks' output out of
 its stderr (`--redirects`, `--tee`), and its report's wording is its own;
