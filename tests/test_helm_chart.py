@@ -142,6 +142,12 @@ def test_chart_defaults_ask_for_rendered_values(helm: str) -> None:
         ({"elastic": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas (3) is larger"),
         ({"nodes": 9, "elastic": {"minReplicas": 1, "maxReplicas": 4}}, "nodes (9) must lie"),
         ({"storage": {"create": True, "claimName": None}}, "storage.claimName is empty"),
+        # Two pods with checkpoints on a path need one volume (with s3:// none: the
+        # `s3-two-nodes-no-pvc` cases render).
+        (
+            {"storage": {"claimName": None}},
+            "values.nodes is 2 and the job's checkpoint.dir is a path",
+        ),
         ({"nodes": 0}, "nodes: Must be greater than or equal to 1"),
         ({"securityContext": {"runAsUser": 0}}, "runAsUser"),
         ({"restartPolicy": "Sometimes"}, "restartPolicy"),

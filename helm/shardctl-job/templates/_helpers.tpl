@@ -66,8 +66,10 @@ Included by every template so that any render fails the same way.
 {{- fail (printf "values.nodes (%d) must lie within values.elastic [minReplicas %d, maxReplicas %d]: change nodes or the elastic range" (int $v.nodes) (int $v.elastic.minReplicas) (int $v.elastic.maxReplicas)) -}}
 {{- end -}}
 {{- end -}}
-{{- if and (gt (int $v.nodes) 1) (not $v.storage.claimName) -}}
-{{- fail (printf "values.storage.claimName is empty but values.nodes is %d: the pods write one checkpoint together, which needs one volume they all mount; name a ReadWriteMany PersistentVolumeClaim (storage.create: true makes one)" (int $v.nodes)) -}}
+{{- /* Checkpoints in a bucket need no shared volume: each pod uploads its own ranks' files. */ -}}
+{{- $checkpoints := dig "checkpoint" "dir" "" (fromYaml $v.jobSpec) | toString | trim | lower -}}
+{{- if and (gt (int $v.nodes) 1) (not $v.storage.claimName) (not (hasPrefix "s3:" $checkpoints)) -}}
+{{- fail (printf "values.storage.claimName is empty but values.nodes is %d and the job's checkpoint.dir is a path: the pods write one checkpoint together, which needs one volume they all mount; name a ReadWriteMany PersistentVolumeClaim (storage.create: true makes one), or render the values from a spec whose checkpoint.dir is s3://" (int $v.nodes)) -}}
 {{- end -}}
 {{- if and $v.storage.create (not $v.storage.claimName) -}}
 {{- fail "values.storage.create is true but values.storage.claimName is empty: name the PersistentVolumeClaim to create (the run directory and checkpoints live on it)" -}}
