@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shardctl.orchestrator.attempts import newest_memory_step
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from shardctl.orchestrator.clusters.slurm.bad_nodes import left_behind_detail
@@ -33,6 +34,7 @@ from shardctl.orchestrator.clusters.slurm.spares import (
 )
 from shardctl.orchestrator.errors import SpecError
 from shardctl.orchestrator.spec import parse_spec
+from shardctl.train.memory_tier import last_restore
 from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
     SHARDCTL,
     _finished,
@@ -328,7 +330,8 @@ def test_a_fault_pinned_on_node_1_hands_the_next_round_to_the_spare(
 
 # ------------------------------------------------------------------- the dev cluster
 
-EVERY = 5
+TIER_EVERY = 50
+MEMORY_EVERY = 2
 STEPS = 150
 
 
@@ -352,7 +355,11 @@ def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
     args = ["0.1", "fsdp2_script.py", "--steps", str(STEPS), "--log-every", "1"]
     spec = _own_spec("spares-kill", PACED_SCRIPT, args)
     spec["resources"] = {"nodes": 2, "procs_per_node": 1, "device": "cpu"}
-    spec["checkpoint"] = {"every_steps": EVERY, "keep": 2, "consolidate_on_finish": False}
+    # The memory tier on (the script's Checkpointer gets it by configuration): the
+    # spare's ranks restore node 1's slice from node 0's partner copy.
+    # Durable every 50 steps, a memory copy every 2: the kill lands well past both.
+    spec["checkpoint"] = {"every_steps": TIER_EVERY, "keep": 2, "consolidate_on_finish": False,
+                          "memory_every_steps": MEMORY_EVERY}  # fmt: skip
     spec["restart"] = {"max_in_allocation": 2}
     spec["slurm"] = {**spec["slurm"], "time": "00:20:00", "max_requeues": 1, "spare_nodes": 1}
     ref = _submitted(tmp_path, spec)
@@ -361,6 +368,9 @@ def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
     module = "shardctl.train.entry"
     try:
         _wait(ref, lambda: (_last_checkpoint(run_dir) or 0) > 0, 600, "the first checkpoint")
+        # A memory copy two copies past the durable checkpoint: its partner's copy is in.
+        _wait(ref, lambda: (newest_memory_step(run_dir) or 0) >= TIER_EVERY + 2 * MEMORY_EVERY,
+              120, "a memory copy past the durable checkpoint")  # fmt: skip
         victim = _wait(ref, lambda: _rank_of_node(run_dir, 1, 0, 0, module), 120, "a rank")
         os.kill(int(victim[0]), signal.SIGKILL)
         # The next round runs on the spare (Slurm's node 2); node 1 trains no more.
@@ -384,6 +394,11 @@ def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
     ], rounds  # fmt: skip
     entry = json.loads((run_dir / "nodes-left-behind.jsonl").read_text())
     assert (entry["node"], entry["spare"]["node"], entry["job"]) == (1, 2, ref.job_id)
+    # The spare's round resumed from memory, past the durable checkpoint: node 1's
+    # slice from its partner's copy (the spare's own folder is not asked).
+    restore = last_restore(run_dir)
+    assert restore is not None and restore["tier"] == "partner", restore
+    assert restore["step"] % MEMORY_EVERY == 0 and restore["step"] > TIER_EVERY, restore
     assert (_last_checkpoint(run_dir) or 0) == STEPS
     # status -o json carries the same line.
     shown = subprocess.run(
