@@ -141,6 +141,8 @@ class NodeTask:
             adapter, self.command, self.run_dir, signal_name=self.signal_name,
             checkpoint_dir=self.checkpoint_dir, max_retries=self.max_requeues,
             max_stalled=self.max_stalled, max_restarts=self.max_restarts,
+            # The hang rule, in the agent (the node's launch.sh runs no watchdog).
+            watch_hangs=True,
         )  # fmt: skip
         return agent.run()
 
