@@ -1,10 +1,11 @@
 """`python3 -m shardctl.train.watchdog -- LAUNCHER ARGS...`: one node's hang watchdog.
 
-The rendered launch script execs this instead of the launcher (unless the spec says
-`watchdog.enabled: false`). It starts the launcher as its child with
-`$SHARDCTL_HEARTBEAT_DIR` pointing at a fresh folder on this node, passes on the
-signals it receives, and reads the ranks' heartbeats (`shardctl.train.heartbeat`)
-every few seconds. It exits with the launcher's code, except:
+A rendered launch script run by hand, with no node agent above it, execs this instead
+of the launcher (unless the spec says `watchdog.enabled: false`); under a node agent
+the script runs none, and the agent applies the rule (`HangWatch`) itself. It starts
+the launcher as its child with `$SHARDCTL_HEARTBEAT_DIR` pointing at a fresh folder on
+this node, passes on the signals it receives, and reads the ranks' heartbeats
+(`shardctl.train.heartbeat`) every few seconds. It exits with the launcher's code, except:
 
 - **hung**: when no rank of this node advanced for the hang timeout, it writes
   `<run dir>/HUNG`, asks every rank for its Python stack (SIGQUIT; a stopped rank
@@ -20,8 +21,10 @@ every few seconds. It exits with the launcher's code, except:
   judges from the markers, `SHARDCTL_NODE_SUPERVISOR`: Slurm's).
 
 The rule itself, one look at a time, is `HangWatch`: this watchdog's loop calls it,
-and so does a Kubernetes pod's node agent (`orchestrator/clusters/k8s/node_agent.py`,
-`--watch-hangs`), which runs the launcher with no watchdog process between.
+and so does the node agent on every cluster (a Kubernetes pod's,
+`orchestrator/clusters/k8s/node_agent.py`, `--watch-hangs`; this machine's and
+Slurm's, `orchestrator/agent/hangs.py`, from the launcher's own environment), which
+runs the launcher with no watchdog process between.
 
 The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
 (`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest

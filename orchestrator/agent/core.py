@@ -5,10 +5,11 @@ ignored: torchrun, accelerate and deepspeed have no handler for it and would die
 orphaning the ranks; the ranks install their own), passes the preemption signal
 and SIGTERM on to every descendant that catches them (again every 2 s, so a rank
 still importing torch when the signal came is not missed; whatever the cluster
-sent, the ranks are told with USR2, or TERM for a TERM), and, once the launcher
-exited, judges the round with the one classifier (`orchestrator/outcome.py`) from
-the launcher's code, the round's markers (by its attempt token) and the signals
-received.
+sent, the ranks are told with USR2, or TERM for a TERM), with `watch_hangs` applies
+the hang rule to the launchers below it (`hangs.py`: no watchdog process between;
+a launcher ended as hung is the round's 124), and, once the launcher exited,
+judges the round with the one classifier (`orchestrator/outcome.py`) from the
+launcher's code, the round's markers (by its attempt token) and the signals received.
 
 Rounds of restarts in place: a crash or a hang with restarts left
 (`max_restarts`) is not handed to the cluster: node 0 judges the round, claims the
@@ -64,7 +65,7 @@ from .rounds import ROUND_ACK_WAIT_S, ack_round, round_decision, tell_round, wai
 # How long a node whose launcher failed waits for rank 0's PREEMPTED marker.
 MARKER_WAIT_S = 10.0
 # How long node 0 waits for a HUNG that names the rank that stopped first, after one
-# that names none (another node's watchdog declares a poll later, up to
+# that names none (another node's agent declares a poll later, up to
 # watchdog.MAX_POLL_S, and writes HUNG before it collects the stacks).
 CULPRIT_WAIT_S = 15.0
 # How long node 0, out of restarts, waits for the KILLED of a rank killed on another
