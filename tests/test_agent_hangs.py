@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT
 from helpers.train_run import tiny_spec
-from shardctl.orchestrator.agent.hangs import environ_of
+from shardctl.orchestrator.agent.hangs import AgentHangs, environ_of
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.launch import AGENT_WATCHES, WATCHDOG_MODULE, hang_watch_lines
 from shardctl.orchestrator.rundir import ENV_HANG_WATCHER, ENV_HEARTBEAT_DIR
@@ -48,6 +48,36 @@ def test_launch_sh_under_the_agent_runs_no_watchdog_and_says_the_agent_watches()
 def test_launch_sh_run_by_hand_keeps_the_watchdog() -> None:
     words, answer = _prelude({})
     assert words == f"python3 -m {WATCHDOG_MODULE} --" and answer == ""
+
+
+def test_the_agent_watches_only_a_launcher_that_accepted_from_its_own_environment(
+    tmp_path: Path,
+) -> None:
+    hangs = AgentHangs()
+    env = {
+        "PATH": os.environ["PATH"], "SHARDCTL_RUN_DIR": str(tmp_path),
+        "SHARDCTL_NODE_RANK": "3", "SHARDCTL_ATTEMPT_TOKEN": "local-x-r1",
+        "SHARDCTL_RESTART": "1", "SHARDCTL_HANG_TIMEOUT_S": "60",
+    }  # fmt: skip
+    hangs.offer(env)
+    folder = Path(env[ENV_HEARTBEAT_DIR])
+    # Declined: watchdog.enabled: false, or a launch.sh with its own watchdog.
+    declined = subprocess.Popen(["sleep", "60"], env=env)
+    accepted = subprocess.Popen(["sleep", "60"], env={**env, ENV_HANG_WATCHER: AGENT_WATCHES})
+    try:
+        assert hangs.look(declined.pid) is False and not hangs.watches
+        assert hangs.look(accepted.pid) is False  # no rank beat: nothing to judge
+        (watch,) = hangs.watches.values()
+        assert (watch.node, watch.restart, watch.token, watch.run_dir) == (
+            3, 1, "local-x-r1", str(tmp_path),
+        )  # fmt: skip
+        assert watch.rule.explicit == 60
+    finally:
+        for child in (declined, accepted):
+            child.kill()
+            child.wait(timeout=30)
+        hangs.close()
+    assert not folder.exists()
 
 
 def _run_processes(run_dir: Path) -> dict[int, tuple[dict[str, str], bytes]]:
