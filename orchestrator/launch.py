@@ -34,6 +34,8 @@ from .rundir import (
     ENV_COLLECTIVE_TIMEOUT,
     ENV_DEEPSPEED_CONFIG,
     ENV_HANG_TIMEOUT,
+    ENV_HANG_WATCHER,
+    ENV_HEARTBEAT_DIR,
     ENV_HF_TRAINER_AUTO,
     ENV_JOB_NAME,
     ENV_RUN_DIR,
@@ -59,6 +61,8 @@ WATCHDOG_MODULE = "shardctl.train.watchdog"
 # A node agent the launch script execs (`launch_script(node_agent=...)`) applies the
 # hang rule itself when given this flag.
 WATCH_HANGS_FLAG = "--watch-hangs"
+# `launch.sh`'s answer in ENV_HANG_WATCHER when a node agent above it applies the rule.
+AGENT_WATCHES = "agent"
 PYTHON_VAR = "SHARDCTL_PYTHON"  # the interpreter that runs the watchdog and the launcher
 # Runs torchrun or `accelerate launch` in its own process and records which rank ended
 # how (the launcher's exception, not its text): `launch_wrapper.ENTRY_POINTS`.
@@ -357,7 +361,7 @@ def launch_script(
     with `python -m` (the trainer; tests start a probe instead). `node_agent`: the
     module of a cluster whose node agent the script execs in the watchdog's place,
     above the launcher (Kubernetes: the pod's first process; the other clusters start
-    their agent above the script).
+    their agent above the script, which then runs no watchdog: `hang_watch_lines`).
     """
     groups = _argv_groups(spec, _spec_word(spec_path), _w(Var(RENDER_DIR_VAR)), module)
     command = [" ".join(quote_word(w) for w in group) for group in groups]
@@ -372,11 +376,8 @@ def launch_script(
         watch = f" {WATCH_HANGS_FLAG}" if spec.watchdog.enabled else ""
         command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {node_agent}{watch} --')
     elif spec.watchdog.enabled:
-        # The watchdog starts the launcher as its child, passes signals on, and ends
-        # the ranks (with their stacks in the log) when none of them advances. Its
-        # Python: the one `shardctl submit` ran under (the local and Slurm clusters
-        # export it), else the node's python3 (a container image, a plain sbatch).
-        command.insert(0, f'"${{{PYTHON_VAR}:-python3}}" -m {WATCHDOG_MODULE} --')
+        # The watchdog's words, or none under a node agent (`hang_watch_lines`).
+        command.insert(0, '"$@"')
     return render_template(
         "launch.sh.j2",
         job_name=spec.name,
@@ -384,8 +385,28 @@ def launch_script(
         launcher=spec.launcher,
         render_dir_var=RENDER_DIR_VAR,
         env=env_lines(spec, runtime, spec_path),
+        hang_watch=node_agent is None and spec.watchdog.enabled,
+        hang_watch_lines=hang_watch_lines(),
         command=command,
     )
+
+
+def hang_watch_lines() -> list[str]:
+    """Who applies the hang rule to the launcher of a script without `node_agent`: the
+    node agent above it when it offered (it set the heartbeat folder: this machine's
+    and Slurm's agents), told so in the launcher's environment; else (a script run by
+    hand) the watchdog, which starts the launcher as its child, passes signals on and
+    ends the ranks, with their stacks, when none of them advances. The watchdog's
+    Python: the one `shardctl submit` ran under (the local and Slurm clusters export
+    it), else the node's python3 (a container image)."""
+    return [
+        f'if [ -n "${{{ENV_HEARTBEAT_DIR}:-}}" ]; then',
+        f"  export {ENV_HANG_WATCHER}={AGENT_WATCHES}",
+        "  set --",
+        "else",
+        f'  set -- "${{{PYTHON_VAR}:-python3}}" -m {WATCHDOG_MODULE} --',
+        "fi",
+    ]
 
 
 def hostfile(spec: JobSpec) -> str:

@@ -2,7 +2,7 @@
 
 A rank the kernel kills (the OOM killer, a bad memory page: SIGKILL, SIGBUS) writes
 nothing, and only its parent, the launcher, can `wait()` for its status: a process
-above the launcher (the node watchdog, Slurm's node task) cannot wait for a grandchild.
+above the launcher (the node agent, a hand run's watchdog) cannot wait for a grandchild.
 torchrun and `accelerate launch` (which runs torchrun's agent) are Python, and their
 elastic agent does wait: when a rank fails it raises `ChildFailedError`, whose
 `failures` maps each failed global rank to a `ProcessFailure` (local rank, pid, exit

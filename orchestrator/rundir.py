@@ -122,9 +122,14 @@ ENV_NODE_SUPERVISOR = "SHARDCTL_NODE_SUPERVISOR"
 ENV_SPEC = "SHARDCTL_SPEC"  # the rendered job.yaml (checkpoint.every_steps, keep ...)
 ENV_ACCELERATE_CONFIG = "SHARDCTL_ACCELERATE_CONFIG"  # where one was rendered
 ENV_DEEPSPEED_CONFIG = "SHARDCTL_DEEPSPEED_CONFIG"  # where one was rendered
-# Hang detection (the spec's `watchdog:`): the node watchdog makes a folder for the
-# ranks' heartbeats and exports it; the timeouts are rendered into env.sh.
+# Hang detection (the spec's `watchdog:`): the node agent (or, in a launch.sh run by
+# hand, the node watchdog) makes a folder for the ranks' heartbeats and exports it; the
+# timeouts are rendered into env.sh.
 ENV_HEARTBEAT_DIR = "SHARDCTL_HEARTBEAT_DIR"
+# `launch.sh`'s answer to a node agent that offered to apply the hang rule (it set
+# ENV_HEARTBEAT_DIR): "agent" when the spec wants hang detection, so the script runs
+# no watchdog; the agent watches only a launcher whose environment says so.
+ENV_HANG_WATCHER = "SHARDCTL_HANG_WATCHER"
 ENV_HANG_TIMEOUT = "SHARDCTL_HANG_TIMEOUT_S"  # empty: derived (shardctl.train.watchdog)
 ENV_STARTUP_TIMEOUT = "SHARDCTL_STARTUP_TIMEOUT_S"  # empty: derived (the watchdog)
 ENV_COLLECTIVE_TIMEOUT = "SHARDCTL_COLLECTIVE_TIMEOUT_S"  # the process group's timeout

@@ -275,8 +275,10 @@ def test_launch_script_shape() -> None:
     assert lines[0] == "#!/usr/bin/env bash"
     assert "set -euo pipefail" in lines
     assert text.rstrip().splitlines()[-1].endswith('"${SHARDCTL_RENDER_DIR}"/job.yaml')
-    first = "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun "
+    # The watchdog's words only when no node agent offered to watch (a hand run).
+    first = 'exec "$@" \\\n    ' + LAUNCH_WRAPPER + "torchrun "
     assert text.count(first) == 1 and text.endswith("\n")
+    assert text.count('set -- "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog --') == 1
 
 
 # ----------------------------------------------------- real launchers (slow)

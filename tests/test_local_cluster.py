@@ -36,7 +36,7 @@ def test_dryrun_is_pure_and_shows_the_script_and_command(tmp_path: Path) -> None
     assert "logs/launcher.out" in plan.text
     assert LocalCluster().dryrun(spec).text == plan.text  # deterministic
     res = CliRunner().invoke(cli, ["submit", str(tmp_path / "dry.yaml"), "--dry-run"])
-    first = "shardctl.train.watchdog -- \\\n    " + LAUNCH_WRAPPER + "torchrun"
+    first = 'exec "$@" \\\n    ' + LAUNCH_WRAPPER + "torchrun"
     assert res.exit_code == 0 and first in res.output
     assert not (tmp_path / "dry").exists()
 

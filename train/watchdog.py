@@ -1,10 +1,11 @@
 """`python3 -m shardctl.train.watchdog -- LAUNCHER ARGS...`: one node's hang watchdog.
 
-The rendered launch script execs this instead of the launcher (unless the spec says
-`watchdog.enabled: false`). It starts the launcher as its child with
-`$SHARDCTL_HEARTBEAT_DIR` pointing at a fresh folder on this node, passes on the
-signals it receives, and reads the ranks' heartbeats (`shardctl.train.heartbeat`)
-every few seconds. It exits with the launcher's code, except:
+A rendered launch script run by hand, with no node agent above it, execs this instead
+of the launcher (unless the spec says `watchdog.enabled: false`); under a node agent
+the script runs none, and the agent applies the rule (`HangWatch`) itself. It starts
+the launcher as its child with `$SHARDCTL_HEARTBEAT_DIR` pointing at a fresh folder on
+this node, passes on the signals it receives, and reads the ranks' heartbeats
+(`shardctl.train.heartbeat`) every few seconds. It exits with the launcher's code, except:
 
 - **hung**: when no rank of this node advanced for the hang timeout, it writes
   `<run dir>/HUNG`, asks every rank for its Python stack (SIGQUIT; a stopped rank
@@ -20,8 +21,10 @@ every few seconds. It exits with the launcher's code, except:
   judges from the markers, `SHARDCTL_NODE_SUPERVISOR`: Slurm's).
 
 The rule itself, one look at a time, is `HangWatch`: this watchdog's loop calls it,
-and so does a Kubernetes pod's node agent (`orchestrator/clusters/k8s/node_agent.py`,
-`--watch-hangs`), which runs the launcher with no watchdog process between.
+and so does the node agent on every cluster (a Kubernetes pod's,
+`orchestrator/clusters/k8s/node_agent.py`, `--watch-hangs`; this machine's and
+Slurm's, `orchestrator/agent/hangs.py`, from the launcher's own environment), which
+runs the launcher with no watchdog process between.
 
 The hang timeout is `$SHARDCTL_HANG_TIMEOUT_S` when set, else derived as the run goes
 (`HangRule`): the largest of 300 s, 10× the median step time and 3× the longest
@@ -70,6 +73,7 @@ from shardctl.orchestrator.proctree import (
 )
 from shardctl.orchestrator.rundir import (
     ENV_ATTEMPT,
+    ENV_ATTEMPT_TOKEN,
     ENV_CHECKPOINT_DIR,
     ENV_COLLECTIVE_TIMEOUT,
     ENV_HANG_TIMEOUT,
@@ -80,6 +84,7 @@ from shardctl.orchestrator.rundir import (
     ENV_STARTUP_TIMEOUT,
     EXIT_HUNG,
     HUNG_FILE,
+    TOKEN_FIELD,
     RunDir,
 )
 
@@ -411,15 +416,17 @@ def write_hung_marker(
     report: str,
     since: float,
     states: Mapping[int, str] | None = None,
+    token: str | None = None,
 ) -> dict[str, Any] | None:
     """HUNG for this node, unless another node of this attempt already wrote one that
     names the ranks that stopped first (every node of a hung job declares it; the one
-    with the stuck rank knows the most). Returns what it wrote (None: nothing)."""
+    with the stuck rank knows the most). Returns what it wrote (None: nothing).
+    `token`: the attempt's (a node agent's round), else this process's."""
     if not run_dir:
         return None
     states = read_states(verdict.ranks) if states is None else states
     first = first_stopped(verdict.ranks, states)
-    other = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since)
+    other = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since, token)
     if not first and other is not None and other.get("first"):
         return None
     data = {
@@ -446,19 +453,23 @@ def write_hung_marker(
         "report": report,
         "time": time.time(),
     }
+    if token:
+        data[TOKEN_FIELD] = token
     with contextlib.suppress(OSError):
         RunDir.of(run_dir).write_marker(HUNG_FILE, data)
     return data
 
 
-def keep_hung_marker(run_dir: str | None, mine: dict[str, Any] | None, since: float) -> None:
+def keep_hung_marker(
+    run_dir: str | None, mine: dict[str, Any] | None, since: float, token: str | None = None
+) -> None:
     """Write this node's HUNG again if it names the ranks that stopped first and the
     marker there now names none. Nodes' watchdogs start together and poll at the same
     pace, so two may declare in the same instant: each looks, finds no marker, writes,
     and the one that knows nothing can land last."""
     if not run_dir or not mine or not mine.get("first"):
         return
-    there = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since)
+    there = RunDir.of(run_dir).fresh_marker(HUNG_FILE, since, token)
     if there is None or not there.get("first"):
         with contextlib.suppress(OSError):
             RunDir.of(run_dir).write_marker(HUNG_FILE, mine)
@@ -467,16 +478,16 @@ def keep_hung_marker(run_dir: str | None, mine: dict[str, Any] | None, since: fl
 # ------------------------------------------------------------------ main
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_int(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
     try:
-        return int(os.environ.get(name, "") or default)
+        return int((os.environ if env is None else env).get(name, "") or default)
     except ValueError:
         return default
 
 
-def _env_seconds(name: str) -> float | None:
+def _env_seconds(name: str, env: Mapping[str, str] | None = None) -> float | None:
     """A positive number of seconds from the environment; None when unset or bad."""
-    raw = os.environ.get(name, "").strip()
+    raw = (os.environ if env is None else env).get(name, "").strip()
     if not raw:
         return None
     try:
@@ -497,19 +508,24 @@ class HangWatch:
     beats, passes on a stack a rank wrote on someone's SIGQUIT and, once no rank
     advanced past its limit, ends them (`end_hung`): the HUNG marker, the report with
     every rank's stack, SIGKILL to the launcher's whole tree. What it knows of the
-    run comes from the rendered environment (node, attempt, run dir, timeouts)."""
+    run comes from the rendered environment (node, attempt, run dir, timeouts): this
+    process's, or `env`, the launcher's own (a node agent above `launch.sh`, which
+    reads it from the launcher's process; its HUNG then carries that env's token)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, env: Mapping[str, str] | None = None) -> None:
         self.folder = folder
-        self.node = _env_int("SHARDCTL_NODE_RANK", 0)
-        self.attempt = _env_int(ENV_ATTEMPT, 0)
-        self.restart = _env_int(ENV_RESTART, 0)
-        self.run_dir = os.environ.get(ENV_RUN_DIR) or None
+        self.node = _env_int("SHARDCTL_NODE_RANK", 0, env)
+        self.attempt = _env_int(ENV_ATTEMPT, 0, env)
+        self.restart = _env_int(ENV_RESTART, 0, env)
+        source = os.environ if env is None else env
+        self.run_dir = source.get(ENV_RUN_DIR) or None
+        # None: this process's token (`stamped`), as the watchdog's.
+        self.token = None if env is None else env.get(ENV_ATTEMPT_TOKEN) or None
         self.rule = HangRule(
-            explicit=_env_seconds(ENV_HANG_TIMEOUT),
-            earlier_saves=earlier_save_times(os.environ.get(ENV_CHECKPOINT_DIR)),
-            startup_explicit=_env_seconds(ENV_STARTUP_TIMEOUT),
-            collective_s=_env_seconds(ENV_COLLECTIVE_TIMEOUT) or DEFAULT_COLLECTIVE_TIMEOUT_S,
+            explicit=_env_seconds(ENV_HANG_TIMEOUT, env),
+            earlier_saves=earlier_save_times(source.get(ENV_CHECKPOINT_DIR)),
+            startup_explicit=_env_seconds(ENV_STARTUP_TIMEOUT, env),
+            collective_s=_env_seconds(ENV_COLLECTIVE_TIMEOUT, env) or DEFAULT_COLLECTIVE_TIMEOUT_S,
         )
         self.monitor = Monitor(self.rule)
         self.stack_seen: dict[int, int] = {}  # bytes of each rank's stack file passed on
@@ -568,7 +584,7 @@ class HangWatch:
         # find it and count the end as a hang too.
         marker = write_hung_marker(
             self.run_dir, verdict, self.rule, self.node, self.attempt,
-            str(report_path) if self.run_dir else "", self.started, states,
+            str(report_path) if self.run_dir else "", self.started, states, self.token,
         )  # fmt: skip
         for line in lines:
             _say(line)
@@ -591,11 +607,11 @@ class HangWatch:
                 report_path.write_text("\n".join(lines) + "\n" + text)
         # Seconds after the marker (the stacks took them): a node that declared in the
         # same instant has written by now.
-        keep_hung_marker(self.run_dir, marker, self.started)
+        keep_hung_marker(self.run_dir, marker, self.started, self.token)
         procs = [proc(launcher), *descendants(launcher)]
         signal_all(procs, signal.SIGKILL)
         _wait_gone(procs, KILL_WAIT_S)
-        keep_hung_marker(self.run_dir, marker, self.started)  # and once more, the last
+        keep_hung_marker(self.run_dir, marker, self.started, self.token)  # once more, the last
         where = f"; report in {report_path}" if self.run_dir else ""
         _say(f"node {self.node}: ended the launcher and {len(procs) - 1} process(es) below "
              f"it (hung: nothing saved, resume from the newest complete checkpoint)"

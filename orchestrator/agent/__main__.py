@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir=args.checkpoint_dir, max_restarts=args.max_restarts,
         # One agent for every node: no other node's marker to wait for.
         marker_wait_s=0.0, first_start_step=args.start_step,
+        # The hang rule, in this process (each node's launch.sh runs no watchdog).
+        watch_hangs=True,
     )  # fmt: skip
     # An INT reaches the launch scripts from the NODES wrapper; the agent lives on to
     # judge the round.

@@ -5,10 +5,11 @@ ignored: torchrun, accelerate and deepspeed have no handler for it and would die
 orphaning the ranks; the ranks install their own), passes the preemption signal
 and SIGTERM on to every descendant that catches them (again every 2 s, so a rank
 still importing torch when the signal came is not missed; whatever the cluster
-sent, the ranks are told with USR2, or TERM for a TERM), and, once the launcher
-exited, judges the round with the one classifier (`orchestrator/outcome.py`) from
-the launcher's code, the round's markers (by its attempt token) and the signals
-received.
+sent, the ranks are told with USR2, or TERM for a TERM), with `watch_hangs` applies
+the hang rule to the launchers below it (`hangs.py`: no watchdog process between;
+a launcher ended as hung is the round's 124), and, once the launcher exited,
+judges the round with the one classifier (`orchestrator/outcome.py`) from the
+launcher's code, the round's markers (by its attempt token) and the signals received.
 
 Rounds of restarts in place: a crash or a hang with restarts left
 (`max_restarts`) is not handed to the cluster: node 0 judges the round, claims the
@@ -58,12 +59,13 @@ from ..rundir import (
     KILLED_FILE,
 )
 from .adapter import Adapter
+from .hangs import AgentHangs
 from .rounds import ROUND_ACK_WAIT_S, ack_round, round_decision, tell_round, wait_for_acks
 
 # How long a node whose launcher failed waits for rank 0's PREEMPTED marker.
 MARKER_WAIT_S = 10.0
 # How long node 0 waits for a HUNG that names the rank that stopped first, after one
-# that names none (another node's watchdog declares a poll later, up to
+# that names none (another node's agent declares a poll later, up to
 # watchdog.MAX_POLL_S, and writes HUNG before it collects the stacks).
 CULPRIT_WAIT_S = 15.0
 # How long node 0, out of restarts, waits for the KILLED of a rank killed on another
@@ -103,6 +105,7 @@ class NodeAgent:
         max_restarts: int = 0,
         marker_wait_s: float = MARKER_WAIT_S,
         first_start_step: int | Unread | None = UNREAD,
+        watch_hangs: bool = False,
     ) -> None:
         self.adapter = adapter
         self.command = command
@@ -116,9 +119,19 @@ class NodeAgent:
         self.first_start_step = first_start_step
         self.received: list[int] = []
         self.forwarded: set[tuple[int, int]] = set()
+        # The hang rule applied here, to every launcher whose launch.sh accepted
+        # (`hangs.py`); Kubernetes' pods apply it through their adapter's `watch`.
+        self.hangs = AgentHangs() if watch_hangs else None
 
     def run(self) -> str:
         """Run the node's rounds; the adapter's result (or its RuntimeError)."""
+        try:
+            return self._rounds()
+        finally:
+            if self.hangs is not None:
+                self.hangs.close()
+
+    def _rounds(self) -> str:
         node = self.adapter.node
         signal.signal(self.preempt_sig, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -229,6 +242,8 @@ class NodeAgent:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env.setdefault(PYTHON_VAR, sys.executable)  # the node watchdog's interpreter
         self.adapter.prepare_env(env)
+        if self.hangs is not None:
+            self.hangs.offer(env)
         return env
 
     def _round(self, child_env: dict[str, str], round_: int) -> tuple[int, str | None]:
@@ -241,6 +256,8 @@ class NodeAgent:
         follows = a.node != 0 and self.max_restarts > 0
         decided = partial(round_decision, self.run_dir, a.job_id, a.allocation, round_, 0.0)
         self._outside_signal()
+        if self.hangs is not None:
+            self.hangs.new_round()
         rc, superseded = self._launch(child_env, decided if follows else None, a.watch(round_))
         if follows:  # this node's launcher of the round is gone: node 0 may go on
             ack_round(self.run_dir, a.job_id, a.allocation, round_, a.node)
@@ -253,9 +270,10 @@ class NodeAgent:
         watch: Callable[[int], None] | None,
     ) -> tuple[int, str | None]:
         """Run the node's launcher to its end, passing signals on to the ranks; the
-        launcher's code. With `decided`: once it returns node 0's decision on this
-        round, the launcher and everything below it are killed (the round is over
-        for every node), and the decision is returned beside the code."""
+        launcher's code (`EXIT_HUNG` once the hang rule ended it, as the watchdog's
+        exit said). With `decided`: once it returns node 0's decision on this round,
+        the launcher and everything below it are killed (the round is over for every
+        node), and the decision is returned beside the code."""
         preempt_sig = self.preempt_sig
         child = subprocess.Popen(
             self.command,
@@ -264,13 +282,17 @@ class NodeAgent:
             # The launcher must survive the preemption signal; ranks catch it themselves.
             preexec_fn=lambda: signal.signal(preempt_sig, signal.SIG_IGN),
         )
+        hung = False
         while True:
             try:
-                return child.wait(timeout=POLL_S), None
+                rc = child.wait(timeout=POLL_S)
+                return (EXIT_HUNG if hung else rc), None
             except subprocess.TimeoutExpired:
                 pass
             if watch is not None:
                 watch(child.pid)
+            if self.hangs is not None:  # every poll: another node may declare later
+                hung = self.hangs.look(child.pid) or hung
             self._outside_signal()
             decision = decided() if decided is not None and not self.received else None
             if decision is not None:

@@ -34,13 +34,17 @@ OUTCOME_FILE = "local.outcome"
 # nodes, in node order. A TERM or INT is passed to the launch scripts; a trap handler,
 # not an ignored signal, keeps the children's default dispositions, and `wait`
 # returns early when a trapped signal arrives, so it is repeated until the node's
-# own status comes back.
+# own status comes back. Each node's ranks beat into a folder of their own below the
+# agent's (its hang rule watches each node's launcher alone: `hangs.py`).
 NODES = r"""
 launch="$1"; out="$2"; err="$3"; nnodes="$4"
+beats="${SHARDCTL_HEARTBEAT_DIR:-}"
 pids=(); got=0
 trap 'got=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
 for ((i = 0; i < nnodes; i++)); do
-  SHARDCTL_NODE_RANK="$i" bash "$launch" >>"$out" 2>>"$err" </dev/null &
+  [ -z "$beats" ] || mkdir -p "$beats/node$i"
+  SHARDCTL_NODE_RANK="$i" SHARDCTL_HEARTBEAT_DIR="${beats:+$beats/node$i}" \
+    bash "$launch" >>"$out" 2>>"$err" </dev/null &
   pids+=("$!")
 done
 rc=0

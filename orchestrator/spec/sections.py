@@ -446,19 +446,20 @@ HangSeconds = Annotated[int, Field(ge=MIN_HANG_TIMEOUT_S, le=MAX_SECONDS, strict
 
 
 class Watchdog(Section):
-    """Hang detection: a watchdog beside each node's launcher ends a job whose ranks
-    stopped advancing (docs/guides/faults.md, "Hangs").
+    """Hang detection: each node's agent (above the node's launcher; in a `launch.sh`
+    run by hand, a watchdog process) ends a job whose ranks stopped advancing
+    (docs/guides/faults.md, "Hangs").
 
     Every rank writes a heartbeat per step (the built-in loop, the checkpoint library
     of your own script, the Hugging Face callback). When no rank of a node advanced
-    for the hang timeout, the node's watchdog writes every rank's Python stack to the
-    logs, ends every process and exits 124; locally and on Slurm every rank restarts
+    for the hang timeout, the node's agent writes every rank's Python stack to the
+    logs, ends every process and ends the attempt with 124; locally and on Slurm every rank restarts
     in place (up to `restart.max_in_allocation`), then Slurm requeues the job (up to
     `slurm.max_requeues`) and locally `status` says HUNG and `submit` resumes;
     Kubernetes restarts the pods."""
 
     enabled: bool = True
-    """`false`: the launcher runs without a watchdog (no heartbeats are read)."""
+    """`false`: no hang detection (no heartbeats are read; no watchdog in `launch.sh`)."""
     hang_timeout_s: HangSeconds | None = None
     """Seconds without a heartbeat from any rank of a node before the job is declared
     hung; 5 to 31622400. Unset: derived while the job runs — the largest of 300 s, 10×

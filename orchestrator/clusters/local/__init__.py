@@ -27,7 +27,7 @@ Status comes from those files: RUNNING while the supervisor lives; then what the
 classifier (`shardctl.orchestrator.outcome`) makes of the exit code and this start's
 markers: SUCCEEDED, PREEMPTED (the ranks saved a checkpoint on the cluster's warning;
 submit again to resume — torchrun reports that as exit 1, so the marker decides),
-HUNG (the node watchdog ended ranks that stopped advancing; submit again to resume
+HUNG (the node agent ended ranks that stopped advancing; submit again to resume
 from the newest complete checkpoint), CANCELLED (`cancel`, or the ranks saved on a
 TERM alone), or FAILED. Submitting a spec again resumes from its newest complete
 checkpoint, or does nothing when the run is already complete (`DONE`).

@@ -61,12 +61,13 @@ round out for a node outside the round's lineup, `SlurmAdapter.enter_round`). A 
 pinned on a training node other than node 0 makes node 0 put a spare in its place for
 the next restart in place (`spares.py`); with none left, a fault goes on as below.
 
-Hangs. `launch.sh` runs the launcher under the node watchdog
-(`shardctl.train.watchdog`). When no rank of a node advanced for the hang timeout,
-that watchdog writes `HUNG` in the run directory, dumps every rank's stack to
-`logs/hang-attempt<A>-node<N>.txt`, kills the ranks and exits `EXIT_HUNG` (124);
-the other nodes' ranks lose their peers and their watchdogs exit 124 as well. A
-hang is treated as a fault a retry may clear: a launch script that exits 124, or
+Hangs. The node agent applies the hang rule itself (`agent/hangs.py`: `launch.sh`
+runs no watchdog under it). When no rank of a node advanced for the hang timeout,
+that node's agent writes `HUNG` in the run directory, dumps every rank's stack to
+`logs/hang-attempt<A>[-restart<R>]-node<N>.txt`, kills the launcher's tree and takes
+the round's code for `EXIT_HUNG` (124); the other nodes' ranks lose their peers and
+their agents read the round's HUNG. A
+hang is treated as a fault a retry may clear: a launcher ended as hung, or
 any failure with a `HUNG` written during this attempt, restarts in place while
 restarts are left, then makes node 0 requeue the job exactly as after a
 preemption, counted against `slurm.max_requeues` (the other nodes return "hung").
@@ -141,6 +142,8 @@ class NodeTask:
             adapter, self.command, self.run_dir, signal_name=self.signal_name,
             checkpoint_dir=self.checkpoint_dir, max_retries=self.max_requeues,
             max_stalled=self.max_stalled, max_restarts=self.max_restarts,
+            # The hang rule, in the agent (the node's launch.sh runs no watchdog).
+            watch_hangs=True,
         )  # fmt: skip
         return agent.run()
 

@@ -32,7 +32,17 @@ export SHARDCTL_WARNING_HOLD_S=60
 # requeues of this job so far
 export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 
-exec "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog -- \
+# Hang detection: under shardctl's node agent (it set the heartbeat folder) the agent
+# applies the rule and no watchdog runs; run by hand, the node watchdog starts the
+# launcher and applies it.
+if [ -n "${SHARDCTL_HEARTBEAT_DIR:-}" ]; then
+  export SHARDCTL_HANG_WATCHER=agent
+  set --
+else
+  set -- "${SHARDCTL_PYTHON:-python3}" -m shardctl.train.watchdog --
+fi
+
+exec "$@" \
     "${SHARDCTL_PYTHON:-python3}" -m shardctl.orchestrator.launch_wrapper \
     torchrun \
     --standalone \
