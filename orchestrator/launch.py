@@ -400,7 +400,7 @@ def hang_watch_lines() -> list[str]:
     Python: the one `shardctl submit` ran under (the local and Slurm clusters export
     it), else the node's python3 (a container image)."""
     return [
-        f'if [ -n "${{{ENV_HEARTBEAT_DIR}:-}}" ]; then',
+        f'if [[ -n "${{{ENV_HEARTBEAT_DIR}:-}}" ]]; then',
         f"  export {ENV_HANG_WATCHER}={AGENT_WATCHES}",
         "  set --",
         "else",

@@ -33,7 +33,7 @@ export SHARDCTL_ATTEMPT="${SHARDCTL_ATTEMPT:-0}"
 # Hang detection: under shardctl's node agent (it set the heartbeat folder) the agent
 # applies the rule and no watchdog runs; run by hand, the node watchdog starts the
 # launcher and applies it.
-if [ -n "${SHARDCTL_HEARTBEAT_DIR:-}" ]; then
+if [[ -n "${SHARDCTL_HEARTBEAT_DIR:-}" ]]; then
   export SHARDCTL_HANG_WATCHER=agent
   set --
 else

@@ -35,7 +35,7 @@ export SHARDCTL_ATTEMPT="${SLURM_RESTART_COUNT:-0}"
 # Hang detection: under shardctl's node agent (it set the heartbeat folder) the agent
 # applies the rule and no watchdog runs; run by hand, the node watchdog starts the
 # launcher and applies it.
-if [ -n "${SHARDCTL_HEARTBEAT_DIR:-}" ]; then
+if [[ -n "${SHARDCTL_HEARTBEAT_DIR:-}" ]]; then
   export SHARDCTL_HANG_WATCHER=agent
   set --
 else
