@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,13 @@ def test_the_agent_watches_only_a_launcher_that_accepted_from_its_own_environmen
     declined = subprocess.Popen(["sleep", "60"], env=env)
     accepted = subprocess.Popen(["sleep", "60"], env={**env, ENV_HANG_WATCHER: AGENT_WATCHES})
     try:
+        # Popen returns inside the child's exec, before the kernel has set up the new
+        # environment: /proc/PID/environ reads empty for a moment (the agent looks
+        # again at its next poll; this test looks once, so it waits for it).
+        deadline = time.monotonic() + 30
+        while not all(environ_of(child.pid) for child in (declined, accepted)):
+            assert time.monotonic() < deadline, "the stand-in launchers' environments"
+            time.sleep(0.01)
         assert hangs.look(declined.pid) is False and not hangs.watches
         assert hangs.look(accepted.pid) is False  # no rank beat: nothing to judge
         (watch,) = hangs.watches.values()

@@ -589,3 +589,50 @@ def test_the_watchdog_names_the_launcher_not_the_python_of_its_wrapper() -> None
                "--nnodes", "1"]  # fmt: skip
     assert launcher_name(wrapped) == "torchrun"
     assert launcher_name(["deepspeed", "--num_gpus", "2"]) == "deepspeed"
+
+
+# ------------------------------------------------------------------ stacks
+
+# A rank whose stack is written in two parts with a second of running between them:
+# what faulthandler does when the rank is preempted between two of its writes on a
+# loaded host. The first part ends inside a frame's line, as the CI run's report did.
+_SLOW_WRITER = """
+import os, signal, sys, time
+path, ready = sys.argv[1], sys.argv[2]
+def dump(signum, frame):
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"Thread 0x1 (most recent call first):\\n  File ")
+    until = time.monotonic() + 1.5
+    while time.monotonic() < until:  # running, not sleeping: preempted mid-stack
+        pass
+    os.write(fd, b'"loop.py", line 7 in train\\n')
+    os.close(fd)
+signal.signal(signal.SIGQUIT, dump)
+open(ready, "w").close()
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_a_stopped_ranks_stack_is_read_whole_when_its_writer_pauses_mid_line(
+    tmp_path: Path,
+) -> None:
+    from shardctl.train.heartbeat import stack_path
+    from shardctl.train.watchdog import RankView, collect_stacks
+
+    ready = tmp_path / "ready"
+    with (tmp_path / "watchdog.err").open("w") as err:  # what _wait_for shows on failure
+        rank = subprocess.Popen(
+            [sys.executable, "-c", _SLOW_WRITER, str(stack_path(tmp_path, 0)), str(ready)],
+            stderr=err,
+        )
+    try:
+        _wait_for("the stand-in rank's handler", ready.exists, rank, tmp_path)
+        rank.send_signal(signal.SIGSTOP)  # the rank that stopped advancing
+        view = RankView(Beat(0, 5, "step", rank.pid, time.time()), time.monotonic())
+        stacks = collect_stacks(tmp_path, [view], {0: "T"})
+        whole = 'Thread 0x1 (most recent call first):\n  File "loop.py", line 7 in train\n'
+        assert stacks[0] == whole
+    finally:
+        rank.kill()
+        rank.wait(timeout=30)

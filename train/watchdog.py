@@ -331,15 +331,54 @@ def _signal(pid: int, signum: int) -> None:
 
 
 def _wait_for_stacks(folder: Path, ranks: list[RankView], poll_s: float) -> None:
-    """Until every rank of `ranks` wrote a stack that stopped growing (≤ STACK_WAIT_S)."""
+    """Until every rank of `ranks` wrote a whole stack (≤ STACK_WAIT_S).
+
+    faulthandler writes a stack in many small writes, with no end mark. A size that
+    stopped growing is not enough on a loaded host: a rank preempted between two
+    writes (`  File ` written, the file name not yet) looks finished. A stack is
+    whole once it ends a line, its size held for two polls, and no thread of the
+    rank is runnable or in a kernel write (a writer preempted mid-stack is `R`).
+    """
     sizes: dict[int, int] = {}
     deadline = time.monotonic() + STACK_WAIT_S
     while ranks and time.monotonic() < deadline:
         now = {v.beat.rank: _size(stack_path(folder, v.beat.rank)) for v in ranks}
-        if all(now.values()) and now == sizes:
+        if (
+            all(now.values())
+            and now == sizes
+            and all(_ends_a_line(stack_path(folder, v.beat.rank)) for v in ranks)
+            and not any(_some_thread_busy(v.beat.pid) for v in ranks)
+        ):
             return
         sizes = now
         time.sleep(poll_s)
+
+
+def _ends_a_line(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) == b"\n"
+    except OSError:
+        return False
+
+
+def _some_thread_busy(pid: int) -> bool:
+    """A thread of `pid` is running or waiting to run (`R`) or in an uninterruptible
+    kernel wait (`D`): it may be between two writes of its stack."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False  # gone: it writes nothing more
+    return any(_task_state(pid, tid) in ("R", "D") for tid in tasks)
+
+
+def _task_state(pid: int, tid: str) -> str:
+    try:
+        text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        return text[text.rfind(")") + 2 :].split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 def _size(path: Path) -> int:
