@@ -47,6 +47,14 @@ _KINDS = (
 )
 
 
+def _file_on_the_way(path: Path) -> Path:
+    """The first folder of PATH that is in fact a file (why the OS said ENOTDIR)."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
+
+
 def check_target(path: Path, force: bool) -> None:
     """Refuse an existing PATH without --force; with it, replace a regular file only
     (the new spec is renamed into place: a device, FIFO or link would be replaced by a
@@ -55,6 +63,11 @@ def check_target(path: Path, force: bool) -> None:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
+    except NotADirectoryError:
+        raise UsageError(
+            f"cannot write {path}: {_file_on_the_way(path)} is a file, not a folder; "
+            "accepted: a PATH whose folders are folders"
+        ) from None
     except OSError as exc:
         raise UsageError(f"cannot check {path}: {exc.strerror or exc}") from None
     if stat.S_ISREG(mode):
