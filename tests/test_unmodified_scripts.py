@@ -131,6 +131,42 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     assert "nothing saved: rank 0 had no handler for SIGUSR2" in verdict.summary()
 
 
+def _warned_while_held(
+    tmp_path: Path,
+    script: Path,
+    *args: str,
+    held: str,
+    release: str,
+    start_s: float,
+    end_s: float,
+    hold_s: str | None = None,
+) -> tuple[int, str, str]:
+    """SCRIPT run as a rank whose launcher ignored SIGUSR2, warned (SIGUSR2) once it says
+    it is ready (`ready-0`) and before it has a handler; once the rank says it holds the
+    warning (`held` on its stderr), the script is let go on (`tmp_path/release` made)
+    and waited for, `end_s` at most. Returns its exit code, stdout and stderr."""
+    err_log = tmp_path / "rank.err"
+    with err_log.open("w") as err_file:
+        proc = _entry(tmp_path, script, *args, ignore=(signal.SIGUSR2,), stderr=err_file,
+                      hold_s=hold_s)  # fmt: skip
+        try:
+            ready = _wait_for(lambda: _read(tmp_path / "ready-0"), f"{script.name}'s start",
+                              start_s)  # fmt: skip
+            pid = int(ready)
+            # The rank catches the warning though the script has no handler yet: held.
+            assert pid == proc.pid and proctree.catches(pid, signal.SIGUSR2)
+            os.kill(pid, signal.SIGUSR2)
+            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
+                      "the rank's word on the signal", 60, err_log)  # fmt: skip
+            (tmp_path / release).touch()
+            out, _ = proc.communicate(timeout=end_s)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return proc.returncode, out, err_log.read_text()
+
+
 @pytest.mark.parametrize("handler", ["own", "shardctl"])
 def test_a_handler_installed_while_the_warning_is_held_gets_it(
     tmp_path: Path, handler: str
@@ -139,24 +175,12 @@ def test_a_handler_installed_while_the_warning_is_held_gets_it(
     rank holds it, and the handler the script installs within the hold — its own
     `signal.signal` or shardctl's preemption flag — gets it; the rank lives and saves
     as the script would. Without the hold the rank died of the signal at once."""
-    err_log = tmp_path / "rank.err"
-    with err_log.open("w") as err_file:
-        proc = _entry(tmp_path, CODE / "late_handler.py", str(tmp_path), handler,
-                      ignore=(signal.SIGUSR2,), stderr=err_file, hold_s="120")  # fmt: skip
-        try:
-            pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
-            os.kill(pid, signal.SIGUSR2)
-            held = "SIGUSR2 arrived before the script installed a handler for it"
-            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
-                      "the rank's word on the signal", 60, err_log)  # fmt: skip
-            (tmp_path / "install").touch()
-            out, _ = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-    err = err_log.read_text()
-    assert proc.returncode == 0, err[-3000:]
+    held = "SIGUSR2 arrived before the script installed a handler for it"
+    code, out, err = _warned_while_held(
+        tmp_path, CODE / "late_handler.py", str(tmp_path), handler, hold_s="120",
+        held=held, release="install", start_s=60, end_s=90,
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
     assert out.strip() == "got SIGUSR2", out
     assert held in err and "nothing was saved" not in err, err[-3000:]
     assert not (tmp_path / "run" / PREEMPTED_FILE).exists()
@@ -177,27 +201,15 @@ def test_a_trainer_script_holds_an_early_warning_and_saves_at_its_first_step(
     but before `train()` (a time-limit warning during a slow start-up): the rank holds
     it for the callback shardctl adds, which saves checkpoint-1 and exits 42; without
     the hold the rank died of the signal with nothing saved (CI, a Slurm time limit)."""
-    out_dir, err_log = tmp_path / "out", tmp_path / "rank.err"
+    out_dir = tmp_path / "out"
     args = ["--output-dir", str(out_dir), "--max-steps", "20", "--save-steps", "100",
             "--hold-before-train", str(tmp_path)]  # fmt: skip
-    with err_log.open("w") as err_file:
-        proc = _entry(tmp_path, CODE / "hf_unmodified.py", *args, ignore=(signal.SIGUSR2,),
-                      stderr=err_file)  # fmt: skip
-        try:
-            pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the Trainer", 180))
-            assert pid == proc.pid and proctree.catches(pid, signal.SIGUSR2)
-            os.kill(pid, signal.SIGUSR2)
-            held = "SIGUSR2 arrived before the Trainer began training"
-            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
-                      "the rank's word on the signal", 60, err_log)  # fmt: skip
-            (tmp_path / "go").touch()
-            out, _ = proc.communicate(timeout=180)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-    err = err_log.read_text()
-    assert proc.returncode == 42, err[-3000:]
+    held = "SIGUSR2 arrived before the Trainer began training"
+    code, out, err = _warned_while_held(
+        tmp_path, CODE / "hf_unmodified.py", *args,
+        held=held, release="go", start_s=180, end_s=180,
+    )  # fmt: skip
+    assert code == 42, err[-3000:]
     assert held in err and "nothing was saved" not in err, err[-3000:]
     assert "started at step 0" in out and "finished" not in out, out
     marker = json.loads((tmp_path / "run" / PREEMPTED_FILE).read_text())
