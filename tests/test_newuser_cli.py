@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from shardctl.orchestrator.cli import cli
 
@@ -18,3 +19,47 @@ def test_init_under_a_file_names_the_file_in_the_way(tmp_path: Path) -> None:
     assert f"{spec} is a file, not a folder" in line
     assert "Traceback" not in res.output
     assert spec.read_text() == "name: mine\n"
+
+
+def _starter_spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "job.yaml"
+    res = CliRunner().invoke(cli, ["init", str(spec)])
+    assert res.exit_code == 0, res.output
+    return spec
+
+
+def test_a_spec_that_saved_nothing_yet_is_named_as_such(tmp_path: Path) -> None:
+    spec = _starter_spec(tmp_path)
+    for command in ("checkpoints", "consolidate"):
+        res = CliRunner().invoke(cli, [command, str(spec)])
+        assert res.exit_code == 1, res.output
+        [line] = res.output.strip().splitlines()
+        assert "checkpoint.dir" in line and "saved no checkpoint here yet" in line, line
+        assert f"shardctl submit {spec}" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_checkpoints_lists_what_a_spec_names_as_consolidate_does(tmp_path: Path) -> None:
+    import json
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    spec = _starter_spec(tmp_path)
+    step = tmp_path / "runs" / "job" / "checkpoints" / "step-00000003"
+    dcp.save({"model": {"w": torch.ones(2)}}, checkpoint_id=str(step))
+    res = CliRunner().invoke(cli, ["checkpoints", "-o", "json", str(spec)])
+    assert res.exit_code == 0, res.output
+    [row] = json.loads(res.stdout)["checkpoints"]
+    assert (row["step"], row["format"], row["status"]) == (3, "dcp", "complete")
+
+
+def test_a_yaml_that_is_no_spec_is_refused_as_a_spec(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("not a folder\n")
+    res = CliRunner().invoke(cli, ["checkpoints", str(path)])
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert f"{path}: invalid job spec: the top level must be a mapping" in line
+    assert path.read_text() == "not a folder\n"

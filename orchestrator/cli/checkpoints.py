@@ -30,6 +30,14 @@ def collect(path: Path | str, check_hashes: bool) -> dict[str, Any]:
     if is_object_url(path):
         return _collect_s3(str(path), check_hashes)
     path = Path(path)
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        # A job spec, as `consolidate` takes it: its checkpoint.dir is what is listed.
+        from .consolidate import checkpoints_and_run_dir
+
+        where, _ = checkpoints_and_run_dir(path)
+        if isinstance(where, str):
+            return _collect_s3(where, check_hashes)
+        path = where
     in_bucket = _bucket_of_run(path)
     if in_bucket is not None:
         return _collect_s3(in_bucket, check_hashes)
@@ -183,8 +191,9 @@ def _resume_line(data: dict[str, Any]) -> str:
 @handle_errors
 def checkpoints_cmd(path: str, check_hashes: bool, output: str) -> None:
     """List the checkpoints of PATH: a run directory, its checkpoints/ folder or one
-    step-NNNNNNNN folder, or s3://BUCKET/PREFIX (a checkpoint dir in a bucket, or one
-    step in it). Shows step, complete or not, size, world size, backend."""
+    step-NNNNNNNN folder, the job spec (its checkpoint.dir), or s3://BUCKET/PREFIX (a
+    checkpoint dir in a bucket, or one step in it). Shows step, complete or not, size,
+    world size, backend."""
     data = collect(path, check_hashes)
     rows = data["checkpoints"]
     if output == "json":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import CheckpointError, UsageError
 from ..rundir import CHECKPOINTS_DIR, SPEC_FILE, RunDir
 from ..storage import is_object_url
 from .common import echo_json, handle_errors, human_size, output_option
@@ -35,7 +35,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-def _checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
+def checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
     """Where to look for the checkpoint, and the run dir whose model/ is the default out.
 
     A job spec or a run dir (holding the rendered job.yaml) knows both, also when
@@ -49,6 +49,12 @@ def _checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
         spec = load_spec(given)
         if is_object_url(spec.checkpoint_dir):
             return spec.checkpoint_dir, Path(spec.run_dir)
+        if not Path(spec.checkpoint_dir).exists():
+            # Named for the spec the user gave, not as a wrong path they never typed.
+            raise CheckpointError(
+                f"{given}: checkpoint.dir {spec.checkpoint_dir} does not exist: this job has "
+                f"saved no checkpoint here yet (run it first: shardctl submit {given})"
+            )
         return Path(spec.checkpoint_dir), Path(spec.run_dir)
     if (given / SPEC_FILE).is_file():
         from ..spec import read_job_yaml
@@ -151,7 +157,7 @@ def consolidate_cmd(
 
         where, run_dir = fetch_checkpoint(checkpoint), None
     else:
-        where, run_dir = _checkpoints_and_run_dir(Path(checkpoint))
+        where, run_dir = checkpoints_and_run_dir(Path(checkpoint))
         if isinstance(where, str):  # the spec's checkpoint dir is in a bucket
             from ..s3.local import fetch_checkpoint
 
