@@ -151,7 +151,8 @@ def test_a_number_field_gets_no_quoting_advice() -> None:
         spec_of_data(data)
     assert exc.value.problems == [
         "strategy.zero_stage: Input should be 0, 1, 2 or 3 (got 60)",
-        "train.seed: Input should be a valid integer (got True)",
+        "train.seed: Input should be a valid integer (got True); accepted: a whole number "
+        "from 0 to 9223372036854775807",
     ]
 
 

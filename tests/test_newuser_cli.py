@@ -63,3 +63,23 @@ def test_a_yaml_that_is_no_spec_is_refused_as_a_spec(tmp_path: Path) -> None:
     [line] = res.output.strip().splitlines()
     assert f"{path}: invalid job spec: the top level must be a mapping" in line
     assert path.read_text() == "not a folder\n"
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        # YAML 1.1 reads 1e30 as a text and 1.0e+30 as a float: neither is a count.
+        ("resources.cpus_per_proc=1e30", "(got '1e30'); accepted: a whole number from 1 to 1024"),
+        ("resources.nodes=1.0e+30", "(got 1e+30); accepted: a whole number from 1 to 100000"),
+        ("watchdog.hang_timeout_s=.inf", "(got inf); accepted: a whole number from 5 to"),
+        ("train.warmup_steps=2.5", "(got 2.5); accepted: a whole number from 0 to"),
+    ],
+)
+def test_a_count_that_is_no_whole_number_says_the_range(
+    tmp_path: Path, setting: str, said: str
+) -> None:
+    spec = _starter_spec(tmp_path)
+    res = CliRunner().invoke(cli, ["validate", str(spec), "--set", setting])
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert f"{setting.split('=')[0]}: Input should be a valid integer {said}" in line, line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from types import SimpleNamespace
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -72,7 +73,8 @@ def explain(exc: ValidationError, data: Any, model: type[BaseModel]) -> list[str
         # their sentence; pydantic's messages never do; a whole section is not printed.
         yaml_did = _yaml_did(value, loc) if _wanted_text(err) else ""
         got = "" if ours or isinstance(value, dict) else f" (got {shown}{yaml_did})"
-        problems.append(f"{field or 'spec'}: {msg}{got}")
+        accepted = _int_range(model, loc) if kind in _INT_ERRORS else ""
+        problems.append(f"{field or 'spec'}: {msg}{got}{accepted}")
     return problems
 
 
@@ -188,19 +190,52 @@ def key_text(key: Any) -> str:
 
 def _allowed_keys(spec_model: type[BaseModel], loc: list[Any]) -> list[str]:
     """The keys accepted at a location of the spec, by alias."""
+    model = _model_in(_field_at(spec_model, loc).annotation) if loc else spec_model
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _field_at(spec_model: type[BaseModel], loc: list[Any]) -> Any:
+    """The pydantic field at a location of the spec (by name or alias), or `_NO_FIELD`."""
     model: Any = spec_model
+    field: Any = None
     for part in loc:
         if isinstance(part, int):
             continue
-        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        if model is None or not hasattr(model, "model_fields"):
+            return _NO_FIELD
+        field = model.model_fields.get(part)
         if field is None:  # an alias
             field = next((f for f in model.model_fields.values() if f.alias == part), None)
         if field is None:
-            return []
+            return _NO_FIELD
         model = _model_in(field.annotation)
-        if model is None:
-            return []
-    return [f.alias or name for name, f in model.model_fields.items()]
+    return field or _NO_FIELD
+
+
+_NO_FIELD = SimpleNamespace(annotation=None, metadata=())  # no field there: no bounds
+
+# pydantic's errors for a value that is no whole number (a float, a text such as YAML
+# 1.1's `1e30`): they name no bounds, so the field's own are added.
+_INT_ERRORS = ("int_type", "int_parsing", "int_from_float")
+
+
+def _int_range(spec_model: type[BaseModel], loc: list[Any]) -> str:
+    """'; accepted: a whole number from 1 to 1024' from the field's bounds, or ''."""
+    field = _field_at(spec_model, loc)
+    found = list(field.metadata)
+    for arg in getattr(field.annotation, "__args__", ()):  # `Steps | None`
+        for meta in getattr(arg, "__metadata__", ()):
+            found.extend(getattr(meta, "metadata", [meta]))
+    low = next((m.gt + 1 for m in found if isinstance(getattr(m, "gt", None), int)), None)
+    low = next((m.ge for m in found if isinstance(getattr(m, "ge", None), int)), low)
+    high = next((m.le for m in found if isinstance(getattr(m, "le", None), int)), None)
+    if low is None:
+        return ""
+    if high is None:
+        return f"; accepted: a whole number, at least {low}"
+    return f"; accepted: a whole number from {low} to {high}"
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
