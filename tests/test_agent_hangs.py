@@ -5,7 +5,6 @@ rank restarted in place. A `launch.sh` run by hand keeps the node watchdog."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,14 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from helpers.ckpt_run import ROOT
-from helpers.train_run import tiny_spec
+from helpers.local_run import (
+    attempt_rows,
+    ended,
+    past_first_checkpoint,
+    run_processes,
+    submit_tiny,
+    succeeded,
+    wait_for,
+)
 from shardctl.orchestrator.agent.hangs import AgentHangs, environ_of
-from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.launch import AGENT_WATCHES, WATCHDOG_MODULE, hang_watch_lines
 from shardctl.orchestrator.rundir import ENV_HANG_WATCHER, ENV_HEARTBEAT_DIR
-from test_hang_local import _module, _release, _status, _wait_for
 
 HANG_TIMEOUT_S = 15
 # Each node's launcher: torchrun, run in-process by the wrapper that records rank ends.
@@ -88,26 +91,9 @@ def test_the_agent_watches_only_a_launcher_that_accepted_from_its_own_environmen
     assert not folder.exists()
 
 
-def _run_processes(run_dir: Path) -> dict[int, tuple[dict[str, str], bytes]]:
-    """{pid: (environment, module run)} of every process of `run_dir`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        env = environ_of(int(entry.name))
-        if env.get("SHARDCTL_RUN_DIR") != str(run_dir):
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        found[int(entry.name)] = (env, _module(argv))
-    return found
-
-
 def _rank_of_node(run_dir: Path, node: int, restart: int) -> int | None:
     """The pid of the rank that node `node` runs in restart `restart` (one per node)."""
-    for pid, (env, module) in _run_processes(run_dir).items():
+    for pid, (env, module) in run_processes(run_dir).items():
         if (
             module == b"shardctl.train"
             and env.get("SHARDCTL_NODE_RANK") == str(node)
@@ -122,26 +108,16 @@ def _rank_of_node(run_dir: Path, node: int, restart: int) -> int | None:
 def test_the_agent_finds_a_hang_on_its_node_names_it_and_restarts_without_a_watchdog(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    spec = tiny_spec(
-        tmp_path, "agenthang",
+    job = submit_tiny(
+        tmp_path, monkeypatch, "agenthang", steps=STEPS, hang_timeout_s=HANG_TIMEOUT_S,
+        max_in_allocation=1,
         # Two nodes on this machine, one rank each: the hang is on node 1.
         resources={"nodes": 2, "procs_per_node": 1},
         strategy={"sharding": "hybrid_shard"},
-        train={"steps": STEPS, "log_every": 1},
-        checkpoint={"every_steps": 4},
-        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
-        restart={"max_in_allocation": 1},
     )  # fmt: skip
-    run_dir = tmp_path / "agenthang"
-    ckpts = run_dir / "checkpoints"
-    res = CliRunner().invoke(cli, ["submit", str(spec)])
-    assert res.exit_code == 0, res.output
-    stopped: list[int] = []
-    try:
-        _wait_for("the first checkpoint", lambda: any(ckpts.glob("step-*[0-9]")), 400)
-        procs = _run_processes(run_dir)
+    run_dir = job.run_dir
+    with past_first_checkpoint(job) as stopped:
+        procs = run_processes(run_dir)
         # No watchdog process between the agent and the launchers; each launcher says
         # the agent watches it.
         assert not [p for p, (_, m) in procs.items() if m == WATCHDOG_MODULE.encode()], procs
@@ -154,14 +130,10 @@ def test_the_agent_finds_a_hang_on_its_node_names_it_and_restarts_without_a_watc
         os.kill(victim, signal.SIGSTOP)
         stopped.append(victim)
         report = run_dir / "logs" / "hang-attempt0-node1.txt"
-        _wait_for("node 1's hang report", report.exists, HANG_TIMEOUT_S + 120)
-        _wait_for("the end", lambda: _status("agenthang")["state"] != "RUNNING", 600)
-    finally:
-        _release(stopped, "agenthang")
-    st = _status("agenthang")
-    out = (run_dir / "logs" / "launcher.out").read_text()
-    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
-    attempts = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
+        wait_for("node 1's hang report", report.exists, HANG_TIMEOUT_S + 120)
+        wait_for("the end", ended("agenthang"), 600)
+    succeeded(job)
+    attempts = attempt_rows(run_dir)
     assert [(a["restart"], a["kind"], a["decision"]) for a in attempts] == [
         (0, "hung", "restart"), (1, "done", "finish"),
     ], attempts  # fmt: skip
@@ -173,4 +145,4 @@ def test_the_agent_finds_a_hang_on_its_node_names_it_and_restarts_without_a_watc
     assert "the node agent watches the ranks" in err and "HUNG" in err
     assert "watching the ranks of" not in err  # the watchdog's own start line
     # The stopped rank was killed with its node's launcher (a zombie reaped at once).
-    _wait_for("the stopped rank's end", lambda: not Path(f"/proc/{stopped[0]}").exists(), 30)
+    wait_for("the stopped rank's end", lambda: not Path(f"/proc/{stopped[0]}").exists(), 30)

@@ -5,7 +5,6 @@ stopped for less than the timeout (alive but slow) is never ended."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -17,7 +16,18 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT
-from helpers.train_run import tiny_spec
+from helpers.local_run import (
+    ended,
+    past_first_checkpoint,
+    rank_pids,
+    release,
+    released,
+    status,
+    submit_tiny,
+    succeeded,
+    wait_for,
+)
+from helpers.train_run import script_spec, tiny_spec
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.rundir import EXIT_HUNG, HUNG_FILE
 
@@ -26,61 +36,8 @@ pytestmark = pytest.mark.slow
 HANG_TIMEOUT_S = 15
 PAUSE_S = 6  # a pause well under the timeout (a loaded machine continues a rank late)
 
-
-def rank_pids(run_dir: Path, attempt: int, restart: int | None = None) -> dict[int, int]:
-    """{global rank: pid} of the ranks of `run_dir`'s attempt (and, given, of that
-    restart inside it: SHARDCTL_RESTART), found in /proc."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            env = dict(
-                w.split(b"=", 1) for w in (entry / "environ").read_bytes().split(b"\0") if b"=" in w
-            )
-            cmd = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if (
-            env.get(b"SHARDCTL_RUN_DIR") == str(run_dir).encode()
-            and env.get(b"SHARDCTL_ATTEMPT") == str(attempt).encode()
-            and (restart is None or env.get(b"SHARDCTL_RESTART") == str(restart).encode())
-            and b"RANK" in env
-            and _module(cmd.split(b"\0")) in (b"shardctl.train", b"shardctl.train.entry")
-        ):
-            found[int(env[b"RANK"])] = int(entry.name)
-    return found
-
-
-def _module(argv: list[bytes]) -> bytes:
-    """The module a Python command line runs (`-m M`): the first word after the first
-    `-m`. Words, not substrings: the checkout's path may hold "watchdog" or "torchrun"."""
-    if len(argv) > 1 and argv[1].endswith(b"torchrun"):
-        return b"torchrun"  # python .../bin/torchrun ... -m shardctl.train: the launcher
-    return next((argv[i + 1] for i, word in enumerate(argv[:-1]) if word == b"-m"), b"")
-
-
-def _status(name: str) -> dict:
-    res = CliRunner().invoke(cli, ["status", name, "-o", "json"])
-    assert res.exit_code == 0, res.output
-    return json.loads(res.stdout)
-
-
-def _release(stopped: list[int], name: str) -> None:
-    """By PID: continue what the test stopped; cancel the job if it still runs."""
-    for pid in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-    if _status(name)["state"] == "RUNNING":
-        CliRunner().invoke(cli, ["cancel", name])
-
-
-def _wait_for(what: str, check, timeout: float) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"timed out waiting for {what}"
-        time.sleep(0.3)
-    return time.monotonic() - started
+# The names test_memory_tier*.py import from here (now in helpers/local_run.py).
+_release, _status, _wait_for = release, status, wait_for
 
 
 def _last_step(run_dir: Path) -> int:
@@ -95,21 +52,9 @@ def _last_step(run_dir: Path) -> int:
 def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    spec = tiny_spec(
-        tmp_path, "hang",
-        train={"steps": 3000, "log_every": 1},
-        checkpoint={"every_steps": 4},
-        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
-    )  # fmt: skip
-    run_dir = tmp_path / "hang"
-    ckpts = run_dir / "checkpoints"
-    res = CliRunner().invoke(cli, ["submit", str(spec)])
-    assert res.exit_code == 0, res.output
-    stopped: list[int] = []
-    try:
-        _wait_for("the first checkpoint", lambda: any(ckpts.glob("step-*[0-9]")), 400)
+    job = submit_tiny(tmp_path, monkeypatch, "hang", steps=3000, hang_timeout_s=HANG_TIMEOUT_S)
+    run_dir, ckpts = job.run_dir, job.checkpoints
+    with past_first_checkpoint(job) as stopped:
         ranks = rank_pids(run_dir, 0)
         assert sorted(ranks) == [0, 1], ranks
 
@@ -119,19 +64,17 @@ def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
         time.sleep(PAUSE_S)
         os.kill(ranks[1], signal.SIGCONT)
         before = _last_step(run_dir)
-        _wait_for("a step after the pause", lambda: _last_step(run_dir) > before + 2, 120)
-        assert _status("hang")["state"] == "RUNNING"
+        wait_for("a step after the pause", lambda: _last_step(run_dir) > before + 2, 120)
+        assert status("hang")["state"] == "RUNNING"
         assert not (run_dir / HUNG_FILE).exists()
 
         # Hung: rank 1 stopped for good.
         os.kill(ranks[1], signal.SIGSTOP)
-        took = _wait_for("the end", lambda: _status("hang")["state"] != "RUNNING", 180)
-    finally:
-        _release(stopped, "hang")
+        took = wait_for("the end", ended("hang"), 180)
     # The timeout, a poll, the stacks (≤ 2 × 5 s) and the kill; generous on a busy box,
     # and far below the start-up allowance (900 s): the rank was past its first step.
     assert took < HANG_TIMEOUT_S + 60, took
-    st = _status("hang")
+    st = status("hang")
     assert st["state"] == "HUNG", st
     assert "stopped first: rank 1 at step" in st["detail"]
 
@@ -155,15 +98,12 @@ def test_a_stopped_rank_is_ended_named_and_the_run_resumes(
 
     # Submit again: resumes from the newest complete checkpoint and finishes.
     newest = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*[0-9]"))
-    res = CliRunner().invoke(cli, ["submit", str(spec), "--set", "train.steps=" + str(newest + 6)])
+    steps = "train.steps=" + str(newest + 6)
+    res = CliRunner().invoke(cli, ["submit", str(job.spec), "--set", steps])
     assert res.exit_code == 0, res.output
-    try:
-        _wait_for("the resumed run", lambda: _status("hang")["state"] != "RUNNING", 400)
-    finally:
-        _release([], "hang")
-    st = _status("hang")
-    out = (run_dir / "logs" / "launcher.out").read_text()
-    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
+    with released("hang"):
+        wait_for("the resumed run", ended("hang"), 400)
+    _, out = succeeded(job)
     assert f"resumed at step {newest}" in out
     assert not (run_dir / HUNG_FILE).exists()
     assert json.loads((run_dir / "DONE").read_text())["step"] == newest + 6
@@ -222,28 +162,13 @@ def test_your_script_stopped_rank_is_ended_with_its_stack(
 ) -> None:
     import re
 
-    import yaml
-    from helpers.ckpt_run import free_port
-
     monkeypatch.chdir(tmp_path)
-    spec = tmp_path / "own.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "name": "own",
-                "run_dir": str(tmp_path / "own"),
-                "resources": {"procs_per_node": 2},
-                "entrypoint": {"script": str(ROOT / "examples" / script), "args": args},
-                "local": {"master_port": free_port()},
-                "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S},
-                "restart": {"max_in_allocation": 0},  # the hang ends the run here
-            }
-        )
-    )
+    # One start: the hang ends the run here.
+    entrypoint = {"script": str(ROOT / "examples" / script), "args": args}
+    spec = script_spec(tmp_path, "own", entrypoint, watchdog={"hang_timeout_s": HANG_TIMEOUT_S})
     run_dir = tmp_path / "own"
     res = CliRunner().invoke(cli, ["submit", str(spec)])
     assert res.exit_code == 0, res.output
-    stopped: list[int] = []
 
     def logged() -> str:
         return "".join(
@@ -251,17 +176,15 @@ def test_your_script_stopped_rank_is_ended_with_its_stack(
             for n in ("launcher.out", "launcher.err")
         )
 
-    try:
-        _wait_for("3 steps", lambda: len(re.findall(progress, logged(), re.M)) >= 3, 400)
+    with released("own") as stopped:
+        wait_for("3 steps", lambda: len(re.findall(progress, logged(), re.M)) >= 3, 400)
         ranks = rank_pids(run_dir, 0)
         assert sorted(ranks) == [0, 1], ranks
         os.kill(ranks[1], signal.SIGSTOP)
         stopped.append(ranks[1])
-        took = _wait_for("the end", lambda: _status("own")["state"] != "RUNNING", 180)
-    finally:
-        _release(stopped, "own")
+        took = wait_for("the end", ended("own"), 180)
     assert took < HANG_TIMEOUT_S + 60, took
-    st = _status("own")
+    st = status("own")
     assert st["state"] == "HUNG", (st, logged()[-3000:])
     marker = json.loads((run_dir / HUNG_FILE).read_text())
     assert marker["first"] == [1]

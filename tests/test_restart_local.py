@@ -15,13 +15,18 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from helpers.ckpt_run import ROOT
+from helpers.local_run import (
+    attempt_rows,
+    ended,
+    past_first_checkpoint,
+    rank_pids,
+    status,
+    submit_tiny,
+    succeeded,
+    wait_for,
+)
 from helpers.recovery import recovered
-from helpers.train_run import tiny_spec
-from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.fence import current_attempt
-from test_hang_local import _release, _status, _wait_for, rank_pids
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +45,13 @@ def _out(run_dir: Path) -> str:
 def test_a_killed_rank_then_a_stopped_rank_restart_in_place_and_the_run_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    spec = tiny_spec(
-        tmp_path, "restarts",
-        train={"steps": STEPS, "log_every": 1},
-        checkpoint={"every_steps": 4},
-        watchdog={"hang_timeout_s": HANG_TIMEOUT_S},
-        restart={"max_in_allocation": 3},
+    job = submit_tiny(
+        tmp_path, monkeypatch, "restarts", steps=STEPS, hang_timeout_s=HANG_TIMEOUT_S,
+        max_in_allocation=3,
     )  # fmt: skip
-    run_dir = tmp_path / "restarts"
-    ckpts = run_dir / "checkpoints"
-    res = CliRunner().invoke(cli, ["submit", str(spec)])
-    assert res.exit_code == 0, res.output
-    stopped: list[int] = []
+    run_dir = job.run_dir
     took: list[float] = []
-    try:
-        _wait_for("the first checkpoint", lambda: any(ckpts.glob("step-*[0-9]")), 400)
+    with past_first_checkpoint(job) as stopped:
         first_token = current_attempt(run_dir)["token"]
         ranks = rank_pids(run_dir, 0, restart=0)
         assert sorted(ranks) == [0, 1], ranks
@@ -65,9 +60,9 @@ def test_a_killed_rank_then_a_stopped_rank_restart_in_place_and_the_run_finishes
         fault = time.time()
         os.kill(ranks[1], signal.SIGKILL)
         back = recovered(run_dir, lambda: _out(run_dir), 1, fault)
-        _wait_for("the first restart's first step", back, 400)
+        wait_for("the first restart's first step", back, 400)
         took.append(back() or 0.0)
-        assert _status("restarts")["state"] == "RUNNING"
+        assert status("restarts")["state"] == "RUNNING"
         second_token = current_attempt(run_dir)["token"]
         assert second_token == f"{first_token}-r1"
         # A hang: a rank of the restarted ranks stopped for good; the node watchdog
@@ -78,19 +73,15 @@ def test_a_killed_rank_then_a_stopped_rank_restart_in_place_and_the_run_finishes
         os.kill(again[0], signal.SIGSTOP)
         stopped.append(again[0])
         back = recovered(run_dir, lambda: _out(run_dir), 2, fault)
-        _wait_for("the second restart's first step", back, HANG_TIMEOUT_S + 400)
+        wait_for("the second restart's first step", back, HANG_TIMEOUT_S + 400)
         took.append(back() or 0.0)
         assert current_attempt(run_dir)["token"] == f"{first_token}-r2"
-        _wait_for("the end", lambda: _status("restarts")["state"] != "RUNNING", 600)
-    finally:
-        _release(stopped, "restarts")
+        wait_for("the end", ended("restarts"), 600)
     print(f"fault -> first step of the restarted ranks: {took[0]:.1f} s (SIGKILL), "
           f"{took[1]:.1f} s (SIGSTOP, hang timeout {HANG_TIMEOUT_S} s)")  # fmt: skip
-    st = _status("restarts")
-    out = (run_dir / "logs" / "launcher.out").read_text()
-    assert st["state"] == "SUCCEEDED", (st, out[-3000:])
+    st, out = succeeded(job)
     assert json.loads((run_dir / "DONE").read_text())["step"] == STEPS
-    attempts = [json.loads(x) for x in (run_dir / "attempts.jsonl").read_text().splitlines()]
+    attempts = attempt_rows(run_dir)
     assert [(a["restart"], a["kind"], a["decision"]) for a in attempts] == [
         (0, "failed", "restart"), (1, "hung", "restart"), (2, "done", "finish"),
     ], attempts  # fmt: skip
