@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,12 @@ SLURM_FILES = "test_slurm"
 def _slurm_first(items: list[pytest.Item]) -> None:
     """Every test that needs the dev Slurm cluster lives in a `test_slurm_*` file (the
     workers share them out by file name, see `pytest_xdist_make_scheduler`), and those
-    tests run first: they are the longest group."""
+    tests run first: they are the longest group. The other files follow, those with the
+    most long tests first (marker `slow`: a multi-process run; or a `timeout` of its
+    own), so that the suite ends on files of quick tests: the worker that runs out of
+    files first then waits seconds for the other, not the minutes of a long file handed
+    out last (alphabetical order ended on test_trackers, test_train_*,
+    test_unmodified_scripts, test_watchdog)."""
     astray = [
         item.nodeid
         for item in items
@@ -50,7 +56,24 @@ def _slurm_first(items: list[pytest.Item]) -> None:
             f"tests marked `slurm` must live in a {SLURM_FILES}*.py file (one worker runs "
             f"them all, in turn): move {', '.join(astray)}"
         )
-    items.sort(key=lambda item: not item.path.name.startswith(SLURM_FILES))
+    long_tests = Counter(item.path.name for item in items if _long(item))
+    # A stable sort on a key that is the same for every test of a file: each file's
+    # tests stay together and in their own order (module fixtures, tests that build on
+    # the one before); files of the same key keep their alphabetical order.
+    items.sort(key=lambda item: _file_rank(item.path.name, long_tests))
+
+
+def _long(item: pytest.Item) -> bool:
+    """A test that starts processes and waits on them: marked `slow`, or given a
+    `timeout` of its own."""
+    return bool(item.get_closest_marker("slow") or item.get_closest_marker("timeout"))
+
+
+def _file_rank(name: str, long_tests: Counter[str]) -> tuple[int, int]:
+    """Slurm files first, then the files by their number of long tests, most first."""
+    if name.startswith(SLURM_FILES):
+        return (0, 0)
+    return (1, -long_tests[name])
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
