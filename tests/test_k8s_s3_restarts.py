@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.kmock_server import PYTORCHJOBS, KMockServer
+from helpers.kmock_server import PYTORCHJOBS, KMockServer, kube_api
 from shardctl.orchestrator.clusters import k8s as k8s_backend
 from shardctl.orchestrator.fence import current_attempt
 from shardctl.orchestrator.proctree import descendants
@@ -32,15 +32,8 @@ CRASH = "import sys\nprint('the script crashes with 3', flush=True)\nsys.exit(3)
 
 @pytest.fixture
 def kube(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
-    server = KMockServer().start()
-    try:
-        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
-        for var in ("SHARDCTL_KUBECONFIG", "SHARDCTL_KUBE_CONTEXT", "SHARDCTL_K8S_REPLACE",
-                    "KUBERNETES_SERVICE_HOST"):  # fmt: skip
-            monkeypatch.delenv(var, raising=False)
+    with kube_api(tmp_path, monkeypatch) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _crashing_job(tmp_path: Path, url: str) -> Any:
@@ -48,13 +41,20 @@ def _crashing_job(tmp_path: Path, url: str) -> Any:
     script = tmp_path / "code" / "crash.py"
     script.parent.mkdir()
     script.write_text(CRASH)
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    data = _example_without_volume(url)
     del data["train"]
     data["entrypoint"] = {"script": str(script)}
     data["resources"]["nodes"] = 1
+    return parse_spec(data)
+
+
+def _example_without_volume(url: str) -> dict[str, Any]:
+    """The example's job (examples/k8s.yaml) as data: checkpoints in the bucket at `url`,
+    no PVC, at most two restarts a node."""
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
     data["checkpoint"]["dir"] = url
     data["k8s"].update(pvc=None, backoff_limit=2)
-    return parse_spec(data)
+    return data
 
 
 @pytest.mark.slow
@@ -75,14 +75,11 @@ def test_a_pod_without_a_volume_restarts_within_the_bound_counted_in_the_bucket(
 
     # The pod as submitted (the same objects, test_k8s_client.py), with the bucket's
     # credentials its Secret would give it.
-    pods = Pods(spec, tmp_path / "pod")
-    pods.container["env"] += [{"name": k, "value": v} for k, v in s3_server.env().items()]
+    pods = _with_env(Pods(spec, tmp_path / "pod"), s3_server.env())
     codes = []
     try:
         for start in range(3):
-            # A recreated pod gets a new emptyDir: nothing of the last run dir is left.
-            shutil.rmtree(pods.runs / spec.name, ignore_errors=True)
-            pods.start(attempt=start)
+            _start([pods], attempt=start)
             codes += pods.wait(timeout=300)
     finally:
         pods.kill()
@@ -103,14 +100,21 @@ def test_a_pod_without_a_volume_restarts_within_the_bound_counted_in_the_bucket(
 def _pod_of_each_node(spec: Any, root: Path, env: dict[str, str]) -> list[Pods]:
     """One `Pods` per node, each with folders of its own (its emptyDirs: run dir, cache,
     /etc/shardctl), the bucket's credentials as its Secret gives them, one master port."""
-    pods = [Pods(spec, root / f"pod-node{node}") for node in range(spec.resources.nodes)]
+    pods = [_with_env(Pods(spec, root / f"pod-node{node}"), env)
+            for node in range(spec.resources.nodes)]  # fmt: skip
     for pod in pods:
         pod.port = pods[0].port
-        pod.container["env"] += [{"name": k, "value": v} for k, v in env.items()]
     return pods
 
 
+def _with_env(pod: Pods, env: dict[str, str]) -> Pods:
+    """The pod with `env` in its container's environment (as its Secret gives it)."""
+    pod.container["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    return pod
+
+
 def _start(pods: list[Pods], attempt: int) -> None:
+    """Each pod (one a node) started, its run dir emptied first."""
     for node, pod in reversed(list(enumerate(pods))):
         # A recreated pod gets a new emptyDir: nothing of the last run dir is left.
         shutil.rmtree(pod.runs, ignore_errors=True)
@@ -128,8 +132,19 @@ def _committed_steps(client: Any, bucket: str, prefix: str) -> list[int]:
     )
 
 
-def _a_rank_of(pod: Pods) -> Any:
-    """A training rank below the pod (torchrun gave it LOCAL_RANK)."""
+def _wait_for_commit(client: Any, bucket: str, prefix: str, pods: list[Pods], after: int) -> None:
+    """Polls the bucket, 480 s at most and while every pod runs, until a checkpoint
+    past step `after` is committed (-1: any)."""
+    deadline = time.monotonic() + 480
+    while (_committed_steps(client, bucket, prefix) or [-1])[-1] <= after:
+        assert time.monotonic() < deadline, f"no checkpoint past {after} in time:\n" + _tails(pods)
+        assert all(p.poll() is None for pod in pods for p in pod.procs), _tails(pods)
+        time.sleep(0.5)
+
+
+def _ranks_below(pod: Pods) -> Iterator[tuple[Any, list[bytes]]]:
+    """(process, environment words) of each training rank below the pod (torchrun gave
+    it LOCAL_RANK)."""
     for proc in pod.procs:
         for p in descendants(proc.pid):
             try:
@@ -137,8 +152,23 @@ def _a_rank_of(pod: Pods) -> Any:
             except OSError:
                 continue
             if any(w.startswith(b"LOCAL_RANK=") for w in env):
-                return p
+                yield p, env
+
+
+def _a_rank_of(pod: Pods) -> Any:
+    """A training rank below the pod."""
+    for rank, _ in _ranks_below(pod):
+        return rank
     raise AssertionError("no rank below the pod:\n" + pod.tail())
+
+
+def _exit_codes(pods: list[Pods], timeout: float) -> list[int]:
+    """Every pod's exit codes, each waited for `timeout` s at most."""
+    return [code for pod in pods for code in pod.wait(timeout=timeout)]
+
+
+def _logs(pods: list[Pods]) -> str:
+    return "\n".join(log.read_text() for pod in pods for log in pod.logs)
 
 
 @pytest.mark.slow
@@ -157,10 +187,9 @@ def test_two_pods_without_a_volume_crash_and_are_preempted_and_resume_from_the_b
     recreated pods resume from that save and the job succeeds."""
     bucket = s3_server.make_bucket("k8s-two-pods")
     prefix = "runs/two"
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    data = _example_without_volume(f"s3://{bucket}/{prefix}")
     data["train"]["steps"] = STEPS
-    data["checkpoint"].update(dir=f"s3://{bucket}/{prefix}", every_steps=4, keep=2)
-    data["k8s"].update(pvc=None, backoff_limit=2)
+    data["checkpoint"].update(every_steps=4, keep=2)
     spec = parse_spec(data)
     assert spec.resources.nodes == 2
     k8s_backend.K8sCluster().submit(spec)  # refused before: k8s.pvc is required
@@ -175,48 +204,38 @@ def test_two_pods_without_a_volume_crash_and_are_preempted_and_resume_from_the_b
     killed: list[Any] = []
     try:
         _start(pods, attempt=0)
-        deadline = time.monotonic() + 480
-        while not _committed_steps(client, bucket, prefix):
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + _tails(pods)
-            assert all(p.poll() is None for pod in pods for p in pod.procs), _tails(pods)
-            time.sleep(0.5)
+        _wait_for_commit(client, bucket, prefix, pods, after=-1)
         rank = _a_rank_of(pods[1])
         os.kill(rank.pid, signal.SIGKILL)  # a crash of node 1's pod
         killed.append(rank)
-        codes = [code for pod in pods for code in pod.wait(timeout=300)]
+        codes = _exit_codes(pods, timeout=300)
         # 128-255: the operator restarts each pod (a crash within k8s.backoff_limit).
         assert all(128 <= code <= 255 for code in codes), (codes, _tails(pods))
         saved = _committed_steps(client, bucket, prefix)
         assert saved and saved[-1] < STEPS, (saved, _tails(pods))
 
         _start(pods, attempt=1)  # the operator recreates both pods
-        deadline = time.monotonic() + 480
-        while _committed_steps(client, bucket, prefix)[-1] <= saved[-1]:
-            assert time.monotonic() < deadline, "no new checkpoint in time:\n" + _tails(pods)
-            assert all(p.poll() is None for pod in pods for p in pod.procs), _tails(pods)
-            time.sleep(0.5)
-        resumed = "\n".join(log.read_text() for pod in pods for log in pod.logs)
-        assert f"resumed at step {saved[-1]}" in resumed, _tails(pods)
+        _wait_for_commit(client, bucket, prefix, pods, after=saved[-1])
+        assert f"resumed at step {saved[-1]}" in _logs(pods), _tails(pods)
         tokens = {_claimed(pod, spec.name) for pod in pods}
         assert tokens == {f"k8s-{spec.name}-1"}, tokens
 
         # The kubelet deletes the pod that holds global rank 0 (SIGTERM to its agent).
         holder = next(pod for pod in pods if _holds_rank_0(pod))
         os.kill(holder.procs[0].pid, signal.SIGTERM)
-        codes = [code for pod in pods for code in pod.wait(timeout=300)]
+        codes = _exit_codes(pods, timeout=300)
         assert codes == [170, 170], _tails(pods)
         preempted = _committed_steps(client, bucket, prefix)[-1]
         assert saved[-1] < preempted < STEPS, _tails(pods)
 
         _start(pods, attempt=2)
-        codes = [code for pod in pods for code in pod.wait(timeout=480)]
+        codes = _exit_codes(pods, timeout=480)
         assert codes == [0, 0], _tails(pods)
     finally:
         for pod in pods:
             pod.kill()
     assert _committed_steps(client, bucket, prefix)[-1] == STEPS
-    third = "\n".join(log.read_text() for pod in pods for log in pod.logs)
-    assert f"resumed at step {preempted}" in third, _tails(pods)
+    assert f"resumed at step {preempted}" in _logs(pods), _tails(pods)
     # Each pod's starts were counted in the bucket, so both derived the same token; the
     # crash counted one restart of each node, the preemption none.
     for name, count in (("node-0", 2), ("node-1", 2), ("restarts-node-0", 1),
@@ -229,15 +248,7 @@ def test_two_pods_without_a_volume_crash_and_are_preempted_and_resume_from_the_b
 
 def _holds_rank_0(pod: Pods) -> bool:
     """Whether global rank 0 runs below the pod (c10d numbers nodes by arrival)."""
-    for proc in pod.procs:
-        for p in descendants(proc.pid):
-            try:
-                env = (Path("/proc") / str(p.pid) / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"RANK=0" in env and any(w.startswith(b"LOCAL_RANK=") for w in env):
-                return True
-    return False
+    return any(b"RANK=0" in env for _, env in _ranks_below(pod))
 
 
 def _claimed(pod: Pods, name: str) -> object:

@@ -11,11 +11,14 @@ pod's log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kmock
+import pytest
 import yaml
 
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
@@ -142,3 +145,25 @@ class KMockServer:
             kmock.method.GET, kmock.resource("v1/pods"), kmock.name(pod), kmock.subresource("log")
         ]
         slot << kmock.text(text)
+
+
+# What would point the kubernetes client, or shardctl, elsewhere than the emulator.
+OTHER_KUBE_SETTINGS = (
+    "SHARDCTL_KUBECONFIG", "SHARDCTL_KUBE_CONTEXT", "SHARDCTL_K8S_REPLACE",
+    "KUBERNETES_SERVICE_HOST",
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def kube_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
+    """A started emulator that the kubernetes client reaches through KUBECONFIG (written
+    in `tmp_path`), nothing else of the environment pointing elsewhere; stopped on
+    leaving."""
+    server = KMockServer().start()
+    try:
+        monkeypatch.setenv("KUBECONFIG", str(server.kubeconfig(tmp_path)))
+        for var in OTHER_KUBE_SETTINGS:
+            monkeypatch.delenv(var, raising=False)
+        yield server
+    finally:
+        server.stop()
