@@ -83,3 +83,30 @@ def test_a_count_that_is_no_whole_number_says_the_range(
     assert res.exit_code == 2, res.output
     [line] = res.output.strip().splitlines()
     assert f"{setting.split('=')[0]}: Input should be a valid integer {said}" in line, line
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize(
+    ("shape", "said"),
+    [
+        (["--world-size", "0"], "--world-size 0; accepted: 1 to 65536"),
+        (["--world-size", "99999999999"], "--world-size 99999999999; accepted: 1 to 65536"),
+        (["--world-size", "2", "--zero-stage", "7"], "--zero-stage 7; accepted: 1, 2 or 3"),
+    ],
+)
+def test_another_tools_checkpoint_gets_the_same_shape_bounds(
+    tmp_path: Path, shape: list[str], said: str
+) -> None:
+    """A plain DCP folder went past the bounds shardctl's own checkpoints get: a world
+    size of 0 ended in ZeroDivisionError, ZeRO stage 7 was written."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = tmp_path / "ckpt"
+    dcp.save({"model": {"w": torch.ones(4)}}, checkpoint_id=str(ckpt))
+    out = tmp_path / "ds"
+    res = CliRunner().invoke(cli, ["convert", str(ckpt), "--to", "deepspeed", *shape,
+                                   "--out", str(out)])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == f"error: {said}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

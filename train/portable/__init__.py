@@ -103,6 +103,7 @@ def convert_checkpoint(
     from .state import read_state
 
     t0 = time.perf_counter()
+    _check_shape(world_size, zero_stage)
     step_dir = resolve_checkpoint(Path(source))
     if isinstance(step_dir, ForeignCheckpoint):
         from .foreign_io import convert_foreign
@@ -277,6 +278,15 @@ def _write_deepspeed(
     return {}, "engine"
 
 
+def _check_shape(world_size: int | None, zero_stage: int | None) -> None:
+    """The DeepSpeed shape asked for, checked before any source is read: another tool's
+    checkpoint takes the same bounds as shardctl's (a world size of 0 divided by zero)."""
+    if world_size is not None and not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise UsageError(f"--world-size {world_size}; accepted: 1 to {MAX_WORLD_SIZE}")
+    if zero_stage is not None and zero_stage not in (1, 2, 3):
+        raise UsageError(f"--zero-stage {zero_stage}; accepted: 1, 2 or 3")
+
+
 def _check_request(
     step_dir: Path,
     manifest: dict[str, Any],
@@ -311,10 +321,6 @@ def _check_request(
             "state per rank, so the checkpoint is written for the number of ranks that will "
             "resume it"
         )
-    if not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise UsageError(f"--world-size {world_size}; accepted: 1 to {MAX_WORLD_SIZE}")
-    if zero_stage is not None and zero_stage not in (1, 2, 3):
-        raise UsageError(f"--zero-stage {zero_stage}; accepted: 1, 2 or 3")
     if src == "deepspeed":
         same_ws = int(manifest["world_size"]) == world_size
         same_stage = zero_stage in (None, manifest.get("zero_stage"))
