@@ -10,6 +10,7 @@ and is ended by its pid."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,6 +41,24 @@ def _shardctl(tmp_path: Path, *words: str, timeout: float = 300) -> subprocess.C
         [SHARDCTL, *words], capture_output=True, text=True, timeout=timeout, cwd=tmp_path,
         env=child_env(),
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _submitted(tmp_path: Path, spec: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[str]]:
+    """`shardctl submit SPEC --wait` run from `tmp_path` in a session of its own; on
+    leaving, however, a submit still waiting has its job (named as its spec) cancelled
+    and is killed by its pid."""
+    job = subprocess.Popen(
+        [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield job
+    finally:
+        if job.poll() is None:
+            _shardctl(tmp_path, "cancel", spec.stem, timeout=120)
+            job.kill()
+            job.wait(timeout=30)
 
 
 def _wait_for(found, what: str, seconds: float, log: Path | None = None):
@@ -234,19 +254,10 @@ def test_the_local_status_says_nothing_was_saved_and_a_success_is_complete(
     submitted again with the same command: complete, nothing started."""
     spec = script_spec(tmp_path, "unmod-nohandler", {"script": str(CODE / "no_handler.py"),
                                                 "args": [str(tmp_path)]})  # fmt: skip
-    job = subprocess.Popen(
-        [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=child_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
+    with _submitted(tmp_path, spec, child_env()) as job:
         pid = int(_wait_for(lambda: _read(tmp_path / "ready-1"), "rank 1's start", 180))
         os.kill(pid, signal.SIGUSR2)
         out, err = job.communicate(timeout=180)
-    finally:
-        if job.poll() is None:
-            _shardctl(tmp_path, "cancel", "unmod-nohandler", timeout=120)
-            job.kill()
-            job.wait(timeout=30)
     assert job.returncode == 42, out[-2000:] + err[-3000:]
     assert "nothing was saved" in _read(tmp_path / "unmod-nohandler/logs/launcher.err")
     status = _shardctl(tmp_path, "status", "unmod-nohandler", timeout=60).stdout
@@ -334,25 +345,28 @@ def test_the_spec_switch_reaches_the_ranks_and_turns_the_wrapping_off(tmp_path: 
         assert done.stdout.strip() == unchanged, done.stderr
 
 
+class _FakeTrainer:
+    """What `prepare_unmodified` reads of a Trainer: its callbacks, its output folder."""
+
+    def __init__(self, output_dir: Path, callbacks: tuple | list = ()) -> None:
+        self.callback_handler = SimpleNamespace(callbacks=list(callbacks))
+        self.args = SimpleNamespace(output_dir=str(output_dir), save_only_model=False)
+
+    def add_callback(self, cb: object) -> None:
+        self.callback_handler.callbacks.append(cb)
+
+    def is_world_process_zero(self) -> bool:
+        return True
+
+
 def test_the_two_line_patch_keeps_its_one_callback_and_its_own_resume(tmp_path: Path) -> None:
     from shardctl.train.hf import PreemptionCallback, prepare_unmodified
 
-    class FakeTrainer:  # what prepare_unmodified reads of a Trainer
-        def __init__(self, callbacks: list) -> None:
-            self.callback_handler = SimpleNamespace(callbacks=list(callbacks))
-            self.args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
-
-        def add_callback(self, cb: object) -> None:
-            self.callback_handler.callbacks.append(cb)
-
-        def is_world_process_zero(self) -> bool:
-            return True
-
-    patched = FakeTrainer([PreemptionCallback()])
+    patched = _FakeTrainer(tmp_path, [PreemptionCallback()])
     args, kwargs = prepare_unmodified(patched, (), {"resume_from_checkpoint": "/given"})
     assert kwargs == {"resume_from_checkpoint": "/given"} and args == ()
     assert len(patched.callback_handler.callbacks) == 1
-    bare = FakeTrainer([])
+    bare = _FakeTrainer(tmp_path)
     args, kwargs = prepare_unmodified(bare, (), {})  # no checkpoint-N yet: nothing to pass
     assert kwargs == {} and args == ()
     assert [type(cb) for cb in bare.callback_handler.callbacks] == [PreemptionCallback]
@@ -360,17 +374,6 @@ def test_the_two_line_patch_keeps_its_one_callback_and_its_own_resume(tmp_path: 
 
 def test_a_complete_checkpoint_is_passed_to_the_first_train_only(tmp_path: Path) -> None:
     import shardctl.train.hf as hf
-
-    class FakeTrainer:
-        def __init__(self) -> None:
-            self.callback_handler = SimpleNamespace(callbacks=[])
-            self.args = SimpleNamespace(output_dir=str(tmp_path), save_only_model=False)
-
-        def add_callback(self, cb: object) -> None:
-            self.callback_handler.callbacks.append(cb)
-
-        def is_world_process_zero(self) -> bool:
-            return True
 
     ckpt = tmp_path / "checkpoint-3"
     ckpt.mkdir()
@@ -386,12 +389,13 @@ def test_a_complete_checkpoint_is_passed_to_the_first_train_only(tmp_path: Path)
     hf._first_train = True  # as in a fresh rank
     try:
         # A search trial is left alone, and it counts as the first train().
-        assert hf.prepare_unmodified(FakeTrainer(), (None, "trial"), {}) == ((None, "trial"), {})
+        trial = (None, "trial")
+        assert hf.prepare_unmodified(_FakeTrainer(tmp_path), trial, {}) == (trial, {})
         hf._first_train = True
-        args, kwargs = hf.prepare_unmodified(FakeTrainer(), (None,), {})
+        args, kwargs = hf.prepare_unmodified(_FakeTrainer(tmp_path), (None,), {})
         assert args == (str(ckpt),) and kwargs == {}
         # A second train() in the same process starts where the script says.
-        assert hf.prepare_unmodified(FakeTrainer(), (), {}) == ((), {})
+        assert hf.prepare_unmodified(_FakeTrainer(tmp_path), (), {}) == ((), {})
     finally:
         hf._first_train = True
 
@@ -419,20 +423,11 @@ def test_an_unmodified_trainer_script_is_cancelled_and_resumes_from_its_checkpoi
     )
     env = {**child_env(), "TOKENIZERS_PARALLELISM": "false"}
     log = tmp_path / "unmod-hf" / "logs" / "launcher.err"
-    job = subprocess.Popen(
-        [SHARDCTL, "submit", str(spec), "--wait"], cwd=tmp_path, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
+    with _submitted(tmp_path, spec, env) as job:
         _wait_for(lambda: _complete_checkpoints(out_dir), "a complete checkpoint-N", 300, log)
         cancel = _shardctl(tmp_path, "cancel", "unmod-hf", timeout=240)
         assert cancel.returncode == 0, cancel.stderr
         first_out, _ = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            _shardctl(tmp_path, "cancel", "unmod-hf", timeout=120)
-            job.kill()
-            job.wait(timeout=30)
     assert "started at step 0" in first_out, first_out[-2000:]
     # The callback shardctl added saved the step every rank agreed on, on SIGTERM.
     marker = json.loads((tmp_path / "unmod-hf" / PREEMPTED_FILE).read_text())
