@@ -110,3 +110,37 @@ def test_another_tools_checkpoint_gets_the_same_shape_bounds(
     assert res.exit_code == 2, res.output
     assert res.output.strip() == f"error: {said}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_consolidate_reads_a_run_dir_whose_job_yaml_is_damaged(tmp_path: Path) -> None:
+    """`checkpoints` lists such a run dir by its default layout; `consolidate` refused it."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    weight = torch.arange(4, dtype=torch.float32)
+    dcp.save({"model": {"w": weight}}, checkpoint_id=str(run / "checkpoints" / "step-00000003"))
+    (run / "job.yaml").write_bytes(b"name: [unclosed\n\x00\xff")
+    res = CliRunner().invoke(cli, ["consolidate", str(run), "--out", str(tmp_path / "m"),
+                                   "--no-progress"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert torch.equal(load_file(tmp_path / "m" / "model.safetensors")["w"], weight)
+    assert (run / "job.yaml").read_bytes() == b"name: [unclosed\n\x00\xff"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_consolidate_takes_a_dcp_step_folder_in_a_checkpoints_dir(tmp_path: Path) -> None:
+    """`checkpoints` calls a torchtitan-style step-N/ of DCP files complete; `consolidate`
+    of its checkpoints/ folder called it an interrupted shardctl save."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    weight = torch.arange(6, dtype=torch.float32)
+    dcp.save({"model": {"w": weight}}, checkpoint_id=str(tmp_path / "ck" / "step-00000005"))
+    res = CliRunner().invoke(cli, ["consolidate", str(tmp_path / "ck"), "--out",
+                                   str(tmp_path / "m"), "--no-progress"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert torch.equal(load_file(tmp_path / "m" / "model.safetensors")["w"], weight)

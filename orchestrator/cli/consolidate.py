@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import CheckpointError, UsageError
+from ..errors import CheckpointError, SpecError, UsageError
 from ..rundir import CHECKPOINTS_DIR, SPEC_FILE, RunDir
 from ..storage import is_object_url
 from .common import echo_json, handle_errors, human_size, output_option
@@ -59,7 +59,14 @@ def checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
     if (given / SPEC_FILE).is_file():
         from ..spec import read_job_yaml
 
-        spec = read_job_yaml(given / SPEC_FILE)
+        try:
+            spec = read_job_yaml(given / SPEC_FILE)
+        except SpecError:
+            if not (given / CHECKPOINTS_DIR).is_dir():
+                raise
+            # A damaged (or another version's) job.yaml: the default layout still says
+            # where the checkpoints are, as `checkpoints` lists them.
+            return given / CHECKPOINTS_DIR, given
         if is_object_url(spec.checkpoint_dir):
             return spec.checkpoint_dir, given
         # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).

@@ -123,9 +123,12 @@ def resolve_candidates(path: Path) -> tuple[list[Path | ForeignCheckpoint], bool
                 f"written or its save was interrupted); {_newest_hint(folder.parent)}"
             )
         return [folder], True
-    found = list_checkpoints(folder)
+    others = list_foreign(folder)
+    # A torchtitan-style step-N/ holding DCP's .metadata is the DCP checkpoint it is, as
+    # `checkpoints` lists it, never an interrupted shardctl save.
+    claimed = {str(c.path) for c in others}
+    found = [c for c in list_checkpoints(folder) if str(c.path) not in claimed]
     if not found:
-        others = list_foreign(folder)
         if not others:
             raise CheckpointError(f"{path} is not a checkpoint: looked for {LOOKED_FOR}")
         usable = [c for c in reversed(others) if c.complete]
