@@ -92,6 +92,8 @@ def resolve(spec: JobSpec, env: DistEnv) -> JobSpec:
         # answer that never comes.
         try:
             box[0] = ("ok", decide(spec, env.device.type))
+        except ShardctlError as exc:  # already says what failed (a bucket, a manifest)
+            box[0] = ("error", str(exc))
         except Exception as exc:
             box[0] = ("error", f"{type(exc).__name__}: {exc}")
     if env.world_size > 1:
@@ -100,7 +102,8 @@ def resolve(spec: JobSpec, env: DistEnv) -> JobSpec:
         dist.broadcast_object_list(box, src=0)
     status, value = box[0]
     if status == "error":
-        raise ShardctlError(f"strategy.precision auto could not be resolved on rank 0: {value}")
+        # What failed comes first: seldom the precision itself (checkpoint.dir unreadable).
+        raise ShardctlError(f"{value} (on rank 0, while resolving strategy.precision auto)")
     precision, why = value
     if env.is_main:
         print(f"{spec.name}: precision auto → {precision} ({why})", flush=True)
