@@ -150,7 +150,8 @@ def input_problems(spec: JobSpec, cluster: str | None = None) -> list[str]:
         blocker = _file_in_the_way(folder) if local else None
         if blocker is not None and blocker not in blockers:
             blockers.add(blocker)
-            where = "" if blocker == Path(folder) else f" ({_show(str(blocker))} is a file)"
+            itself = blocker == Path(folder).absolute()
+            where = " (it is a file)" if itself else f" ({_show(str(blocker))} is a file)"
             problems.append(
                 f"{field} {_show(str(folder))} cannot be a folder here{where}; accepted: a "
                 f"folder, or a path where one can be made{RELATIVE_NOTE}"

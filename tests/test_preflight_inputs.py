@@ -41,7 +41,8 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "run-dir-file": (
         {"run_dir": "job.yaml"},
-        "run_dir '{d}/job.yaml' cannot be a folder here; accepted: a folder, or a path "
+        "run_dir '{d}/job.yaml' cannot be a folder here (it is a file); accepted: a folder, "
+        "or a path "
         "where one can be made",
     ),
     "tracker": (
