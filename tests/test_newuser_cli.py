@@ -144,3 +144,19 @@ def test_consolidate_takes_a_dcp_step_folder_in_a_checkpoints_dir(tmp_path: Path
                                    str(tmp_path / "m"), "--no-progress"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert torch.equal(load_file(tmp_path / "m" / "model.safetensors")["w"], weight)
+
+
+@pytest.mark.parametrize("command", ["validate", "submit"])
+def test_a_missing_input_from_a_set_names_the_set(tmp_path: Path, command: str) -> None:
+    """Every other refusal of a `--set` spec says `SPEC with --set ...`; the checks of
+    what the ranks read named the file alone, whose field was fine."""
+    spec = _starter_spec(tmp_path)
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine\n")
+    setting = f"checkpoint.dir={taken}"
+    args = [command, str(spec), "--set", setting] + (["--dry-run"] if command == "submit" else [])
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert line.startswith(f"error: {spec} with --set {setting}: invalid job spec: "), line
+    assert "(it is a file)" in line and taken.read_text() == "mine\n"

@@ -88,8 +88,8 @@ def validate(
     # What `submit` refuses for this cluster (k8s: an image, a volume for several pods).
     problems = get_cluster(cluster).submit_problems(job)
     if problems:
-        raise SpecError(problems, str(spec))
-    refuse_missing_inputs(job, cluster, source=str(spec), imports=False)
+        raise SpecError(problems, spec_source(spec, overrides))
+    refuse_missing_inputs(job, cluster, source=spec_source(spec, overrides), imports=False)
     if output == "json":
         echo_json(job.to_yaml_dict())
         return
@@ -116,6 +116,11 @@ def _memory_words(job: JobSpec) -> str:
         return ""
     where = job.checkpoint.memory_dir or "/dev/shm/shardctl (the node's tmpfs)"
     return f" (+ a copy in memory every {k} steps, in {where})"
+
+
+def spec_source(spec: Path, overrides: tuple[str, ...]) -> str:
+    """The spec as an error names it, with its --set changes (as `load_spec` names it)."""
+    return str(spec) + (f" with --set {' '.join(overrides)}" if overrides else "")
 
 
 def refuse_missing_inputs(job: JobSpec, cluster: str, *, source: str, imports: bool) -> None:
@@ -205,7 +210,7 @@ def submit(
     from ..spec import load_spec, with_command
 
     job = with_command(load_spec(spec, overrides, cluster), command)
-    refuse_missing_inputs(job, cluster, source=str(spec), imports=not dry_run)
+    refuse_missing_inputs(job, cluster, source=spec_source(spec, overrides), imports=not dry_run)
     kind = cluster_class(cluster)
     if wait and not kind.can_follow:
         raise UsageError(
