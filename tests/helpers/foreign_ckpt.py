@@ -105,18 +105,25 @@ def trainer(args: argparse.Namespace) -> None:
         (Path(args.out) / "log.json").write_text(json.dumps(losses))
 
 
-def fsdp2(args: argparse.Namespace) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+def fsdp2_tiny_model():  # type: ignore[no-untyped-def]
+    """This rank in the gloo group; the tiny model under FSDP2 (each layer, then the
+    whole), and its AdamW."""
     from torch.distributed.fsdp import fully_shard
 
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
     model = tiny_model()
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def fsdp2(args: argparse.Namespace) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optimizer = fsdp2_tiny_model()
+    rank = dist.get_rank()
     for step in range(args.steps):
         x = batch(step, rank)
         model(input_ids=x, labels=x).loss.backward()

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from foreign_ckpt import batch, no_shm_comm, tiny_model
+from foreign_ckpt import batch, fsdp2_tiny_model, no_shm_comm, tiny_model
 
 
 def _accelerator(zero_stage: int):  # type: ignore[no-untyped-def]
@@ -77,14 +77,8 @@ def accelerate_fsdp_layout(args: argparse.Namespace) -> dict[int, float]:
         set_model_state_dict,
         set_optimizer_state_dict,
     )
-    from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo")
-    model = tiny_model()
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = fsdp2_tiny_model()
     state = {"model": get_model_state_dict(model)}
     dcp.load(state, checkpoint_id=os.path.join(args.ckpt, "pytorch_model_fsdp_0"))
     set_model_state_dict(model, state["model"])
