@@ -160,3 +160,18 @@ def test_a_missing_input_from_a_set_names_the_set(tmp_path: Path, command: str) 
     [line] = res.output.strip().splitlines()
     assert line.startswith(f"error: {spec} with --set {setting}: invalid job spec: "), line
     assert "(it is a file)" in line and taken.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("given", ["runs/gone", "gone.yaml"])
+def test_plot_of_a_path_that_is_not_there_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """Not "no submitted job named 'runs/gone'": no job can have that name."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path / "state"))
+    res = CliRunner().invoke(cli, ["plot", given])
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == (
+        f"error: {given!r} does not exist; accepted: a run directory, a job spec file or "
+        "the name of a submitted job (shardctl ls)"
+    )

@@ -33,6 +33,11 @@ def resolve_run_dir(run: str) -> Path:
         from ..spec import load_spec
 
         return Path(load_spec(path).run_dir)
+    if "/" in run or path.suffix in (".yaml", ".yml"):  # no job's name or id: a path
+        raise UsageError(
+            f"{run!r} does not exist; accepted: a run directory, a job spec file or the "
+            "name of a submitted job (shardctl ls)"
+        )
     from ..clusters.records import recall
 
     return Path(recall(run).run_dir)
