@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from helpers.ckpt_run import child_env
@@ -123,20 +124,9 @@ def test_a_rank_without_a_handler_says_nothing_was_saved_and_is_a_preemption(
     for its hold (1 s here), then says it, records PREEMPTED with `saved: false`, and
     ends by the signal; the classifier requeues."""
     started = time.time()
-    proc = _entry(tmp_path, CODE / "no_handler.py", str(tmp_path), ignore=(signal.SIGUSR2,),
-                  hold_s="1")  # fmt: skip
-    try:
-        pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", 60))
-        assert pid == proc.pid
-        # Slurm's node task and the watchdog pass USR2 on only to a rank that catches
-        # it (`proctree.forward_to_catchers`): this one does, though its code does not.
-        assert proctree.catches(pid, signal.SIGUSR2)
-        os.kill(pid, signal.SIGUSR2)
+    with _rank(tmp_path, CODE / "no_handler.py", str(tmp_path), hold_s="1") as proc:
+        _warn_when_ready(tmp_path, proc, 60)
         _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGUSR2, err  # ended as it would without shardctl
     assert (
         "SIGUSR2 arrived before the script installed a handler for it: it is held up to 1 s" in err
@@ -166,25 +156,42 @@ def _warned_while_held(
     warning (`held` on its stderr), the script is let go on (`tmp_path/release` made)
     and waited for, `end_s` at most. Returns its exit code, stdout and stderr."""
     err_log = tmp_path / "rank.err"
-    with err_log.open("w") as err_file:
-        proc = _entry(tmp_path, script, *args, ignore=(signal.SIGUSR2,), stderr=err_file,
-                      hold_s=hold_s)  # fmt: skip
-        try:
-            ready = _wait_for(lambda: _read(tmp_path / "ready-0"), f"{script.name}'s start",
-                              start_s)  # fmt: skip
-            pid = int(ready)
-            # The rank catches the warning though the script has no handler yet: held.
-            assert pid == proc.pid and proctree.catches(pid, signal.SIGUSR2)
-            os.kill(pid, signal.SIGUSR2)
-            _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
-                      "the rank's word on the signal", 60, err_log)  # fmt: skip
-            (tmp_path / release).touch()
-            out, _ = proc.communicate(timeout=end_s)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+    with (
+        err_log.open("w") as err_file,
+        _rank(tmp_path, script, *args, stderr=err_file, hold_s=hold_s) as proc,
+    ):
+        _warn_when_ready(tmp_path, proc, start_s)
+        _wait_for(lambda: held in _read(err_log) or proc.poll() is not None,
+                  "the rank's word on the signal", 60, err_log)  # fmt: skip
+        (tmp_path / release).touch()
+        out, _ = proc.communicate(timeout=end_s)
     return proc.returncode, out, err_log.read_text()
+
+
+@contextlib.contextmanager
+def _rank(
+    tmp_path: Path, script: Path, *args: str, **entry: Any
+) -> Iterator[subprocess.Popen[str]]:
+    """`_entry`'s rank of SCRIPT, started with SIGUSR2 ignored (as Slurm's node task
+    starts the launcher); on leaving, however, killed by its pid if it still runs."""
+    proc = _entry(tmp_path, script, *args, ignore=(signal.SIGUSR2,), **entry)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _warn_when_ready(tmp_path: Path, proc: subprocess.Popen[str], seconds: float) -> None:
+    """Once the script says it has started (`ready-0` holding its pid, `seconds` at
+    most), SIGUSR2 to it: the rank's own process, which catches the signal though its
+    script has no handler (yet). Slurm's node task and the watchdog pass USR2 on only
+    to a rank that catches it (`proctree.forward_to_catchers`)."""
+    pid = int(_wait_for(lambda: _read(tmp_path / "ready-0"), "the script's start", seconds))
+    assert pid == proc.pid
+    assert proctree.catches(pid, signal.SIGUSR2)
+    os.kill(pid, signal.SIGUSR2)
 
 
 @pytest.mark.parametrize("handler", ["own", "shardctl"])
