@@ -1,8 +1,10 @@
 """Checkpoint stall: how long training is blocked per save, sync vs async.
 
     python benchmarks/checkpoint_stall.py [--params 150e6] [--nproc 2] [--saves 3]
+    python benchmarks/checkpoint_stall.py --device cuda --nproc 1 --params 1e9 --width 4096
 
-Launches itself under torchrun (CPU, gloo). Every rank builds an MLP of about
+Launches itself under torchrun (CPU and gloo, or one GPU per rank and NCCL: then the
+async save's stall is the staging from GPU to CPU memory). Every rank builds an MLP of about
 `--params` fp32 parameters in blocks of Linear(width, width), shards it with FSDP2
 (one unit per block + root), takes one AdamW step (so the optimizer state
 exists: the checkpoint is ~3× the model), then for each mode runs `--saves`
@@ -27,7 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from sharded_mlp import build_mlp, newest_step_bytes, run_under_torchrun  # beside this file
+from sharded_mlp import (  # beside this file
+    build_mlp,
+    init_ranks,
+    newest_step_bytes,
+    run_under_torchrun,
+)
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -36,6 +43,7 @@ def _launch(args: argparse.Namespace) -> int:
         "--params", str(args.params), "--saves", str(args.saves),
         "--steps-between", str(args.steps_between), "--width", str(args.width),
         "--dir", args.dir or str(out.parent / "ckpt"), "--result", str(out),
+        "--device", args.device,
     ])  # fmt: skip
     result = json.loads(out.read_text())
     print(json.dumps(result, indent=2))
@@ -71,9 +79,9 @@ def _worker(args: argparse.Namespace) -> None:
     from shardctl.train.backends.fsdp import DcpStateIO
     from shardctl.train.checkpoint import CheckpointManager
 
-    dist.init_process_group("gloo")
+    init_ranks(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mlp = build_mlp(args.params, args.width, 8, barrier=False)
+    mlp = build_mlp(args.params, args.width, 8, barrier=False, device=args.device)
     train_step = mlp.step
     result: dict = {
         "params": mlp.params, "world_size": world, "blocks": mlp.blocks, "width": mlp.width,
@@ -148,6 +156,7 @@ def main() -> int:
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--steps-between", type=int, default=3)
     ap.add_argument("--dir", default="", help="checkpoint folder (default: a temp dir)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)

@@ -1,8 +1,11 @@
 """The memory tier's cost: the stall per copy and per step at K=10, vs step time.
 
     python benchmarks/memory_tier.py [--params 0.1e6 20e6 100e6] [--nproc 2] [--markdown]
+    python benchmarks/memory_tier.py --device cuda --nproc 1 --params 100e6 1e9 \
+        --width 4096 --batch 64 --markdown            # one CUDA GPU (NCCL)
 
-Launches itself under torchrun (CPU, gloo). For each size, every rank builds an MLP of
+Launches itself under torchrun (CPU and gloo, or one GPU per rank and NCCL: then the
+copy's stall is the staging from GPU to CPU memory). For each size, every rank builds an MLP of
 about that many fp32 parameters (blocks of Linear(width, width), FSDP2, one unit per
 block), takes AdamW steps (the copy holds model + optimizer, ~3x the parameters),
 and runs `--steps` steps with a memory copy every `--every` steps
@@ -34,7 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from sharded_mlp import build_mlp, newest_step_bytes, run_under_torchrun  # beside this file
+from sharded_mlp import (  # beside this file
+    build_mlp,
+    init_ranks,
+    newest_step_bytes,
+    run_under_torchrun,
+)
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -46,7 +54,7 @@ def _launch(args: argparse.Namespace) -> int:
             run_under_torchrun(__file__, args.nproc, [
                 "--params", str(params), "--width", str(args.width), "--batch", str(args.batch),
                 "--steps", str(args.steps), "--every", str(args.every),
-                "--dir", str(where), "--result", str(out),
+                "--dir", str(where), "--result", str(out), "--device", args.device,
             ])  # fmt: skip
         finally:
             shutil.rmtree(where, ignore_errors=True)
@@ -82,12 +90,12 @@ def _worker(args: argparse.Namespace) -> None:
     from shardctl.train.backends.fsdp import DcpStateIO
     from shardctl.train.memory_tier import MemoryTier
 
-    dist.init_process_group("gloo")
+    init_ranks(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     wanted = float(args.params[0])
     width = min(args.width, max(16, int(wanted**0.5)))
     # Each step ends with a barrier: the ranks end a step together, as the loop's do.
-    mlp = build_mlp(wanted, width, args.batch, barrier=True)
+    mlp = build_mlp(wanted, width, args.batch, barrier=True, device=args.device)
     train_step = mlp.step
     step_s = mlp.median_step(warmup=2, timed=5)
     io = DcpStateIO(mlp.states(), Strategy("full_shard", 3, "fp32"))
@@ -138,6 +146,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--dir", default="/dev/shm", help="the tmpfs to copy into")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", default="", help=argparse.SUPPRESS)

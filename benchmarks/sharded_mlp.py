@@ -1,7 +1,8 @@
 """What the save-stall benchmarks share (checkpoint_stall.py, memory_tier.py): each
-launches itself under torchrun on CPU (gloo), and every rank times steps of the same
-FSDP2 MLP (blocks of Linear(width, width), one unit per block + root, AdamW: its
-checkpoint holds ~3x the parameters) against the saves it measures.
+launches itself under torchrun on CPU (gloo) or one CUDA GPU per rank (NCCL), and
+every rank times steps of the same FSDP2 MLP (blocks of Linear(width, width), one unit
+per block + root, AdamW: its checkpoint holds ~3x the parameters) against the saves
+it measures.
 
 Imported by those scripts as a sibling module (a script's folder is first on
 `sys.path`, under torchrun too); torch is imported inside the functions, so the
@@ -44,13 +45,17 @@ class ShardedMlp:
     barrier: bool  # each step ends with a barrier (the ranks end a step together)
 
     def step(self) -> float:
-        """One forward, backward and AdamW step; its wall seconds."""
+        """One forward, backward and AdamW step; its wall seconds (on a GPU, until its
+        kernels finished: a step's time is not when it was queued)."""
+        import torch
         import torch.distributed as dist
 
         t = time.perf_counter()
         self.model(self.batch).pow(2).mean().backward()
         self.optim.step()
         self.optim.zero_grad()
+        if self.batch.is_cuda:
+            torch.cuda.synchronize()
         if self.barrier:
             dist.barrier()
         return time.perf_counter() - t
@@ -67,22 +72,39 @@ class ShardedMlp:
         return {"model": ModelState(self.model), "optim": OptimizerState(self.model, self.optim)}
 
 
-def build_mlp(params: float, width: int, batch: int, *, barrier: bool) -> ShardedMlp:
+def init_ranks(device: str) -> None:
+    """The process group for `device`: gloo on CPU; NCCL on CUDA, one GPU per local
+    rank."""
+    import torch
+    import torch.distributed as dist
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+
+
+def build_mlp(
+    params: float, width: int, batch: int, *, barrier: bool, device: str = "cpu"
+) -> ShardedMlp:
     """About `params` fp32 parameters in blocks of Linear(width, width), FSDP2-sharded
-    over the process group (seeded: every run builds the same model)."""
+    over the process group (seeded: every run builds the same model) on `device`."""
     import torch
     from torch import nn
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     blocks = max(1, round(float(params) / (width * width + width)))
-    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(blocks)))
+    where = torch.device(device, torch.cuda.current_device()) if device == "cuda" else device
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(blocks))).to(where)
     for block in model:
         fully_shard(block)
     fully_shard(model)
     total = sum(p.numel() for p in model.parameters())  # sharded numel summed = full
     optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    return ShardedMlp(model, optim, torch.randn(batch, width), total, blocks, width, barrier)
+    data = torch.randn(batch, width).to(where)
+    return ShardedMlp(model, optim, data, total, blocks, width, barrier)
 
 
 def newest_step_bytes(folder: str | Path) -> int:

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,35 @@ def test_async_save_single_process(tmp_path: Path) -> None:
     s.mgr.close()
     assert [i.step for i in list_checkpoints(s.ckdir) if i.complete] == [2, 3]
     assert verify(s.ckdir / "step-00000003") == []
+
+
+class _TensorWithAnOwner:
+    """A Stateful whose tensor carries an attribute no deep copy can make (a lock):
+    what a DTensor carries in its spec (the device mesh), which torch 2.11's
+    `DefaultStager` failed to copy on a CUDA GPU (benchmarks/README.md)."""
+
+    def __init__(self) -> None:
+        self.weight = torch.arange(6, dtype=torch.float32)
+        self.weight.owner = threading.Lock()  # type: ignore[attr-defined]
+
+    def state_dict(self) -> dict:
+        return {"weight": self.weight}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.weight.copy_(sd["weight"])
+
+
+def test_an_async_save_stages_the_tensors_not_what_hangs_off_them(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    io = DcpStateIO({"model": _TensorWithAnOwner()}, None)
+    try:
+        io.save_async(tmp_path, None).result()
+    finally:
+        io.close()
+    loaded = {"model": {"weight": torch.zeros(6)}}
+    dcp.load(loaded, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    assert torch.equal(loaded["model"]["weight"], torch.arange(6, dtype=torch.float32))
 
 
 def test_backend_mismatch_is_refused(tmp_path: Path) -> None:

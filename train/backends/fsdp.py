@@ -300,12 +300,9 @@ class DcpStateIO:
 
     def save_async(self, step_dir: Path, group: Any) -> SaveFuture:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._stager is None:
-            # Synchronous staging into CPU memory (no pinned/shared memory: CPU
-            # training). The stager keeps its buffers between saves.
-            self._stager = DefaultStager(StagingOptions(False, False, False, False))
+            self._stager = _blocking_stager()
         result = dcp.async_save(
             self.states,
             storage_writer=self._writer(step_dir),
@@ -333,3 +330,20 @@ class DcpStateIO:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+
+
+def _blocking_stager() -> Any:
+    """What stages an async save: a copy into CPU memory, made before `save_async`
+    returns (training then changes the weights while the copy is written).
+
+    torch's `BlockingAsyncStager` (torch ≥ 2.4) copies tensor by tensor. Not the newer
+    `DefaultStager`: it deep-copies every DTensor's attributes, and torch 2.11's copy
+    fails on the device mesh inside (`KeyError: <class 'type'>`: measured on a CUDA
+    GPU, benchmarks/README.md); torch 2.6-2.7 do not have it. In a process that uses
+    CUDA the copies go to pinned buffers kept between saves (a fast device-to-host
+    copy, at the cost of one checkpoint's host memory); on CPU they are made anew.
+    """
+    import torch
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    return BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_initialized())
