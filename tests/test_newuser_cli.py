@@ -175,3 +175,32 @@ def test_plot_of_a_path_that_is_not_there_says_so(
         f"error: {given!r} does not exist; accepted: a run directory, a job spec file or "
         "the name of a submitted job (shardctl ls)"
     )
+
+
+def test_convert_refuses_a_fifo_unopened_and_names_bytes_that_are_not_utf8(
+    tmp_path: Path,
+) -> None:
+    """A FIFO as CONFIG waited for a writer for ever (validate refuses it already)."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "accelerate.yaml"
+    os.mkfifo(fifo)
+    res = subprocess.run(
+        [sys.executable, "-m", "shardctl.orchestrator.cli", "convert", str(fifo), "--to",
+         "deepspeed"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"error: CONFIG {str(fifo)!r} is not a regular file; give an accelerate config, a job "
+        "spec, a checkpoint folder, or - to read a config from stdin"
+    )
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"distributed_type: caf\xe9\n")
+    res2 = CliRunner().invoke(cli, ["convert", str(latin1), "--to", "deepspeed"])
+    assert res2.exit_code == 2
+    assert res2.output.strip() == (
+        f"error: cannot read CONFIG {str(latin1)!r}: not UTF-8 text (byte 21); is it a binary file?"
+    )

@@ -30,17 +30,27 @@ class Input:
     """Where a relative deepspeed_config_file is looked up first (the file's folder)."""
 
 
+_ACCEPTED = (
+    "give an accelerate config, a job spec, a checkpoint folder, or - to read a config from stdin"
+)
+
+
 def read_path(path: str | Path) -> Input:
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        # A FIFO waits for a writer and a device never ends: refused before it is opened.
+        raise UsageError(f"CONFIG {str(path)!r} is not a regular file; {_ACCEPTED}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        raise UsageError(f"CONFIG {str(path)!r} does not exist; {_ACCEPTED}") from None
+    except UnicodeDecodeError as exc:
         raise UsageError(
-            f"CONFIG {str(path)!r} does not exist; give an accelerate config, a job spec, "
-            "a checkpoint folder, or - to read a config from stdin"
+            f"cannot read CONFIG {str(path)!r}: not UTF-8 text (byte {exc.start}); is it a "
+            "binary file?"
         ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read CONFIG {str(path)!r}: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read CONFIG {str(path)!r}: {exc.strerror or exc}") from None
     return read_text(text, str(path), path.parent)
 
 
