@@ -89,6 +89,9 @@ def test_each_tool_s_checkpoint_is_listed_with_its_format_step_and_world(made) -
     assert (fsdp["accelerate-fsdp"]["format"], fsdp["accelerate-fsdp"]["backend"]) == (
         "accelerate+fsdp", "fsdp",
     )  # fmt: skip
+    # accelerate's default FSDP layout (FULL_STATE_DICT): the whole state, torch.saved.
+    full = fsdp["accelerate-fsdp-full"]
+    assert (full["format"], full["backend"], full["status"]) == ("accelerate", "full", "complete")
     text = CliRunner().invoke(cli, ["checkpoints", str(made["trainer-z2"])]).output
     assert "trainer+deepspeed" in text and "no sha256 recorded" in text
 
@@ -218,6 +221,27 @@ def test_consolidate_equals_torchs_dcp_to_torch_save(made, tmp_path, layout) -> 
     dcp_to_torch_save(dcp_dir, tmp_path / "ref.pt")
     want = torch.load(tmp_path / "ref.pt", weights_only=True)["model"]
     _assert_equal(want, load_file(tmp_path / "model" / "model.safetensors"))
+
+
+def test_accelerate_s_default_fsdp_save_consolidates_to_what_torch_loads(made, tmp_path) -> None:
+    """`pytorch_model_fsdp.bin` (FULL_STATE_DICT, accelerate's default; a CUDA GPU wrote
+    the same layout through accelerate's FSDP2 plugin: benchmarks/README.md): the
+    consolidated weights are what `torch.load` reads; a cut file is named corrupt."""
+    src = made["fsdp2"] / "accelerate-fsdp-full"
+    res = consolidate(src, tmp_path / "model")
+    assert res.exit_code == 0, res.output
+    want = torch.load(src / "pytorch_model_fsdp.bin", weights_only=True)
+    _assert_equal(want, load_file(tmp_path / "model" / "model.safetensors"))
+
+    cut = tmp_path / "cut"
+    shutil.copytree(src, cut)
+    with (cut / "pytorch_model_fsdp.bin").open("r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    [row] = _rows(cut, exit_code=1)
+    assert row["status"] == "corrupt" and "not a whole torch.save file" in row["problems"][0]
+    res = consolidate(cut, tmp_path / "cut-model")
+    assert res.exit_code != 0 and "not a whole torch.save file" in res.output
+    assert not (tmp_path / "cut-model").exists()
 
 
 # ------------------------------------------------------------------------ conversion

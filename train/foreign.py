@@ -15,7 +15,9 @@ and its own commit point:
 - `accelerate+fsdp`: `accelerator.save_state()` under FSDP (sharded state dict):
   `pytorch_model_fsdp_0/` and `optimizer_0/`, a DCP folder each.
 - `accelerate`: `accelerator.save_state()` unsharded: `model.safetensors` and
-  `optimizer.bin` (no commit point: sizes only).
+  `optimizer.bin` (no commit point: sizes only); under FSDP with accelerate's default
+  `FULL_STATE_DICT`: `pytorch_model_fsdp.bin` and `optimizer.bin`, torch.save files
+  of the full state (each checked for a whole zip).
 - `trainer+deepspeed`, `trainer+fsdp`, `trainer`: the HF Trainer's `checkpoint-N/`
   (`trainer_state.json` beside the same files as above: `latest` + `global_stepN/`,
   `pytorch_model_fsdp_0/`, or `model.safetensors`).
@@ -44,8 +46,8 @@ from ..orchestrator.errors import CheckpointError
 LOOKED_FOR = (
     "a shardctl step-NNNNNNNN folder with manifest.json, a DCP folder (.metadata), a "
     "DeepSpeed folder (latest + its tag folder), an accelerate save_state folder "
-    "(pytorch_model/ + latest, pytorch_model_fsdp_0/, or model.safetensors + "
-    "optimizer.bin) or a Trainer checkpoint-N folder"
+    "(pytorch_model/ + latest, pytorch_model_fsdp_0/, pytorch_model_fsdp.bin, or "
+    "model.safetensors + optimizer.bin) or a Trainer checkpoint-N folder"
 )
 
 TOOLS = {
@@ -63,6 +65,7 @@ DCP_METADATA = ".metadata"
 DS_LATEST = "latest"
 FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
 FSDP_OPTIM_DIR = "optimizer_0"
+FSDP_FULL_MODEL = "pytorch_model_fsdp.bin"  # accelerate's FSDP FULL_STATE_DICT save
 TRAINER_STATE = "trainer_state.json"
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -131,6 +134,8 @@ def identify(folder: Path) -> ForeignCheckpoint | None:
     has_weights = (folder / SAFETENSORS).is_file() or (folder / SAFETENSORS_INDEX).is_file()
     if has_weights and (trainer or accelerate or (folder / "optimizer.bin").is_file()):
         return _full(folder, "trainer" if trainer else "accelerate", trainer)
+    if (folder / FSDP_FULL_MODEL).is_file():
+        return _fsdp_full(folder, "trainer" if trainer else "accelerate", trainer)
     return None
 
 
@@ -361,6 +366,29 @@ def _full(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
         problems=tuple(problems),
         hf_config=_config_of(folder),
         optimizer=optimizer,
+    )
+
+
+def _fsdp_full(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
+    """accelerate's FSDP save with `FULL_STATE_DICT` (its default): rank 0's torch.save
+    of the whole model, and of the whole optimizer state beside it."""
+    problems: list[str] = []
+    model = folder / FSDP_FULL_MODEL
+    _check_zip(model, problems)
+    optimizer = folder / "optimizer.bin"
+    if optimizer.is_file():
+        _check_zip(optimizer, problems)
+    step = _trainer_step(folder, problems) if trainer else _step_from_name(folder.name)
+    return ForeignCheckpoint(
+        path=folder,
+        format=fmt,
+        backend="full",
+        model=model,
+        step=step,
+        world_size=None,
+        problems=tuple(problems),
+        hf_config=_config_of(folder),
+        optimizer=optimizer if optimizer.is_file() else None,
     )
 
 

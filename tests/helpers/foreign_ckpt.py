@@ -135,8 +135,30 @@ def fsdp2(args: argparse.Namespace) -> None:
     accelerate = os.path.join(args.out, "accelerate-fsdp")
     dcp.save({"model": model_sd}, checkpoint_id=os.path.join(accelerate, "pytorch_model_fsdp_0"))
     dcp.save({"optimizer": optim_sd}, checkpoint_id=os.path.join(accelerate, "optimizer_0"))
+    accelerate_full_state_dict(model, optimizer, os.path.join(args.out, "accelerate-fsdp-full"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def accelerate_full_state_dict(model, optimizer, out: str) -> None:  # type: ignore[no-untyped-def]
+    """accelerate's default FSDP layout (`state_dict_type: FULL_STATE_DICT`), written by
+    accelerate's own `save_fsdp_model` / `save_fsdp_optimizer`: rank 0 torch.saves the
+    full model to `pytorch_model_fsdp.bin` and the full optimizer to `optimizer.bin`.
+    The accelerator they are given is a stand-in with what they read of it (its FSDP
+    plugin needs a GPU to be prepared)."""
+    from types import SimpleNamespace
+
+    from accelerate import PartialState
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import save_fsdp_model, save_fsdp_optimizer
+
+    PartialState()  # accelerate's logging asks it which process this is
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, state_dict_type="FULL_STATE_DICT")
+    accelerator = SimpleNamespace(
+        num_processes=dist.get_world_size(), process_index=dist.get_rank()
+    )
+    save_fsdp_model(plugin, accelerator, model, out)
+    save_fsdp_optimizer(plugin, accelerator, optimizer, model, out)
 
 
 def no_shm_comm() -> None:

@@ -203,9 +203,12 @@ def source_tensors(
     layout puts it (`train/foreign.py`)."""
     notes: list[str] = []
     if foreign is not None and foreign.backend == "full":
-        from .full import safetensors_tensors
+        from .full import safetensors_tensors, torch_save_tensors
 
-        tensors, shared = safetensors_tensors(foreign.path), {}
+        if foreign.model.suffix == ".bin":  # accelerate's FSDP FULL_STATE_DICT save
+            tensors, shared = torch_save_tensors(foreign.model), {}
+        else:
+            tensors, shared = safetensors_tensors(foreign.path), {}
     elif manifest["backend"] == "fsdp":
         from .dcp import dcp_model_tensors, dcp_tensors
 

@@ -1,6 +1,8 @@
 """Read an unsharded save (the Trainer's or accelerate's `model.safetensors`, or its
-sharded `model-0000i-of-0000n.safetensors` + index) as SourceTensors: every tensor is one
-byte range of its file, given by the safetensors header, so the copy stays streamed."""
+sharded `model-0000i-of-0000n.safetensors` + index; accelerate's FSDP
+`pytorch_model_fsdp.bin`) as SourceTensors: every tensor is one byte range of its file,
+given by the safetensors header or the torch.save zip's records, so the copy stays
+streamed."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 from ...orchestrator.errors import CheckpointError
 from .io import ITEMSIZE, Segment, SourceTensor
+from .torchzip import TensorRef, load_refs
 
 # safetensors' dtype names → the names the consolidator uses
 _DTYPES = {
@@ -50,4 +53,21 @@ def safetensors_tensors(folder: Path) -> list[SourceTensor]:
                     name, shape, dtype, segments=[Segment(path, data_start + begin, numel, dtype)]
                 )
             )
+    return out
+
+
+def torch_save_tensors(path: Path) -> list[SourceTensor]:
+    """The tensors of a torch.save'd state dict (name → tensor), located without reading
+    their data; loaded as a weights-only load would (no arbitrary objects)."""
+    state = load_refs(path, trusted=False)
+    if not isinstance(state, dict) or not state:
+        raise CheckpointError(f"{path}: not a state dict of tensors (a torch.save'd dict)")
+    out: list[SourceTensor] = []
+    for name, ref in state.items():
+        if not isinstance(ref, TensorRef):
+            raise CheckpointError(f"{path}: entry {name!r} is not a tensor")
+        if not ref.contiguous:
+            raise CheckpointError(f"{path}: tensor {name!r} is stored with gaps (a view)")
+        segment = Segment(ref.path, ref.offset, ref.numel, ref.dtype)
+        out.append(SourceTensor(str(name), ref.shape, ref.dtype, segments=[segment]))
     return out

@@ -53,9 +53,9 @@ def read_foreign_state(found: ForeignCheckpoint) -> Any:
         return _from_deepspeed(found.model, {})
     if found.backend != "fsdp":
         raise UsageError(
-            f"{found.path} is an unsharded save ({found.format}: model.safetensors); it loads "
-            "on any backend as it is (from_pretrained); convert takes a DeepSpeed or FSDP "
-            "checkpoint"
+            f"{found.path} is an unsharded save ({found.format}: {found.model.name}); it "
+            "loads on any backend as it is (from_pretrained, or `shardctl consolidate` for a "
+            "model folder); convert takes a DeepSpeed or FSDP checkpoint"
         )
     world = found.world_size or 1
     if found.optimizer is not None:  # accelerate / the Trainer: optimizer_0/ {"optimizer"}
