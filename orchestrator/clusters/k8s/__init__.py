@@ -154,19 +154,17 @@ class K8sCluster(Cluster):
             self._delete_everything(kind, ns, name, wait=True)
         self._create_configmap(kind, core, custom, cm, ns, name)
         try:
-            created = self._call(
+            created = self._job_call(
                 "create",
-                kind.plural,
+                kind,
                 ns,
-                lambda: custom.create_namespaced_custom_object(
-                    kind.group, kind.version, ns, kind.plural, job,
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                ),
+                custom.create_namespaced_custom_object,
+                job,
                 not_found=f"the cluster does not serve {kind.plural}.{kind.group}/{kind.version} "
                 f"(the {kind.kind} CRD is not installed); {kind.install_hint}",
                 conflict=_exists_message(kind, ns, name),
                 rejected=kind.rejection(spec),
-            )  # fmt: skip
+            )
         except ClusterError:
             # Leave nothing behind from a submission that did not happen; a failing
             # clean-up must not hide the reason the submission failed.
@@ -505,19 +503,13 @@ class K8sCluster(Cluster):
         """Delete the job (its pods first: Foreground) and its ConfigMap."""
         custom, core = self._custom(), self._core()
         try:
-            self._call(
+            self._job_call(
                 "delete",
-                kind.plural,
+                kind,
                 ns,
-                lambda: custom.delete_namespaced_custom_object(
-                    kind.group,
-                    kind.version,
-                    ns,
-                    kind.plural,
-                    name,
-                    propagation_policy="Foreground",
-                    _request_timeout=REQUEST_TIMEOUT_S,
-                ),
+                custom.delete_namespaced_custom_object,
+                name,
+                options={"propagation_policy": "Foreground"},
                 not_found=f"no {kind.kind} {name} in namespace {ns} (already deleted or never "
                 "created)",
             )
@@ -552,21 +544,52 @@ class K8sCluster(Cluster):
         )
 
     def _get_job(self, kind: JobKind, custom: Any, ns: str, name: str) -> dict[str, Any]:
-        return self._call(
+        return self._job_call(
             "get",
-            kind.plural,
+            kind,
             ns,
-            lambda: custom.get_namespaced_custom_object(
-                kind.group, kind.version, ns, kind.plural, name,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            ),
+            custom.get_namespaced_custom_object,
+            name,
             not_found=f"no {kind.kind} {name} in namespace {ns}",
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _ignore_missing(fn: Callable[[], Any]) -> None:
         with contextlib.suppress(JobNotFoundError):  # what `_call` makes of a 404
             fn()
+
+    def _job_call(
+        self,
+        verb: str,
+        kind: JobKind,
+        ns: str,
+        method: Callable[..., T],
+        *args: Any,
+        options: dict[str, Any] | None = None,
+        not_found: str | None = None,
+        conflict: str | None = None,
+        rejected: Callable[[str], str | None] | None = None,
+    ) -> T:
+        """One `CustomObjectsApi.*_namespaced_custom_object` call on `kind`'s objects in
+        `ns`: the client wants group, version, namespace and plural first, then `args`
+        (the body or the name), then `options`; `_call` says what a failure means."""
+        return self._call(
+            verb,
+            kind.plural,
+            ns,
+            lambda: method(
+                kind.group,
+                kind.version,
+                ns,
+                kind.plural,
+                *args,
+                **(options or {}),
+                _request_timeout=REQUEST_TIMEOUT_S,
+            ),
+            not_found=not_found,
+            conflict=conflict,
+            rejected=rejected,
+        )
 
     def _call(
         self,
