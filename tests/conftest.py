@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import Counter
 from pathlib import Path
@@ -40,7 +41,8 @@ SLURM_FILES = "test_slurm"
 def _slurm_first(items: list[pytest.Item]) -> None:
     """Every test that needs the dev Slurm cluster lives in a `test_slurm_*` file (the
     workers share them out by file name, see `pytest_xdist_make_scheduler`), and those
-    tests run first: they are the longest group. The other files follow, those with the
+    tests run first: they are the longest group (those that resize the dev cluster, see
+    `resize_cluster`, last of them). The other files follow, those with the
     most long tests first (marker `slow`: a multi-process run; or a `timeout` of its
     own), so that the suite ends on files of quick tests: the worker that runs out of
     files first then waits seconds for the other, not the minutes of a long file handed
@@ -57,10 +59,11 @@ def _slurm_first(items: list[pytest.Item]) -> None:
             f"them all, in turn): move {', '.join(astray)}"
         )
     long_tests = Counter(item.path.name for item in items if _long(item))
+    resizing = {item.path.name for item in items if RESIZE_FIXTURE in item.fixturenames}
     # A stable sort on a key that is the same for every test of a file: each file's
     # tests stay together and in their own order (module fixtures, tests that build on
     # the one before); files of the same key keep their alphabetical order.
-    items.sort(key=lambda item: _file_rank(item.path.name, long_tests))
+    items.sort(key=lambda item: _file_rank(item.path.name, long_tests, resizing))
 
 
 def _long(item: pytest.Item) -> bool:
@@ -69,11 +72,35 @@ def _long(item: pytest.Item) -> bool:
     return bool(item.get_closest_marker("slow") or item.get_closest_marker("timeout"))
 
 
-def _file_rank(name: str, long_tests: Counter[str]) -> tuple[int, int]:
-    """Slurm files first, then the files by their number of long tests, most first."""
+def _file_rank(name: str, long_tests: Counter[str], resizing: set[str]) -> tuple[int, int]:
+    """Slurm files first (those that resize the dev cluster last of them), then the
+    files by their number of long tests, most first."""
     if name.startswith(SLURM_FILES):
-        return (0, 0)
+        return (0, int(name in resizing))
     return (1, -long_tests[name])
+
+
+# The fixture of the Slurm tests that need more nodes than the dev cluster's default 2.
+RESIZE_FIXTURE = "resize_cluster"
+
+
+@pytest.fixture(scope="session")
+def resize_cluster() -> Any:
+    """`resize_cluster(nodes, or_more=False)` brings the dev Slurm cluster to a node
+    count (helpers/slurm_dev.py); its default 2 nodes again once, at the end of the
+    session. The files that use it run last of the Slurm files (`_file_rank`), so the
+    2-node tests never find it resized, and the spares test (3 nodes or more) runs on
+    the 4 nodes the scale test left: each resize restarts the Slurm daemons (10-15 s),
+    and the two files' module fixtures did four."""
+    from helpers.slurm_dev import DevClusterSize
+
+    if os.geteuid() != 0:
+        pytest.skip("bringing the dev cluster up needs root")
+    size = DevClusterSize()
+    try:
+        yield size.resize
+    finally:
+        size.back_to_default()
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -14,9 +14,10 @@ The same job on 4 nodes runs in every suite run (a few minutes: more nodes than 
 other Slurm tests' 2, so a restart's round ends on nodes that are neither node 0 nor
 the one that failed); its script is paced (tests/helpers/paced_script.py) so that on
 any host the job is still stepping when the last fault lands. The wide cases are
-marked `scale`: only `scripts/test-all --scale` (pytest --scale) runs them. The module
-fixture brings the dev cluster up with each case's node count and back to its default
-2 nodes afterwards, so the other Slurm tests find what they expect.
+marked `scale`: only `scripts/test-all --scale` (pytest --scale) runs them. The session
+fixture `resize_cluster` (tests/conftest.py) brings the dev cluster up with each case's
+node count and back to its default 2 nodes at the end; this file and
+test_slurm_spares.py run last of the Slurm files, so the other Slurm tests find 2.
 """
 
 from __future__ import annotations
@@ -28,14 +29,13 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
 from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
-    ROOT,
     _finished,
     _last_checkpoint,
     _own_spec,
@@ -61,7 +61,6 @@ EVERY = 5
 STEPS = {"wide": 60, "small": 200}
 # A stopped rank is found hung after this long without a step.
 HANG_TIMEOUT_S = {"wide": 60, "small": 20}
-DEV_CLUSTER = ROOT / "scripts" / "slurm-dev-cluster"
 
 # (what the ranks run, the job's node count); the wide ones are marked `scale`.
 CASES = [
@@ -69,25 +68,6 @@ CASES = [
     pytest.param("script", SCALE_NODES, marks=pytest.mark.scale, id=f"script-{SCALE_NODES}-nodes"),
     pytest.param("loop", LOOP_NODES, marks=pytest.mark.scale, id=f"loop-{LOOP_NODES}-nodes"),
 ]
-
-
-def _dev_cluster(*args: str) -> None:
-    proc = subprocess.run(
-        ["bash", str(DEV_CLUSTER), "up", *args], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-
-@pytest.fixture(scope="module")
-def resize_cluster() -> Iterator[Callable[[int], None]]:
-    """Brings the dev cluster to a node count (`up` does nothing when it has it); its
-    default 2 nodes again after the module's tests."""
-    if os.geteuid() != 0:
-        pytest.skip("bringing the dev cluster up needs root")
-    try:
-        yield lambda nodes: _dev_cluster("--nodes", str(nodes))
-    finally:
-        _dev_cluster()
 
 
 # What the ranks run: `-m shardctl.train.entry script ...` (a user's script) or

@@ -4,8 +4,9 @@ the next restart in place to a spare, inside the same allocation and job id.
 The lineup rules (`clusters/slurm/spares.py`) and the field's validation and rendering
 run here without Slurm; three node tasks of one emulated allocation (no Slurm: the
 launcher is a stand-in script) run the whole round protocol; the dev cluster runs a
-2-node job with a spare whose rank is SIGKILLed on node 1 (marked `slurm`: brought to
-3 nodes and back, as `test_slurm_scale.py` does)."""
+2-node job with a spare whose rank is SIGKILLed on node 1 (marked `slurm`: on 3 nodes
+or more, the session fixture `resize_cluster`; after test_slurm_scale.py it runs on
+the 4 nodes that test left)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,6 @@ from test_slurm_cluster import (  # the e2e helpers of the 2-node tests
 )
 from test_slurm_hang import _rank_of_node
 from test_slurm_scale import PACED_SCRIPT
-from test_slurm_scale import resize_cluster as resize_cluster  # a module fixture
 
 # ----------------------------------------------------------------- the lineup rules
 
@@ -349,9 +349,9 @@ def _accounted_runs(job_id: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_rank_killed_on_node_1_goes_on_on_the_spare_same_job_no_requeue(
-    resize_cluster: Callable[[int], None], tmp_path: Path
+    resize_cluster: Callable[..., None], tmp_path: Path
 ) -> None:
-    resize_cluster(3)
+    resize_cluster(3, or_more=True)  # 2 nodes and the spare
     args = ["0.1", "fsdp2_script.py", "--steps", str(STEPS), "--log-every", "1"]
     spec = _own_spec("spares-kill", PACED_SCRIPT, args)
     spec["resources"] = {"nodes": 2, "procs_per_node": 1, "device": "cpu"}
