@@ -750,22 +750,11 @@ def decide(
     return no_progress if stalled else base
 
 
-def judge(
-    evidence: Evidence,
-    *,
-    retries: int = 0,
-    max_retries: int | None = None,
-    progress: Progress | None = None,
-    max_stalled: int = MAX_ATTEMPTS_WITHOUT_PROGRESS,
-    restarts: int = 0,
-    max_restarts: int | None = None,
-) -> Verdict:
-    """`decide(classify(evidence))`: what a supervisor calls."""
-    return decide(
-        classify(evidence), retries=retries, max_retries=max_retries,
-        progress=progress, max_stalled=max_stalled,
-        restarts=restarts, max_restarts=max_restarts,
-    )  # fmt: skip
+def judge(evidence: Evidence, **counts: Any) -> Verdict:
+    """`decide(classify(evidence), **counts)`: what a supervisor calls. `counts` are
+    `decide`'s keywords (retries, restarts, their bounds, progress), passed on as they
+    are so that the two cannot disagree on a name or a default."""
+    return decide(classify(evidence), **counts)
 
 
 # ----------------------------------------------------------------- python -m
