@@ -56,6 +56,16 @@ def as_bool(value: Any, where: str, origin: Origin) -> bool:
     origin.fail(f"{where} {value!r} is not a boolean; accepted: true, false")
 
 
+def optional_bool(
+    mapping: dict[str, Any], key: str, section: str, origin: Origin, absent: bool | None
+) -> bool | None:
+    """`mapping[key]` as a boolean (named `section.key` in an error), or `absent` (what
+    the plan holds already) when the key is not there: an absent key changes nothing."""
+    if key not in mapping:
+        return absent
+    return as_bool(mapping[key], f"{section}.{key}", origin)
+
+
 def as_int(value: Any, where: str, origin: Origin, accepted: tuple[int, ...] | None = None) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool)
     if not ok and isinstance(value, str) and value.strip().isdigit():

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from .accelerate_top import read_top
-from .checks import DEEPSPEED_JSON, Origin, as_bool, as_choice, as_int, auto_or, check_keys
+from .checks import (
+    DEEPSPEED_JSON,
+    Origin,
+    as_choice,
+    as_int,
+    auto_or,
+    check_keys,
+    optional_bool,
+)
 from .mapping import (
     DEEPSPEED_KEYS,
     DS_JSON_READ,
@@ -45,24 +53,17 @@ def plan_from_deepspeed(data: dict[str, Any], origin: Origin, base_dir: Path | N
         plan.zero_stage = as_int(
             cfg.get("zero_stage", 2), "deepspeed_config.zero_stage", origin, (0, 1, 2, 3)
         )
-        plan.offload_optimizer = as_choice(
+        plan.offload_optimizer = _offload_device(
             cfg.get("offload_optimizer_device", "none"),
             "deepspeed_config.offload_optimizer_device",
             origin,
-            OFFLOAD_DEVICES,
-            upper=False,
         )
-        plan.offload_param = as_choice(
-            cfg.get("offload_param_device", "none"),
-            "deepspeed_config.offload_param_device",
-            origin,
-            OFFLOAD_DEVICES,
-            upper=False,
+        plan.offload_param = _offload_device(
+            cfg.get("offload_param_device", "none"), "deepspeed_config.offload_param_device", origin
         )
-        if "zero3_save_16bit_model" in cfg:
-            plan.full_state_dict = as_bool(
-                cfg["zero3_save_16bit_model"], "deepspeed_config.zero3_save_16bit_model", origin
-            )
+        plan.full_state_dict = optional_bool(
+            cfg, "zero3_save_16bit_model", "deepspeed_config", origin, plan.full_state_dict
+        )
         plan.grad_accum = auto_or(
             cfg.get("gradient_accumulation_steps"),
             "deepspeed_config.gradient_accumulation_steps",
@@ -72,10 +73,9 @@ def plan_from_deepspeed(data: dict[str, Any], origin: Origin, base_dir: Path | N
         plan.grad_clip = auto_or(
             cfg.get("gradient_clipping"), "deepspeed_config.gradient_clipping", origin, float
         )
-    if "zero3_init_flag" in cfg:
-        plan.ram_efficient_loading = as_bool(
-            cfg["zero3_init_flag"], "deepspeed_config.zero3_init_flag", origin
-        )
+    plan.ram_efficient_loading = optional_bool(
+        cfg, "zero3_init_flag", "deepspeed_config", origin, plan.ram_efficient_loading
+    )
     for key in sorted(cfg):
         if key.startswith("deepspeed_") and key != "deepspeed_config_file":
             plan.note(
@@ -130,20 +130,17 @@ def read_ds_json(plan: Plan, ds: dict[str, Any], origin: Origin) -> None:
         section = zero.get(key) or {}
         if not isinstance(section, dict):
             origin.fail(f"zero_optimization.{key} must be an object, got {type(section).__name__}")
-        device = as_choice(
-            section.get("device", "none"),
-            f"zero_optimization.{key}.device",
-            origin,
-            OFFLOAD_DEVICES,
-            upper=False,
+        device = _offload_device(
+            section.get("device", "none"), f"zero_optimization.{key}.device", origin
         )
         setattr(plan, key, device)
-    if "stage3_gather_16bit_weights_on_model_save" in zero:
-        plan.full_state_dict = as_bool(
-            zero["stage3_gather_16bit_weights_on_model_save"],
-            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-            origin,
-        )
+    plan.full_state_dict = optional_bool(
+        zero,
+        "stage3_gather_16bit_weights_on_model_save",
+        "zero_optimization",
+        origin,
+        plan.full_state_dict,
+    )
     if "zero_hpz_partition_size" in zero:
         plan.hpz_partition_size = as_int(
             zero["zero_hpz_partition_size"], "zero_optimization.zero_hpz_partition_size", origin
@@ -188,3 +185,8 @@ def _leaf_keys(obj: dict[str, Any], prefix: str = "") -> list[str]:
         else:
             out.append(dotted)
     return out
+
+
+def _offload_device(value: Any, where: str, origin: Origin) -> str:
+    """Where DeepSpeed offloads (`none`, `cpu`, `nvme`), in either file's spelling."""
+    return as_choice(value, where, origin, OFFLOAD_DEVICES, upper=False)

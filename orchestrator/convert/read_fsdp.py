@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .accelerate_top import read_top
-from .checks import Origin, as_bool, as_choice, as_int, check_keys
+from .checks import Origin, as_bool, as_choice, as_int, check_keys, optional_bool
 from .mapping import (
     FSDP_KEYS,
     FSDP_STRATEGIES,
@@ -61,12 +61,9 @@ def plan_from_fsdp(data: dict[str, Any], origin: Origin) -> Plan:
 
     if as_bool(cfg.get("fsdp_offload_params", False), "fsdp_config.fsdp_offload_params", origin):
         plan.offload_param = plan.offload_optimizer = "cpu"
-    if "fsdp_cpu_ram_efficient_loading" in cfg:
-        plan.ram_efficient_loading = as_bool(
-            cfg["fsdp_cpu_ram_efficient_loading"],
-            "fsdp_config.fsdp_cpu_ram_efficient_loading",
-            origin,
-        )
+    plan.ram_efficient_loading = optional_bool(
+        cfg, "fsdp_cpu_ram_efficient_loading", "fsdp_config", origin, plan.ram_efficient_loading
+    )
     if "fsdp_state_dict_type" in cfg:
         sdt = as_choice(
             cfg["fsdp_state_dict_type"],
