@@ -33,3 +33,25 @@ def test_an_unreadable_bucket_is_said_before_the_precision(
     said = str(exc.value)
     assert said.startswith("S3 list of s3://no-such-bucket/run failed: "), said
     assert said.endswith("(on rank 0, while resolving strategy.precision auto)"), said
+
+
+def test_a_module_that_is_not_there_fails_once_with_its_name(tmp_path: Path) -> None:
+    """`submit -- -m typo.train`: every rank raised ImportError and the run was restarted
+    (twice, locally) before it failed as "a rank exited with code 1"."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {**os.environ, "SHARDCTL_RUN_DIR": str(run_dir), "RANK": "0"}
+    res = subprocess.run(
+        [sys.executable, "-m", "shardctl.train.entry", "module", "no_such_pkg.train"],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    reason = "-m no_such_pkg.train: No module named 'no_such_pkg' here; the run is not retried"
+    assert res.returncode == 78, res.stderr
+    assert res.stderr.strip() == f"shardctl: {reason}"
+    failed = json.loads((run_dir / "FAILED").read_text())
+    assert (failed["code"], failed["reason"]) == (78, reason)

@@ -70,6 +70,7 @@ from shardctl.orchestrator.outcome import (
 from shardctl.orchestrator.rundir import (
     DONE_FILE,
     ENV_RUN_DIR,
+    EXIT_DO_NOT_RETRY,
     EXIT_OK,
     EXIT_PREEMPTED,
     FAILED_FILE,
@@ -112,6 +113,12 @@ def run(kind: str, target: str, args: list[str]) -> int:
             sys.path.insert(0, str(Path(target).resolve().parent))
             runpy.run_path(target, run_name="__main__")
         else:
+            missing = _missing_module(target)
+            if missing is not None:
+                # Every retry would find it missing too: said once, not retried.
+                _failure_reason = f"-m {target}: {missing} here; the run is not retried"
+                print(f"shardctl: {_failure_reason}", file=sys.stderr, flush=True)
+                return EXIT_DO_NOT_RETRY
             sys.argv = [target, *args]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
@@ -123,6 +130,22 @@ def run(kind: str, target: str, args: list[str]) -> int:
             _failure_reason = str(exc)[:2000]
         return 1
     return EXIT_OK
+
+
+def _missing_module(target: str) -> str | None:
+    """ "No module named ..." when `target` or a package above it cannot be found on
+    this rank's sys.path, else None (an error inside the user's package is theirs, and
+    shows when the module runs)."""
+    from importlib.util import find_spec
+
+    try:
+        found = find_spec(target)
+    except ModuleNotFoundError as exc:
+        ours = exc.name is not None and (target + ".").startswith(exc.name + ".")
+        return str(exc) if ours else None
+    except Exception:
+        return None
+    return None if found is not None else f"No module named {target!r}"
 
 
 def record(
