@@ -204,3 +204,15 @@ def test_convert_refuses_a_fifo_unopened_and_names_bytes_that_are_not_utf8(
     assert res2.output.strip() == (
         f"error: cannot read CONFIG {str(latin1)!r}: not UTF-8 text (byte 21); is it a binary file?"
     )
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+def test_a_spec_given_as_job_names_the_job_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path / "state"))
+    spec = _starter_spec(tmp_path)
+    res = CliRunner().invoke(cli, [command, str(spec)])
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert "JOB is a job's name or id, not its spec file (this one names job 'job')" in line

@@ -228,6 +228,21 @@ def recall(name_or_id: str) -> JobRef:
     known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
     raise JobNotFoundError(
         f"no submitted job named or with id {SpecError.show_value(name_or_id)} (known jobs: "
-        f"{known or 'none'}); "
+        f"{known or 'none'}); {_spec_hint(name_or_id)}"
         "submit one with `shardctl submit SPEC`"
     )
+
+
+def _spec_hint(given: str) -> str:
+    """What to give instead of a job spec's path: the job's name it holds."""
+    path = Path(given)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return ""
+    from ..yamlio import read_yaml_file
+
+    try:
+        name = read_yaml_file(path).get("name")
+    except (SpecError, AttributeError):  # not a spec: the file is not named for its job
+        name = None
+    named = f" (this one names job {name!r})" if isinstance(name, str) else ""
+    return f"JOB is a job's name or id, not its spec file{named}; "
