@@ -1,9 +1,11 @@
-"""Two nodes on this machine (two torchrun launches, `--nnodes 2`, one rank each) save
-the real loop's checkpoints to a real S3 server (SeaweedFS, `s3_server`) with no shared
-staging: each node stages in its own folder and uploads its own rank's files. Node 1
-is killed part way through its upload of step 4 (its objects partial): no manifest
-for step 4 is ever written; run again, the job resumes from step 2 and finishes with
-the same weights as an uninterrupted run on disk."""
+"""Two nodes on this machine (one rank each) save the real loop's checkpoints to a real
+S3 server (SeaweedFS, `s3_server`) with no shared staging: each node stages in its own
+folder and uploads its own rank's files. An uninterrupted run through the local
+cluster (its two node launches, the node agent, fenced attempts) is the reference;
+then two torchrun launches (`--nnodes 2`) of the same spec, node 1 killed part way
+through its upload of step 4 (its objects partial): no manifest for step 4 is ever
+written; run again, the job resumes from step 2 and finishes with the reference's
+weights."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from helpers.ckpt_run import ROOT, child_env, free_port, kill_group
 from helpers.s3_server import S3Server, isolate_aws_settings
-from helpers.train_run import assert_bit_equal, final_weights, metrics, tiny_spec
+from helpers.train_run import assert_bit_equal, metrics, tiny_spec
 from shardctl.orchestrator.cli import cli
 
 pytestmark = pytest.mark.slow
@@ -97,11 +99,8 @@ def test_two_nodes_without_shared_staging_lose_a_node_mid_upload_and_resume_bit_
         return {item["Key"][len(CKPT) + 1 :] for item in found}
 
     common = {"train": {"steps": STEPS}, "resources": {"nodes": 2, "procs_per_node": 1}}
-    # The reference: the same two nodes, on disk, uninterrupted.
-    ref = tiny_spec(tmp_path, "ref", **common)
-    ref_env = {**child_env(), "SHARDCTL_RUN_DIR": str(tmp_path / "ref")}
-    _finish(_both_nodes(ref, ref_env, tmp_path / "ref-logs"), tmp_path / "ref-logs")
-    expected = final_weights(tmp_path / "ref" / "checkpoints" / "step-00000008", tmp_path / "m0")
+    # The reference: the same two nodes, uninterrupted, submitted to the local cluster.
+    expected = _local_cluster_reference(s3_server, tmp_path, monkeypatch, common)
 
     spec = tiny_spec(tmp_path, "s3run", checkpoint={"dir": f"s3://{bucket}/{CKPT}"}, **common)
     run_dir = tmp_path / "s3run"
@@ -151,12 +150,15 @@ def test_two_nodes_without_shared_staging_lose_a_node_mid_upload_and_resume_bit_
     # Node 1 kept no copy: neither the killed upload's, nor resume's, nor its last upload's.
     assert not list((run_dir / "s3-cache" / "node-1" / bucket / CKPT).glob("step-*"))
 
-    out = tmp_path / "model"
-    result = CliRunner().invoke(
-        cli, ["consolidate", f"s3://{bucket}/{CKPT}/step-00000008", "--out", str(out)]
-    )
+    resumed = _consolidated(f"s3://{bucket}/{CKPT}/step-00000008", tmp_path / "m1")
+    assert_bit_equal(resumed, expected)
+
+
+def _consolidated(checkpoint: str, out: Path) -> dict:
+    """The tensors `shardctl consolidate CHECKPOINT` writes."""
+    result = CliRunner().invoke(cli, ["consolidate", checkpoint, "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert_bit_equal(_tensors(out), expected)
+    return _tensors(out)
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -175,35 +177,29 @@ def _tensors(folder: Path) -> dict:
     return out
 
 
-def test_a_two_node_local_run_submitted_to_s3_uploads_from_each_nodes_own_folder(
-    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same through the local cluster (its two node launches, the node agent, fenced
-    attempts: node 1 sees the run's claim in the shared run dir and is fenced too)."""
+def _local_cluster_reference(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, common: dict
+) -> dict:
+    """The uninterrupted run of `common` submitted to the local cluster, to a bucket of
+    its own: each node uploads its own rank's files from a folder of its own (node 1
+    sees the run's claim in the shared run dir and is fenced too). Its final weights."""
     from helpers.local_run import follow_to_end
     from shardctl.orchestrator.clusters.local import LocalCluster
     from shardctl.orchestrator.spec import load_spec
 
-    isolate_aws_settings(monkeypatch, tmp_path)
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
     bucket = s3_server.make_bucket(f"local-{uuid.uuid4().hex[:12]}")
-    spec = load_spec(
-        tiny_spec(
-            tmp_path,
-            "two",
-            resources={"nodes": 2, "procs_per_node": 1},
-            checkpoint={"dir": f"s3://{bucket}/{CKPT}"},
-        )
-    )
+    spec = load_spec(tiny_spec(tmp_path, "two", checkpoint={"dir": f"s3://{bucket}/{CKPT}"},
+                               **common))  # fmt: skip
     local = LocalCluster()
     ref = local.schedule(local.dryrun(spec))
     assert follow_to_end(local, ref) == 0, local.logs(ref)[-5000:]
+    last = f"step-{STEPS:08d}"
     raw = s3_server.boto3_client()
-    found = raw.list_objects_v2(Bucket=bucket, Prefix=f"{CKPT}/step-00000004/")["Contents"]
-    stored = {item["Key"].split("/step-00000004/", 1)[1] for item in found}
+    found = raw.list_objects_v2(Bucket=bucket, Prefix=f"{CKPT}/{last}/")["Contents"]
+    stored = {item["Key"].split(f"/{last}/", 1)[1] for item in found}
     assert {"manifest.json", "dcp/__1_0.distcp", "train_state/rank-00001.pt"} <= stored
     cache = tmp_path / "two" / "s3-cache"
-    assert (cache / "node-0" / bucket / CKPT / "step-00000004" / "dcp" / "__0_0.distcp").is_file()
+    assert (cache / "node-0" / bucket / CKPT / last / "dcp" / "__0_0.distcp").is_file()
     assert not list(cache.rglob("__1_0.distcp"))  # node 1's, uploaded by node 1 and dropped
+    return _consolidated(f"s3://{bucket}/{CKPT}/{last}", tmp_path / "m0")
