@@ -216,3 +216,34 @@ def test_a_spec_given_as_job_names_the_job_it_holds(
     assert res.exit_code == 1, res.output
     [line] = res.output.strip().splitlines()
     assert "JOB is a job's name or id, not its spec file (this one names job 'job')" in line
+
+
+def test_a_kubeconfig_that_is_no_mapping_is_said_without_pythons_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KUBECONFIG pointing at a text file said "'str' object does not support item
+    assignment"."""
+    pytest.importorskip("kubernetes")
+    monkeypatch.setenv("SHARDCTL_STATE_DIR", str(tmp_path / "state"))
+    spec = _starter_spec(tmp_path)
+    words = tmp_path / "words.txt"
+    words.write_text("just some words\n")
+    monkeypatch.setenv("KUBECONFIG", str(words))
+    monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    res = CliRunner().invoke(
+        cli, ["submit", str(spec), "--cluster", "k8s", "--set", "k8s.image=x/y:1"]
+    )
+    assert res.exit_code == 1, res.output
+    [line] = res.output.strip().splitlines()
+    assert f"no usable kubeconfig ({words}): not a kubeconfig (a mapping with clusters, " in line
+    assert "object" not in line and "Traceback" not in res.output
+
+
+def test_a_k8s_image_with_a_space_says_what_is_accepted(tmp_path: Path) -> None:
+    spec = _starter_spec(tmp_path)
+    res = CliRunner().invoke(cli, ["validate", str(spec), "--cluster", "k8s",
+                                   "--set", "k8s.image=my image"])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert "k8s.image: 'my image' is not an image reference; accepted: one word such as " in line

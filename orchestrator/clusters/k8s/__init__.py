@@ -787,9 +787,11 @@ def load_api_client() -> Any:
     except (TypeError, AttributeError, KeyError, ValueError) as exc:
         # The client indexes the parsed YAML as it expects it: garbage that is valid
         # YAML (a list, a bare word) surfaces here as a lookup error.
+        # Python's own words for a lookup ("'str' object does not support item
+        # assignment") say nothing to the user; a missing key does.
+        missing = f": no {_one_line(exc)}" if isinstance(exc, KeyError) else ""
         raise _kubeconfig_error(
-            config_file,
-            f"not a kubeconfig (a mapping with clusters, users and contexts): {_one_line(exc)}",
+            config_file, f"not a kubeconfig (a mapping with clusters, users and contexts){missing}"
         ) from None
 
 

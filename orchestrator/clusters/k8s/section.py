@@ -439,7 +439,10 @@ class K8sSection(ClusterSection):
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         if v is not None and (not v or re.search(r"\s", v) or CONTROL_RE.search(v)):
-            raise ValueError(f"{show(v)} is not an image reference")
+            raise ValueError(
+                f"{show(v)} is not an image reference; accepted: one word such as "
+                "'ghcr.io/team/shardctl:1.0' or 'pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime'"
+            )
         return v
 
     @field_validator("setup")
