@@ -36,6 +36,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # The files of the tests that need the dev Slurm cluster (marker `slurm`).
 SLURM_FILES = "test_slurm"
+# `test_slurm_*` files with no test that needs the cluster (checked at collection):
+# shared out like any other file, not queued on the Slurm worker (46 s of it at load 3.6).
+CLUSTER_FREE_SLURM_FILES = frozenset({"test_slurm_options.py", "test_slurm_render.py"})
+
+
+def _on_the_slurm_worker(name: str) -> bool:
+    """Whether the file of this name runs on the worker that runs the Slurm tests."""
+    return name.startswith(SLURM_FILES) and name not in CLUSTER_FREE_SLURM_FILES
 
 
 def _slurm_first(items: list[pytest.Item]) -> None:
@@ -58,6 +66,17 @@ def _slurm_first(items: list[pytest.Item]) -> None:
             f"tests marked `slurm` must live in a {SLURM_FILES}*.py file (one worker runs "
             f"them all, in turn): move {', '.join(astray)}"
         )
+    free = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("slurm") and item.path.name in CLUSTER_FREE_SLURM_FILES
+    ]
+    if free:
+        raise pytest.UsageError(
+            f"tests marked `slurm` in a file of CLUSTER_FREE_SLURM_FILES (tests/conftest.py; "
+            f"its tests run beside the Slurm tests): {', '.join(free)}; take the file off "
+            "that list or move the tests"
+        )
     long_tests = Counter(item.path.name for item in items if _long(item))
     resizing = {item.path.name for item in items if RESIZE_FIXTURE in item.fixturenames}
     # A stable sort on a key that is the same for every test of a file: each file's
@@ -75,7 +94,7 @@ def _long(item: pytest.Item) -> bool:
 def _file_rank(name: str, long_tests: Counter[str], resizing: set[str]) -> tuple[int, int]:
     """Slurm files first (those that resize the dev cluster last of them), then the
     files by their number of long tests, most first."""
-    if name.startswith(SLURM_FILES):
+    if _on_the_slurm_worker(name):
         return (0, int(name in resizing))
     return (1, -long_tests[name])
 
@@ -107,16 +126,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """How `pytest -n 2` (scripts/test-all) shares the tests out between its workers.
 
     A file goes whole to one worker, so its module fixtures (a trained run, a converted
-    checkpoint) are built once. Every `test_slurm_*` file goes to the same worker: two
-    workers' jobs on the dev cluster's two nodes would queue behind each other and blow
-    the tests' deadlines. (pytest-xdist's own `xdist_group` mark would say this, but
-    xdist 3.8 cannot apply it under pytest 9.2, which renamed the node id it rewrites.)"""
+    checkpoint) are built once. Every `test_slurm_*` file goes to the same worker
+    (except CLUSTER_FREE_SLURM_FILES): two workers' jobs on the dev cluster's two nodes
+    would queue behind each other and blow the tests' deadlines. (pytest-xdist's own
+    `xdist_group` mark would say this, but xdist 3.8 cannot apply it under pytest 9.2,
+    which renamed the node id it rewrites.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByFile(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "slurm" if Path(path).name.startswith(SLURM_FILES) else path
+            return "slurm" if _on_the_slurm_worker(Path(path).name) else path
 
     return ByFile(config, log)
 
