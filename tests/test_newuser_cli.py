@@ -247,3 +247,26 @@ def test_a_k8s_image_with_a_space_says_what_is_accepted(tmp_path: Path) -> None:
     assert res.exit_code == 2, res.output
     [line] = res.output.strip().splitlines()
     assert "k8s.image: 'my image' is not an image reference; accepted: one word such as " in line
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize("out", ["run", ".", "run/checkpoints/step-00000003/x"])
+def test_consolidate_never_replaces_what_it_reads(tmp_path: Path, out: str) -> None:
+    """`consolidate RUN --out RUN --force` replaced the run dir (checkpoints, logs) with
+    the model."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    run = tmp_path / "run"
+    dcp.save(
+        {"model": {"w": torch.ones(3)}}, checkpoint_id=str(run / "checkpoints" / "step-00000003")
+    )
+    (run / "logs").mkdir()
+    (run / "logs" / "mine.txt").write_text("keep\n")
+    res = CliRunner().invoke(cli, ["consolidate", str(run), "--out", str(tmp_path / out),
+                                   "--force", "--no-progress"])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    [line] = res.output.strip().splitlines()
+    assert "which is read; accepted: a folder outside it" in line, line
+    assert (run / "logs" / "mine.txt").read_text() == "keep\n"
+    assert (run / "checkpoints" / "step-00000003" / ".metadata").is_file()

@@ -35,6 +35,23 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
+def _refuse_out_over_source(out: Path, read: list[Path], checkpoint: Path) -> None:
+    """--out may not be, nor hold, what is read (the folder given, the checkpoints, the
+    checkpoint chosen), nor lie in the checkpoint: with --force it is replaced by the
+    model (a run dir given as --out lost its checkpoints and logs)."""
+    out_abs = out.resolve()
+    for source in [*read, checkpoint]:
+        src = source.resolve()
+        how = "is" if out_abs == src else "holds" if out_abs in src.parents else None
+        if how is None and source is checkpoint and src in out_abs.parents:
+            how = "lies in"
+        if how is not None:
+            raise UsageError(
+                f"--out {out} {how} {source}, which is read; accepted: a folder outside it "
+                "(without --out: the run dir's model/)"
+            )
+
+
 def checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
     """Where to look for the checkpoint, and the run dir whose model/ is the default out.
 
@@ -169,7 +186,7 @@ def consolidate_cmd(
             from ..s3.local import fetch_checkpoint
 
             where = fetch_checkpoint(where)
-    resolve_checkpoint(where)  # a wrong path is named before the output is
+    chosen = resolve_checkpoint(where)  # a wrong path is named before the output is
     if out is None:
         if run_dir is None:
             raise UsageError(
@@ -178,6 +195,9 @@ def consolidate_cmd(
                 "or the run directory instead"
             )
         out = RunDir.of(run_dir).model
+    given = [] if is_object_url(checkpoint) else [Path(checkpoint)]
+    step = chosen if isinstance(chosen, Path) else Path(chosen.path)  # another tool's
+    _refuse_out_over_source(Path(out), [*given, Path(where)], step)
     result = consolidate(
         where,
         out,
