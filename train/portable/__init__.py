@@ -73,6 +73,22 @@ class ConvertReport:
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    @classmethod
+    def finished(
+        cls, out: Path, to: str, world_size: int | None, state: Any, started: float, **fields: Any
+    ) -> ConvertReport:
+        """The report of a conversion that wrote `state` for backend `to` at `out`, begun
+        at `started` (`time.perf_counter`); `fields` are the rest of the report. A world
+        size is said only for DeepSpeed: an FSDP checkpoint loads on any."""
+        return cls(
+            out=str(out),
+            backend=to,
+            world_size=world_size if to == "deepspeed" else None,
+            nbytes=state.nbytes,
+            seconds=time.perf_counter() - started,
+            **fields,
+        )
+
 
 def convert_checkpoint(
     source: Path,
@@ -180,20 +196,11 @@ def convert_checkpoint(
         if hashing is not None:
             hashing.check()  # a manifest never certifies what came from damaged files
         write_manifest(tmp, new_manifest)
-    return ConvertReport(
-        source=str(step_dir),
-        out=str(out),
-        step=int(manifest["step"]),
-        source_backend=str(manifest["backend"]),
-        backend=to,
-        world_size=ws if to == "deepspeed" else None,
-        zero_stage=stage,
-        precision=target_precision,
-        nbytes=state.nbytes,
-        seconds=time.perf_counter() - t0,
-        notes=notes,
-        writer=writer,
-    )
+    return ConvertReport.finished(
+        out, to, ws, state, t0, source=str(step_dir), step=int(manifest["step"]),
+        source_backend=str(manifest["backend"]), zero_stage=stage, precision=target_precision,
+        notes=notes, writer=writer,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

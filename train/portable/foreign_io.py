@@ -125,21 +125,11 @@ def convert_foreign(
                 "its start"
             )
         storage.sync(tmp, [str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file()])
-    return ConvertReport(
-        source=str(found.path),
-        out=str(out),
-        step=step,
-        source_backend=f"{found.backend} ({found.format})",
-        backend=to,
-        world_size=ws if to == "deepspeed" else None,
-        zero_stage=stage,
-        precision=prec,
-        nbytes=state.nbytes,
-        seconds=time.perf_counter() - t0,
-        notes=notes,
-        writer="direct" if to == "deepspeed" else None,
-        layout=target,
-    )
+    return ConvertReport.finished(
+        out, to, ws, state, t0, source=str(found.path), step=step,
+        source_backend=f"{found.backend} ({found.format})", zero_stage=stage, precision=prec,
+        notes=notes, writer="direct" if to == "deepspeed" else None, layout=target,
+    )  # fmt: skip
 
 
 def _deepspeed_target(
