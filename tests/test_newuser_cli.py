@@ -270,3 +270,28 @@ def test_consolidate_never_replaces_what_it_reads(tmp_path: Path, out: str) -> N
     assert "which is read; accepted: a folder outside it" in line, line
     assert (run / "logs" / "mine.txt").read_text() == "keep\n"
     assert (run / "checkpoints" / "step-00000003" / ".metadata").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_a_copied_run_dir_consolidates_its_own_checkpoints(tmp_path: Path) -> None:
+    """Its job.yaml names the original run dir, absolute; while that one exists,
+    `consolidate COPY` read the original's checkpoints (`checkpoints COPY` lists the
+    copy's)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import yaml
+    from safetensors.torch import load_file
+    from shardctl.orchestrator.spec import load_spec
+
+    spec = _starter_spec(tmp_path)
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    job = load_spec(spec, (f"run_dir={original}",))
+    for run, value in ((original, 1.0), (copy, 2.0)):
+        step = run / "checkpoints" / "step-00000003"
+        dcp.save({"model": {"w": torch.full((2,), value)}}, checkpoint_id=str(step))
+        (run / "job.yaml").write_text(yaml.safe_dump(job.to_yaml_dict()))
+    res = CliRunner().invoke(cli, ["consolidate", str(copy), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    got = load_file(copy / "model" / "model.safetensors")["w"]
+    assert torch.equal(got, torch.full((2,), 2.0))
+    assert not (original / "model").exists()

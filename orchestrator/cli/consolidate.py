@@ -86,10 +86,14 @@ def checkpoints_and_run_dir(given: Path) -> tuple[Path | str, Path | None]:
             return given / CHECKPOINTS_DIR, given
         if is_object_url(spec.checkpoint_dir):
             return spec.checkpoint_dir, given
-        # The rendered job.yaml names the run dir as the nodes saw it (maybe relative).
-        ckpt = Path(spec.checkpoint_dir)
-        if not ckpt.is_absolute() or not ckpt.exists():
-            ckpt = given / Path(spec.checkpoint_dir).name
+        # The rendered job.yaml names the run dir as the nodes saw it (maybe relative,
+        # maybe a run dir since moved or copied: its own checkpoints are the ones below
+        # it, never the original's).
+        ckpt, rendered_run = Path(spec.checkpoint_dir), Path(spec.run_dir)
+        if ckpt == rendered_run or rendered_run in ckpt.parents:
+            ckpt = given / ckpt.relative_to(rendered_run)
+        elif not ckpt.is_absolute() or not ckpt.exists():
+            ckpt = given / ckpt.name
         return ckpt, given
     # The default layout, <run dir>/checkpoints/step-N: the run dir is above.
     if (given / CHECKPOINTS_DIR).is_dir():
