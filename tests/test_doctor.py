@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from helpers.kmock_server import KMockServer
+from helpers.kmock_server import KMockServer, kube_api
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.doctor import Check, budget_check, percentile
 from shardctl.orchestrator.spec import parse_spec
@@ -100,15 +100,10 @@ def test_a_grace_period_shorter_than_the_measured_save_fails(tmp_path: Path) -> 
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
-    srv = KMockServer().start()
-    try:
+    with kube_api(tmp_path, monkeypatch) as srv:
         srv.handler.resources["v1/serviceaccounts"] = {}
         srv.handler.resources["v1/persistentvolumeclaims"] = {}
-        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
-        monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_k8s_checks_through_the_api(server: KMockServer, tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import kmock
 import pytest
-from helpers.kmock_server import PYTORCHJOBS, KMockServer
+from helpers.kmock_server import PYTORCHJOBS, KMockServer, kube_api
 from shardctl.orchestrator.clusters import k8s as k8s_backend
 from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
@@ -31,15 +31,8 @@ NAME = BASE["name"]
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
-    srv = KMockServer().start()
-    try:
-        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
-        for var in ("SHARDCTL_KUBECONFIG", "SHARDCTL_KUBE_CONTEXT", "SHARDCTL_K8S_REPLACE",
-                    "KUBERNETES_SERVICE_HOST"):  # fmt: skip
-            monkeypatch.delenv(var, raising=False)
+    with kube_api(tmp_path, monkeypatch) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def operator_api(server: KMockServer) -> tuple[Any, Any]:

@@ -10,7 +10,7 @@ import kmock
 import pytest
 import yaml
 from helpers.k8s_schemas import validate_any
-from helpers.kmock_server import KMockServer
+from helpers.kmock_server import KMockServer, kube_api
 from shardctl.orchestrator.clusters.k8s import K8sCluster
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.spec import load_spec
@@ -111,13 +111,8 @@ VERBS = {
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KMockServer]:
-    srv = KMockServer().start()
-    try:
-        monkeypatch.setenv("KUBECONFIG", str(srv.kubeconfig(tmp_path)))
-        monkeypatch.delenv("SHARDCTL_KUBECONFIG", raising=False)
+    with kube_api(tmp_path, monkeypatch) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_role_grants_exactly_what_the_client_uses(server: KMockServer) -> None:
