@@ -20,7 +20,6 @@ from helpers.local_run import (
     ended,
     past_first_checkpoint,
     rank_pids,
-    release,
     released,
     status,
     submit_tiny,
@@ -35,9 +34,6 @@ pytestmark = pytest.mark.slow
 
 HANG_TIMEOUT_S = 15
 PAUSE_S = 6  # a pause well under the timeout (a loaded machine continues a rank late)
-
-# The names test_memory_tier*.py import from here (now in helpers/local_run.py).
-_release, _status, _wait_for = release, status, wait_for
 
 
 def _last_step(run_dir: Path) -> int:

@@ -399,8 +399,8 @@ def test_a_restart_in_place_resumes_from_memory_and_status_says_so(
     rank 1 SIGKILLed once a memory copy exists and before the first durable checkpoint;
     the supervisor restarts every rank, which resume from memory; `status` says so."""
     from click.testing import CliRunner
+    from helpers.local_run import rank_pids, release, status, wait_for
     from shardctl.orchestrator.cli import cli
-    from test_hang_local import _release, _status, _wait_for, rank_pids
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
@@ -414,12 +414,12 @@ def test_a_restart_in_place_resumes_from_memory_and_status_says_so(
     res = CliRunner().invoke(cli, ["submit", str(spec)])
     assert res.exit_code == 0, res.output
     try:
-        _wait_for("a memory copy", lambda: any(memory.glob("step-*/manifest.json")), 400)
+        wait_for("a memory copy", lambda: any(memory.glob("step-*/manifest.json")), 400)
         os.kill(rank_pids(run_dir, 0, restart=0)[1], signal.SIGKILL)
-        _wait_for("the end", lambda: _status("inplace")["state"] != "RUNNING", 600)
+        wait_for("the end", lambda: status("inplace")["state"] != "RUNNING", 600)
     finally:
-        _release([], "inplace")
-    st = _status("inplace")
+        release([], "inplace")
+    st = status("inplace")
     out = (run_dir / "logs" / "launcher.out").read_text()
     assert st["state"] == "SUCCEEDED", (st, out[-3000:])
     assert "(from memory: checkpoint verified" in out, out[-3000:]
