@@ -71,20 +71,26 @@ def _old_checkpoint(run_dir: Path, step: int) -> None:
     os.utime(folder / "manifest.json", (time.time() - 3600,) * 2)
 
 
-def _job_sbatch(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+def _job_sbatch(
+    tmp_path: Path, launch_sh: str = SRUN, restarts_in_place: bool = False
+) -> tuple[Path, dict[str, str]]:
+    """The slurm-2node example's job.sbatch for a run dir in `tmp_path`, and the
+    environment to run it with `bash`: srun runs its node task here (node 0), and the
+    attempt's end is `launch_sh`'s. Without `restarts_in_place` every attempt ends the
+    allocation (up to 10 requeues); with it, the example's restart settings apply."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     data = load_spec(ROOT / "examples" / "slurm-2node.yaml").to_yaml_dict()
     data["run_dir"] = str(run_dir)
     data["checkpoint"]["dir"] = str(run_dir / "checkpoints")
-    data["slurm"]["max_requeues"] = 10
-    data["restart"] = {"max_in_allocation": 0}  # these attempts end the allocation
+    if not restarts_in_place:
+        data["slurm"]["max_requeues"] = 10
+        data["restart"] = {"max_in_allocation": 0}
     script = tmp_path / rs.STANDALONE_FILE
     script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
     bin_dir = _stand_ins(tmp_path)
-    # srun runs job.sbatch's node task here (node 0); the attempt's end is launch.sh's.
     (bin_dir / "srun").write_text(RUN_HERE)
-    (tmp_path / "launch.sh").write_text(SRUN)
+    (tmp_path / "launch.sh").write_text(launch_sh)
     env = {
         "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
         "SLURM_JOB_ID": "7",

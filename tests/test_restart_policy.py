@@ -14,12 +14,8 @@ from pathlib import Path
 
 import pytest
 from helpers.node_task_run import SCRIPT as NODE_TASK
-from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.outcome import Decision, Kind, Outcome, Progress, decide
-from shardctl.orchestrator.spec import load_spec, parse_spec
-from test_give_up import RUN_HERE, _stand_ins
-
-ROOT = Path(__file__).resolve().parent.parent
+from test_give_up import _job_sbatch, _stand_ins
 
 CRASH = Outcome(Kind.FAILED, code=1)
 HANG = Outcome(Kind.HUNG, step=25, node=1)
@@ -153,26 +149,10 @@ def test_node_task_stops_a_crash_loop_saying_why(tmp_path: Path) -> None:
 
 
 def test_job_sbatch_restarts_in_place_then_finishes(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    data = load_spec(ROOT / "examples" / "slurm-2node.yaml").to_yaml_dict()
-    data["run_dir"] = str(run_dir)
-    data["checkpoint"]["dir"] = str(run_dir / "checkpoints")
-    script = tmp_path / rs.STANDALONE_FILE
-    script.write_text(rs.slurm_artifacts(parse_spec(data))[rs.STANDALONE_FILE])
-    bin_dir = _stand_ins(tmp_path)
     # srun runs job.sbatch's node task here (one node), which runs launch.sh beside it.
-    (bin_dir / "srun").write_text(RUN_HERE)
-    (tmp_path / "launch.sh").write_text(LAUNCHER)
-    env = {
-        "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin",
-        "SLURM_JOB_ID": "7",
-        "FAKE_SCRIPT": str(script),
-        "FAKE_OUT": str(tmp_path / "calls"),
-        "FAKE_RUN": str(run_dir),
-        "FAKE_END": "crash-then-hang",
-        "SHARDCTL_PYTHON": sys.executable,
-    }
+    script, env = _job_sbatch(tmp_path, LAUNCHER, restarts_in_place=True)
+    run_dir = tmp_path / "run"
+    env["FAKE_END"] = "crash-then-hang"
     proc = subprocess.run(
         ["bash", str(script)], env=env, capture_output=True, text=True, timeout=120
     )
