@@ -295,3 +295,20 @@ def test_a_copied_run_dir_consolidates_its_own_checkpoints(tmp_path: Path) -> No
     got = load_file(copy / "model" / "model.safetensors")["w"]
     assert torch.equal(got, torch.full((2,), 2.0))
     assert not (original / "model").exists()
+
+
+@pytest.mark.parametrize("command", [["ls"], ["status", "x"], ["logs", "x"]])
+def test_a_state_dir_that_is_a_file_is_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    """`ls` said "no submitted jobs" (and status "known jobs: none")."""
+    state = tmp_path / "state"
+    state.write_text("mine\n")
+    monkeypatch.setenv("SHARDCTL_STATE_DIR", str(state))
+    res = CliRunner().invoke(cli, command)
+    assert res.exit_code == 1, res.output
+    assert res.output.strip() == (
+        f"error: cannot read job records in the state dir {state}: {state} is a file, not a "
+        "directory; set SHARDCTL_STATE_DIR to a directory"
+    )
+    assert state.read_text() == "mine\n"

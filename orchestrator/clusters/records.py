@@ -172,9 +172,22 @@ def parse_record(text: str) -> JobRef:
     return JobRef(**data)
 
 
+def _readable_jobs_dir() -> Path:
+    """The folder of records; a file in its place is said (it would read as "no
+    submitted jobs"), a folder not made yet is simply empty."""
+    folder = jobs_dir()
+    blocker = _file_in_the_way(folder)
+    if blocker is not None:
+        raise StorageError(
+            f"cannot read job records in the state dir {state_dir()}: {blocker} is a file, "
+            f"not a directory; set {STATE_DIR_VAR} to a directory"
+        )
+    return folder
+
+
 def load_records(warn: bool = True) -> list[JobRef]:
     """Every readable record; each unreadable one is named on stderr and skipped."""
-    folder = jobs_dir()
+    folder = _readable_jobs_dir()
     refs: list[JobRef] = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
@@ -201,7 +214,7 @@ class Record:
 
 def scan_records() -> list[Record]:
     """Every record file, readable or not, sorted by name (`ls` shows the bad ones)."""
-    folder = jobs_dir()
+    folder = _readable_jobs_dir()
     out: list[Record] = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
