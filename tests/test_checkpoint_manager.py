@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers.ckpt_spec import checkpoint_spec
 from shardctl.orchestrator import storage as storage_mod
 from shardctl.orchestrator.cli import cli
 from shardctl.orchestrator.errors import CheckpointError
-from shardctl.orchestrator.spec import parse_spec
 from shardctl.train import checkpoint as ckpt
 from shardctl.train.backends.deepspeed import DeepSpeedStateIO
 from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
@@ -36,18 +36,7 @@ from shardctl.train.storage import PosixStorage
 
 
 def make_spec(tmp_path: Path, **checkpoint) -> object:
-    return parse_spec(
-        {
-            "name": "unit",
-            "strategy": {"backend": "fsdp", "precision": "fp32"},
-            "train": {
-                "model": {"factory": "pkg.mod:fn"},
-                "data": {"builtin": "python-stdlib"},
-                "steps": 100,
-            },
-            "checkpoint": {"dir": str(tmp_path / "run" / "checkpoints"), **checkpoint},
-        }
-    )
+    return checkpoint_spec({"dir": str(tmp_path / "run" / "checkpoints"), **checkpoint})
 
 
 class Trainer:
@@ -393,17 +382,10 @@ def test_cli_module_does_not_import_torch() -> None:
 def test_deepspeed_async_falls_back_to_sync_with_a_note(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    spec = parse_spec(
-        {
-            "name": "unit",
-            "strategy": {"backend": "deepspeed", "zero_stage": 2, "precision": "fp32"},
-            "train": {
-                "model": {"factory": "pkg.mod:fn"},
-                "data": {"builtin": "python-stdlib"},
-                "steps": 10,
-            },
-            "checkpoint": {"dir": str(tmp_path / "c"), "every_steps": 5, "async": True},
-        }
+    spec = checkpoint_spec(
+        {"dir": str(tmp_path / "c"), "every_steps": 5, "async": True},
+        strategy={"backend": "deepspeed", "zero_stage": 2, "precision": "fp32"},
+        steps=10,
     )
     with caplog.at_level(logging.WARNING):
         mgr = CheckpointManager(

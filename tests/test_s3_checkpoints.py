@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
+from helpers.ckpt_spec import checkpoint_spec
 from helpers.render_util import example_data, merge
 from helpers.s3_server import S3Server, isolate_aws_settings
 from shardctl.orchestrator.checkpoint_list import save_times
@@ -98,18 +99,7 @@ class Setup:
 
     def __init__(self, location: str, seed: int = 0, **checkpoint: object) -> None:
         torch.manual_seed(seed)
-        spec = parse_spec(
-            {
-                "name": "s3unit",
-                "strategy": {"backend": "fsdp", "precision": "fp32"},
-                "train": {
-                    "model": {"factory": "pkg.mod:fn"},
-                    "data": {"builtin": "python-stdlib"},
-                    "steps": 100,
-                },
-                "checkpoint": {"dir": location, "keep": 2, **checkpoint},
-            }
-        )
+        spec = checkpoint_spec({"dir": location, "keep": 2, **checkpoint}, name="s3unit")
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
         self.trainer = Trainer()

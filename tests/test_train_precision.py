@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 from helpers.ckpt_run import free_port
+from helpers.ckpt_spec import checkpoint_spec
 from helpers.train_run import tiny_spec
 from shardctl.orchestrator.dsconfig import deepspeed_config
 from shardctl.orchestrator.precision import explain_auto, is_concrete, resolve_auto
-from shardctl.orchestrator.spec import load_spec, parse_spec
+from shardctl.orchestrator.spec import load_spec
 from shardctl.train import precision as train_precision
 from shardctl.train.manifest import FORMAT_VERSION, write_manifest
 
@@ -49,18 +50,12 @@ def test_the_reason_names_what_was_missing() -> None:
 
 
 def _spec(tmp_path: Path, **checkpoint: object) -> object:
-    return parse_spec(
-        {
-            "name": "p",
-            "run_dir": str(tmp_path / "run"),
-            "strategy": {"backend": "deepspeed", "zero_stage": 2, "precision": "auto"},
-            "train": {
-                "model": {"factory": "pkg.mod:fn"},
-                "data": {"builtin": "python-stdlib"},
-                "steps": 10,
-            },
-            "checkpoint": {"every_steps": 5, **checkpoint},
-        }
+    return checkpoint_spec(
+        {"every_steps": 5, **checkpoint},
+        name="p",
+        strategy={"backend": "deepspeed", "zero_stage": 2, "precision": "auto"},
+        steps=10,
+        run_dir=str(tmp_path / "run"),
     )
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from ckpt_spec import checkpoint_spec  # this folder: see ckpt_spec
 from shardctl.orchestrator.fence import StaleAttemptError
-from shardctl.orchestrator.spec import parse_spec
 from shardctl.train.backends.fsdp import DcpStateIO, ModelState, OptimizerState
 from shardctl.train.checkpoint import CheckpointManager
 
@@ -33,18 +33,7 @@ def main() -> int:
     p.add_argument("--ready", type=Path, required=True)
     p.add_argument("--go", type=Path, required=True)
     args = p.parse_args()
-    spec = parse_spec(
-        {
-            "name": "fence",
-            "strategy": {"backend": "fsdp", "precision": "fp32"},
-            "train": {
-                "model": {"factory": "pkg.mod:fn"},
-                "data": {"builtin": "python-stdlib"},
-                "steps": 100,
-            },
-            "checkpoint": {"dir": str(args.ckpt)},
-        }
-    )
+    spec = checkpoint_spec({"dir": str(args.ckpt)}, name="fence")
     model = torch.nn.Linear(4, 4)
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     io = DcpStateIO(
