@@ -34,6 +34,16 @@ from shardctl.orchestrator.spec import load_spec, parse_spec
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def example_job(**entrypoint: Any) -> dict[str, Any]:
+    """The example's Kubernetes job (examples/k8s.yaml) as data; with `entrypoint`
+    (script=..., args=..., code_dir=...) it runs that instead of the built-in loop."""
+    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    if entrypoint:
+        del data["train"]
+        data["entrypoint"] = entrypoint
+    return data
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -210,10 +220,8 @@ def test_your_script_travels_in_the_configmap_and_counts_its_restarts(tmp_path: 
     """An entrypoint with a code folder: the pods run the shipped script (which imports
     its neighbour module), get the run contract, and a restarted pod is attempt 1."""
     code = ROOT / "tests" / "data" / "usercode"
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
-    del data["train"]
     args = ["--x", "it's $(id)", "a\nb"]
-    data["entrypoint"] = {"script": str(code / "train.py"), "code_dir": str(code), "args": args}
+    data = example_job(script=str(code / "train.py"), code_dir=str(code), args=args)
     spec = parse_spec(data)
     pods = Pods(spec, tmp_path)
     assert (pods.etc / "code" / "lib" / "util.py").is_file()
@@ -260,9 +268,7 @@ def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(
     deletion (SIGTERM) → every rank saves → the restarted pods resume from that step
     (checkpoints on the volume)."""
     file, args, progress, resumed = YOUR_SCRIPTS[script]
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
-    del data["train"]
-    data["entrypoint"] = {"script": str(ROOT / "examples" / file), "args": args}
+    data = example_job(script=str(ROOT / "examples" / file), args=args)
     data["checkpoint"]["every_steps"] = 5
     spec = parse_spec(data)
     pods = Pods(spec, tmp_path)
@@ -309,9 +315,7 @@ def test_exit_78_stops_the_pytorchjob_and_a_crash_restarts_within_the_bound(
     is `code >= 128` (tests/test_k8s_policy.py)."""
     script = tmp_path / "exit_from_run_dir.py"
     script.write_text(EXIT_FROM_RUN_DIR)
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
-    del data["train"]
-    data["entrypoint"] = {"script": str(script)}
+    data = example_job(script=str(script))
     data["k8s"]["backoff_limit"] = 1
     spec = parse_spec(data)
     assert spec.k8s.restart_policy == "ExitCode"
@@ -361,7 +365,7 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
     machine that takes longer (it was declared hung while importing, once). Waits are
     deadline-bounded polls sized for a loaded machine."""
     steps = 30
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+    data = example_job()
     data["train"]["steps"] = steps
     data["checkpoint"]["every_steps"] = 4
     data["watchdog"] = {"hang_timeout_s": HANG_TIMEOUT_S}

@@ -22,10 +22,9 @@ from helpers.kmock_server import PYTORCHJOBS, KMockServer, kube_api
 from shardctl.orchestrator.clusters import k8s as k8s_backend
 from shardctl.orchestrator.fence import current_attempt
 from shardctl.orchestrator.proctree import descendants
-from shardctl.orchestrator.spec import load_spec, parse_spec
-from test_k8s_pods import Pods
+from shardctl.orchestrator.spec import parse_spec
+from test_k8s_pods import Pods, example_job
 
-ROOT = Path(__file__).resolve().parent.parent
 STEPS = 24  # the two-pod job's: a crash and a preemption fit in
 CRASH = "import sys\nprint('the script crashes with 3', flush=True)\nsys.exit(3)\n"
 
@@ -41,17 +40,15 @@ def _crashing_job(tmp_path: Path, url: str) -> Any:
     script = tmp_path / "code" / "crash.py"
     script.parent.mkdir()
     script.write_text(CRASH)
-    data = _example_without_volume(url)
-    del data["train"]
-    data["entrypoint"] = {"script": str(script)}
+    data = _example_without_volume(url, script=str(script))
     data["resources"]["nodes"] = 1
     return parse_spec(data)
 
 
-def _example_without_volume(url: str) -> dict[str, Any]:
-    """The example's job (examples/k8s.yaml) as data: checkpoints in the bucket at `url`,
-    no PVC, at most two restarts a node."""
-    data = load_spec(ROOT / "examples" / "k8s.yaml").to_yaml_dict()
+def _example_without_volume(url: str, **entrypoint: Any) -> dict[str, Any]:
+    """The example's job (examples/k8s.yaml; running `entrypoint` if given) as data:
+    checkpoints in the bucket at `url`, no PVC, at most two restarts a node."""
+    data = example_job(**entrypoint)
     data["checkpoint"]["dir"] = url
     data["k8s"].update(pvc=None, backoff_limit=2)
     return data
