@@ -60,24 +60,25 @@ def set_conditions(server: KMockServer, *conditions: tuple[str, str]) -> None:
     )
 
 
-def add_pod(server: KMockServer, name: str, job: str, rtype: str, index: int) -> None:
+def create_pod(server: KMockServer, metadata: dict[str, Any], container: str) -> None:
+    """A pod in NS as an operator makes it: `metadata` (name, labels), one container."""
     _, core = operator_api(server)
-    core.create_namespaced_pod(
-        NS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "training.kubeflow.org/job-name": job,
-                    "training.kubeflow.org/replica-type": rtype,
-                    "training.kubeflow.org/replica-index": str(index),
-                },
-            },
-            "spec": {"containers": [{"name": "pytorch", "image": "x"}]},
-        },
-    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": container, "image": "x"}]},
+    }
+    core.create_namespaced_pod(NS, pod)
+
+
+def add_pod(server: KMockServer, name: str, job: str, rtype: str, index: int) -> None:
+    labels = {
+        "training.kubeflow.org/job-name": job,
+        "training.kubeflow.org/replica-type": rtype,
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    create_pod(server, {"name": name, "labels": labels}, "pytorch")
 
 
 # ------------------------------------------------------------------ submit

@@ -20,7 +20,7 @@ from shardctl.orchestrator.clusters.base import JobState
 from shardctl.orchestrator.clusters.k8s import objects as render_k8s
 from shardctl.orchestrator.clusters.k8s import trainjob as v2
 from shardctl.orchestrator.errors import ClusterError, JobNotFoundError
-from test_k8s_client import operator_api, shardctl
+from test_k8s_client import create_pod, operator_api, shardctl
 from test_k8s_client import server as kmock_api
 from test_k8s_render import BASE, make
 
@@ -100,25 +100,14 @@ def set_status(server: KMockServer, status: dict[str, Any]) -> None:
 
 
 def add_pod(server: KMockServer, name: str, jobset: str, index: int, rjob: str = "node") -> None:
-    _, core = operator_api(server)
-    core.create_namespaced_pod(
-        NS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "jobset.sigs.k8s.io/jobset-name": jobset,
-                    "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-                    "jobset.sigs.k8s.io/job-index": "0",
-                    "batch.kubernetes.io/job-completion-index": str(index),
-                },
-                "annotations": {"batch.kubernetes.io/job-completion-index": str(index)},
-            },
-            "spec": {"containers": [{"name": "node", "image": "x"}]},
-        },
-    )
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": jobset,
+        "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+        "jobset.sigs.k8s.io/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": str(index),
+    }
+    annotations = {"batch.kubernetes.io/job-completion-index": str(index)}
+    create_pod(server, {"name": name, "labels": labels, "annotations": annotations}, "node")
 
 
 # ------------------------------------------------------------------ submit
