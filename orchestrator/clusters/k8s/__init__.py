@@ -244,7 +244,8 @@ class K8sCluster(Cluster):
         self, kind: JobKind, core: Any, custom: Any, cm: dict[str, Any], ns: str, name: str
     ) -> None:
         cm_name = cm["metadata"]["name"]
-        try:
+
+        def create(**errors: str) -> None:  # `_call`'s messages for this attempt
             self._call(
                 "create",
                 "configmaps",
@@ -252,6 +253,11 @@ class K8sCluster(Cluster):
                 lambda: core.create_namespaced_config_map(
                     ns, cm, _request_timeout=REQUEST_TIMEOUT_S
                 ),
+                **errors,
+            )
+
+        try:
+            create(
                 not_found=f"namespace {ns!r} does not exist (k8s.namespace); create it with "
                 f"`kubectl apply -f {manifest('namespace.yaml')}` or `kubectl create namespace "
                 f"{ns}`",
@@ -269,15 +275,7 @@ class K8sCluster(Cluster):
                     cm_name, ns, _request_timeout=REQUEST_TIMEOUT_S
                 ),
             )
-            self._call(
-                "create",
-                "configmaps",
-                ns,
-                lambda: core.create_namespaced_config_map(
-                    ns, cm, _request_timeout=REQUEST_TIMEOUT_S
-                ),
-                conflict=f"ConfigMap {ns}/{cm_name} was re-created by someone else meanwhile",
-            )
+            create(conflict=f"ConfigMap {ns}/{cm_name} was re-created by someone else meanwhile")
 
     def _job_exists(self, kind: JobKind, custom: Any, ns: str, name: str) -> bool:
         try:
