@@ -301,18 +301,27 @@ def _dcp(
         _check_dcp(optim_dir, problems)
     elif optim_dir is not None:
         problems.append(f"{optim_dir}: missing (the optimizer state of an FSDP save)")
+    return _found_in(
+        folder, fmt, trainer, problems, backend="fsdp", model=dcp_dir, world_size=world,
+        optimizer=optim_dir if optim_dir is not None and optim_dir.is_dir() else None,
+        committed=committed,
+    )  # fmt: skip
+
+
+def _found_in(
+    folder: Path, fmt: str, trainer: bool, problems: list[str], **found: Any
+) -> ForeignCheckpoint:
+    """The checkpoint in `folder` with what `found` says of its files: its step (the
+    Trainer's record, else the folder's name), its config.json, and `problems` (with
+    any the Trainer's record adds)."""
     step = _trainer_step(folder, problems) if trainer else _step_from_name(folder.name)
     return ForeignCheckpoint(
         path=folder,
         format=fmt,
-        backend="fsdp",
-        model=dcp_dir,
         step=step,
-        world_size=world,
         problems=tuple(problems),
         hf_config=_config_of(folder),
-        optimizer=optim_dir if optim_dir is not None and optim_dir.is_dir() else None,
-        committed=committed,
+        **found,
     )
 
 
@@ -352,21 +361,13 @@ def _full(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
     files = safetensors_files(folder, problems)
     for path in files:
         _check_safetensors(path, problems)
-    step = _trainer_step(folder, problems) if trainer else _step_from_name(folder.name)
     optimizer = next(
         (folder / n for n in ("optimizer.pt", "optimizer.bin") if (folder / n).is_file()), None
     )
-    return ForeignCheckpoint(
-        path=folder,
-        format=fmt,
-        backend="full",
-        model=files[0] if len(files) == 1 else folder,
-        step=step,
-        world_size=None,
-        problems=tuple(problems),
-        hf_config=_config_of(folder),
-        optimizer=optimizer,
-    )
+    return _found_in(
+        folder, fmt, trainer, problems, backend="full",
+        model=files[0] if len(files) == 1 else folder, world_size=None, optimizer=optimizer,
+    )  # fmt: skip
 
 
 def _fsdp_full(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
@@ -378,18 +379,10 @@ def _fsdp_full(folder: Path, fmt: str, trainer: bool) -> ForeignCheckpoint:
     optimizer = folder / "optimizer.bin"
     if optimizer.is_file():
         _check_zip(optimizer, problems)
-    step = _trainer_step(folder, problems) if trainer else _step_from_name(folder.name)
-    return ForeignCheckpoint(
-        path=folder,
-        format=fmt,
-        backend="full",
-        model=model,
-        step=step,
-        world_size=None,
-        problems=tuple(problems),
-        hf_config=_config_of(folder),
+    return _found_in(
+        folder, fmt, trainer, problems, backend="full", model=model, world_size=None,
         optimizer=optimizer if optimizer.is_file() else None,
-    )
+    )  # fmt: skip
 
 
 def safetensors_files(folder: Path, problems: list[str]) -> list[Path]:
