@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,43 @@ def test_a_grace_period_shorter_than_the_measured_save_fails(tmp_path: Path) -> 
     # Nothing measured: said, not passed.
     assert budget_check(spec, "k8s", str(tmp_path / "none")).status == "skip"
     assert percentile([1, 2, 3, 4, 100], 95) == 100
+
+
+# -------------------------------------------------------- slurm, with a stand-in srun
+
+# Answers the probe as the dev cluster's nodes would: every node (one line each, as many
+# as --nodes asks for) resolves the first host, n1, to 127.0.0.1.
+FAKE_SRUN = r"""#!/bin/sh
+n=1
+for a in "$@"; do case "$a" in --nodes=*) n="${a#--nodes=}";; esac; done
+i=0
+while [ "$i" -lt "$n" ]; do
+  echo "SHARDCTL-PROBE node=n$((i+1)) id=$i master=n1 addr=127.0.0.1" \
+    "port_free=yes seen=$n ifaces=lo,"
+  i=$((i+1))
+done
+"""
+
+
+@pytest.mark.parametrize(("nodes", "status"), [(1, "ok"), (2, "fail")])
+def test_slurm_master_on_loopback_fails_only_with_other_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nodes: int, status: str
+) -> None:
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{srun.parent}:{os.environ['PATH']}")
+    data = local_spec(tmp_path)
+    data["resources"]["nodes"] = nodes
+    data["slurm"] = {"partition": "debug"}
+    _, checks = doctor(data, tmp_path, "--cluster", "slurm")
+    master = checks["master address"]
+    assert master.status == status, master
+    if nodes == 1:
+        assert "one node, no other node needs to reach the rendezvous" in master.detail
+    else:
+        assert "n1 (the first host) resolves to a loopback address" in master.detail
 
 
 # ---------------------------------------------------------------------------- k8s

@@ -108,6 +108,15 @@ def slurm_checks(spec: JobSpec) -> tuple[list[Check], list[dict[str, str]]]:
 
 def _master_from(rows: list[dict[str, str]]) -> Check:
     master = rows[0]["master"]
+    if len(rows) == 1 and rows[0]["addr"] != "none":
+        # One node: its ranks meet on the node itself, so loopback is fine; a name that
+        # resolves to nothing still fails below, as the ranks could not connect to it.
+        return Check(
+            "master address",
+            "ok",
+            f"{master} resolves to {rows[0]['addr']}: one node, no other node needs to "
+            "reach the rendezvous",
+        )
     loopback = [r["node"] for r in rows if r["addr"].startswith("127.") or r["addr"] == "none"]
     if loopback:
         addrs = ", ".join(f"{r['node']}: {r['addr']}" for r in rows)
