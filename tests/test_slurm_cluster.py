@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers.train_run import assert_bit_equal
 from shardctl.orchestrator.clusters.base import JobRef, JobState
 from shardctl.orchestrator.clusters.records import recall, remember
 from shardctl.orchestrator.clusters.slurm import SlurmCluster
@@ -218,14 +219,6 @@ def _model(run_dir: Path) -> dict[str, Any]:
     return tensors
 
 
-def _assert_same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
-    import torch
-
-    assert sorted(a) == sorted(b)
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs"
-
-
 def _assert_loads_in_transformers(run_dir: Path) -> dict[str, Any]:
     from transformers import LlamaForCausalLM
 
@@ -312,7 +305,7 @@ def test_accelerate_launch_two_nodes_matches_torchrun(reference: Path, tmp_path:
     assert _steps(run_dir) == list(range(1, STEPS + 1))
     _assert_loads_in_transformers(run_dir)
     # Same spec, same world size, other launcher: the same training, bit for bit.
-    _assert_same_weights(_model(run_dir), _model(reference))
+    assert_bit_equal(_model(run_dir), _model(reference))
 
 
 def test_deepspeed_zero3_two_nodes(slurm_cluster: None, tmp_path: Path) -> None:
@@ -363,7 +356,7 @@ def test_usr2_preemption_checkpoints_requeues_and_resumes(reference: Path, tmp_p
     # No step lost or repeated; the resumed run is the uninterrupted one, bit for bit.
     assert _steps(run_dir) == list(range(1, STEPS + 1))
     assert _losses(run_dir) == _losses(reference)
-    _assert_same_weights(_model(run_dir), _model(reference))
+    assert_bit_equal(_model(run_dir), _model(reference))
 
 
 def test_higher_priority_job_preempts_then_the_run_resumes(slurm_cluster: None, tmp_path: Path):
@@ -469,7 +462,7 @@ def test_node_death_fails_cleanly_and_resubmit_resumes(reference: Path, tmp_path
     # it once; the final model is the uninterrupted run's.
     steps = _steps(run_dir)
     assert steps == logged + list(range(last + 1, STEPS + 1))
-    _assert_same_weights(_model(run_dir), _model(reference))
+    assert_bit_equal(_model(run_dir), _model(reference))
 
 
 def test_cancel_stops_every_node_and_never_requeues(slurm_cluster: None, tmp_path: Path):

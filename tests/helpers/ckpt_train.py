@@ -102,11 +102,3 @@ def final_weights(checkpoint_dir: Path, step: int) -> dict[str, Any]:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return dict(get_fp32_state_dict_from_zero_checkpoint(str(step_dir), tag="deepspeed"))
-
-
-def assert_same_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
-    import torch
-
-    assert sorted(a) == sorted(b)
-    differ = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:3]}"

@@ -123,8 +123,9 @@ def final_weights(ckpt: Path, out: Path) -> dict[str, Any]:
 
 
 def assert_bit_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """The same tensor names, each equal to the bit."""
     import torch
 
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"tensors differ: {different[:5]}"
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:5]}"
