@@ -88,16 +88,23 @@ def _script(folder: Path) -> Path:
     return launch
 
 
-def test_a_plugin_adapter_gets_restarts_in_place_claims_and_the_ledger(
-    tmp_path: Path, monkeypatch
-) -> None:
+def _run_rounds(tmp_path: Path, monkeypatch, max_restarts: int) -> PluginAdapter:
+    """The node agent runs ROUNDS under a PluginAdapter (no token from outside) to its
+    end; the adapter holds what it was told."""
     monkeypatch.delenv(ENV_ATTEMPT_TOKEN, raising=False)
     adapter = PluginAdapter(tmp_path)
     agent = NodeAgent(
         adapter, ["bash", str(_script(tmp_path))], str(tmp_path),
-        max_restarts=2, marker_wait_s=0.0,
+        max_restarts=max_restarts, marker_wait_s=0.0,
     )  # fmt: skip
     assert agent.run() == "plugin-finished"
+    return adapter
+
+
+def test_a_plugin_adapter_gets_restarts_in_place_claims_and_the_ledger(
+    tmp_path: Path, monkeypatch
+) -> None:
+    adapter = _run_rounds(tmp_path, monkeypatch, max_restarts=2)
     # Every round ran with its own token, claimed before it started.
     rounds = (tmp_path / "seen").read_text().splitlines()
     assert rounds == ["plugin-p-1-r0 0", "plugin-p-1-r1 1", "plugin-p-1-r2 2"]
@@ -113,13 +120,7 @@ def test_a_plugin_adapter_gets_restarts_in_place_claims_and_the_ledger(
 
 
 def test_past_the_bound_the_adapter_carries_the_crash_out(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.delenv(ENV_ATTEMPT_TOKEN, raising=False)
-    adapter = PluginAdapter(tmp_path)
-    agent = NodeAgent(
-        adapter, ["bash", str(_script(tmp_path))], str(tmp_path),
-        max_restarts=0, marker_wait_s=0.0,
-    )  # fmt: skip
-    assert agent.run() == "plugin-finished"
+    adapter = _run_rounds(tmp_path, monkeypatch, max_restarts=0)
     assert adapter.verdicts == ["0:3:stop"]
     assert adapter.carried == ["failed"]
     assert len((tmp_path / "seen").read_text().splitlines()) == 1
