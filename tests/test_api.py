@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -275,6 +276,26 @@ def _start_ranks(
     return procs
 
 
+def rank_logs(out: Path) -> str:
+    """The end of each rank's log (in `out`), for a failure message."""
+    return "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("log-*")))
+
+
+def stopped_steps(procs: list[subprocess.Popen], out: Path, stop: Callable[[], None]) -> set[int]:
+    """`stop` the ranks (wait for them, signal some); every one must then exit
+    EXIT_PREEMPTED. Returns the steps they recorded in `out`. Each rank's process group
+    is killed on leaving, whatever happened."""
+    try:
+        stop()
+        codes = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            with contextlib.suppress(Exception):
+                kill_group(p)
+    assert codes == [EXIT_PREEMPTED] * len(procs), rank_logs(out)
+    return {json.loads((out / f"rank-{r}.json").read_text())["step"] for r in range(len(procs))}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
 def test_signal_to_one_rank_stops_every_rank_at_the_same_step(
@@ -283,21 +304,16 @@ def test_signal_to_one_rank_stops_every_rank_at_the_same_step(
     out = tmp_path / "out"
     out.mkdir()
     procs = _start_ranks(tmp_path, out)
-    logs = lambda: "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("log-*")))  # noqa: E731
-    try:
+
+    def signal_rank_1() -> None:
         deadline = time.monotonic() + 180
         while not all((out / f"started-{r}").exists() for r in range(2)):
-            assert all(p.poll() is None for p in procs), logs()
-            assert time.monotonic() < deadline, "the ranks never got going\n" + logs()
+            assert all(p.poll() is None for p in procs), rank_logs(out)
+            assert time.monotonic() < deadline, "the ranks never got going\n" + rank_logs(out)
             time.sleep(0.1)
         os.kill(procs[1].pid, sig)  # only rank 1 hears it
-        codes = [p.wait(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            with contextlib.suppress(Exception):
-                kill_group(p)
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs()
-    steps = {json.loads((out / f"rank-{r}.json").read_text())["step"] for r in range(2)}
+
+    steps = stopped_steps(procs, out, signal_rank_1)
     assert len(steps) == 1, steps  # every rank stopped after the same step
     step = steps.pop()
     marker = json.loads((tmp_path / "run" / "PREEMPTED").read_text())

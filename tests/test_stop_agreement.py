@@ -121,26 +121,20 @@ def test_the_loop_records_the_warning_when_ranks_got_usr2_and_term(tmp_path: Pat
 
 @pytest.mark.slow
 def test_the_api_records_the_warning_when_ranks_got_usr2_and_term(tmp_path: Path) -> None:
-    from test_api import _start_ranks
+    from test_api import _start_ranks, rank_logs, stopped_steps
 
     out = tmp_path / "out"
     out.mkdir()
     held = tmp_path / "held"
     held.mkdir()
     procs = _start_ranks(tmp_path, out, extra_env={"SHARDCTL_HOLD_AT_STEP": f"{HOLD_STEP}:{held}"})
-    logs = lambda: "\n".join(p.read_text()[-3000:] for p in sorted(out.glob("log-*")))  # noqa: E731
-    try:
-        _wait_held(held, procs, logs)
+
+    def warn_and_term() -> None:
+        _wait_held(held, procs, lambda: rank_logs(out))
         os.kill(procs[0].pid, signal.SIGUSR2)
         os.kill(procs[1].pid, signal.SIGTERM)
-        codes = [p.wait(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            with contextlib.suppress(Exception):
-                kill_group(p)
-    assert codes == [EXIT_PREEMPTED, EXIT_PREEMPTED], logs()
-    steps = {json.loads((out / f"rank-{r}.json").read_text())["step"] for r in range(2)}
-    assert steps == {HOLD_STEP}
+
+    assert stopped_steps(procs, out, warn_and_term) == {HOLD_STEP}
     marker = json.loads((tmp_path / "run" / "PREEMPTED").read_text())
     assert marker == {
         "kind": "preempted",
