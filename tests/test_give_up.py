@@ -17,7 +17,7 @@ import yaml
 from helpers.node_task_run import SCRIPT as NODE_TASK
 from helpers.train_run import free_port
 from shardctl.orchestrator.clusters import slurm as backend
-from shardctl.orchestrator.clusters.base import JobRef, JobState
+from shardctl.orchestrator.clusters.base import JobRef, JobState, JobStatus
 from shardctl.orchestrator.clusters.slurm import sbatch as rs
 from shardctl.orchestrator.spec import load_spec, parse_spec
 
@@ -184,6 +184,16 @@ def _node_task(tmp_path: Path, restarts: int, end: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def _status(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, info: dict[str, str], name: str, job: str = "7"
+) -> JobStatus:
+    """`status` of job `job` (named `name`) of the run in `tmp_path`, with scontrol
+    answering `info` for every job."""
+    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
+    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
+    return backend.SlurmCluster().status(JobRef("slurm", job, name, str(tmp_path)))
+
+
 def test_node_task_stops_the_third_attempt_without_progress_and_status_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,13 +210,11 @@ def test_node_task_stops_the_third_attempt_without_progress_and_status_says_why(
     assert _requeues(tmp_path) == 2
     # `status` of the FAILED job names the reason the node task recorded.
     info = {"JobState": "FAILED", "Restarts": "2", "NodeList": "n[1-2]", "Reason": "None"}
-    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
-    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
-    st = backend.SlurmCluster().status(JobRef("slurm", "7", "loops", str(tmp_path)))
+    st = _status(monkeypatch, tmp_path, info, "loops")
     assert st.state is JobState.FAILED
     assert st.detail.endswith("stopped: no new checkpoint in 3 attempts (last at step 20)")
     # Another job of the same run says nothing of job 7's stop.
-    st = backend.SlurmCluster().status(JobRef("slurm", "8", "loops", str(tmp_path)))
+    st = _status(monkeypatch, tmp_path, info, "loops", job="8")
     assert "stopped" not in st.detail
 
 
@@ -237,9 +245,7 @@ def test_node_task_never_requeues_a_script_that_said_do_not_retry(
     ), out
     assert _requeues(tmp_path) == 0
     info = {"JobState": "FAILED", "Restarts": "0", "NodeList": "n1", "Reason": "None"}
-    monkeypatch.setattr(backend, "_require_slurm", lambda: None)
-    monkeypatch.setattr(backend, "scontrol_job", lambda job_id: info)
-    st = backend.SlurmCluster().status(JobRef("slurm", "7", "gives-up", str(tmp_path)))
+    st = _status(monkeypatch, tmp_path, info, "gives-up")
     assert "the script said do not retry (rank 1 exited with code 78): bad config" in st.detail
 
 
