@@ -158,22 +158,30 @@ def test_a_crash_pinned_on_a_node_restarts_then_retries_and_says_where() -> None
     assert oc.decide(crashed, restarts=1, max_restarts=1).decision is Decision.STOP
 
 
+def _gather_while_written(
+    run_dir: Path, since: float, code: int, marker: str, data: dict, **waits: float
+) -> Evidence:
+    """The evidence gathered while another thread writes `marker` (`data`) a second
+    later: a marker that reaches the judge late, as another node's does."""
+
+    def write() -> None:
+        time.sleep(1.0)  # the other node's delay, not a wait of the test
+        (run_dir / marker).write_text(json.dumps(data))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        return Evidence.gather(run_dir, since, code, **waits)
+    finally:
+        writer.join()
+
+
 def test_a_crash_waits_bounded_for_the_node_that_pins_it(tmp_path: Path) -> None:
     """Node 0's ranks lost their peer and ended first: the judge waits, bounded, for the
     KILLED the other node's task writes once its launcher reported."""
     since = time.time() - 1
     (tmp_path / "FAILED").write_text(json.dumps(FAILED))
-
-    def report() -> None:
-        time.sleep(1.0)
-        (tmp_path / "KILLED").write_text(json.dumps(KILLED))
-
-    writer = threading.Thread(target=report)
-    writer.start()
-    try:
-        evidence = Evidence.gather(tmp_path, since, 1, killed_wait_s=60)
-    finally:
-        writer.join()
+    evidence = _gather_while_written(tmp_path, since, 1, "KILLED", KILLED, killed_wait_s=60)
     assert oc.classify(evidence).pinned
     (tmp_path / "KILLED").unlink()
     started = time.monotonic()
@@ -504,17 +512,7 @@ def test_a_hang_that_names_no_rank_waits_for_the_node_that_does(tmp_path: Path) 
     (tmp_path / "HUNG").write_text(json.dumps(unnamed))
     # No wait asked: the first HUNG is the evidence.
     assert Evidence.gather(tmp_path, since, 124).outcome_of("HUNG").rank is None
-
-    def declare() -> None:
-        time.sleep(1.0)
-        (tmp_path / "HUNG").write_text(json.dumps(named))
-
-    writer = threading.Thread(target=declare)
-    writer.start()
-    try:
-        evidence = Evidence.gather(tmp_path, since, 124, culprit_wait_s=60)
-    finally:
-        writer.join()
+    evidence = _gather_while_written(tmp_path, since, 124, "HUNG", named, culprit_wait_s=60)
     hung = oc.classify(evidence)
     assert (hung.kind, hung.rank, hung.node) == (Kind.HUNG, 3, 1)
     # Bounded: with nobody to name one, the unnamed HUNG stands after the wait.
