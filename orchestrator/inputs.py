@@ -315,6 +315,29 @@ def _file_in_the_way(folder: str | Path) -> Path | None:
     return None if here.is_dir() else here
 
 
+def credential_problems(spec: JobSpec) -> list[str]:
+    """A checkpoint dir or resume in a bucket on a machine with no AWS credentials at
+    all: the ranks started here would each fail at their first save or fetch. Only a
+    plain absence (`s3.credentials`, no boto3, no request); whether the credentials
+    are accepted is for the ranks, and `doctor`'s write probe, to find out."""
+    c = spec.checkpoint
+    urls = [
+        f"{field} {url}"
+        for field, url in (("checkpoint.dir", spec.checkpoint_dir), ("checkpoint.resume", c.resume))
+        if is_object_url(url)
+    ]
+    if not urls:
+        return []
+    from .s3.credentials import WHERE_LOOKED, credentials_absent
+
+    if not credentials_absent():
+        return []
+    return [
+        f"{' and '.join(urls)}: no AWS credentials were found on this machine, where the "
+        f"local cluster's ranks run; accepted: credentials in {WHERE_LOOKED}"
+    ]
+
+
 def tracker_problems(spec: JobSpec) -> list[str]:
     """Each tracker `logging.backends` lists whose package is not installed here."""
     # The table the ranks check (train/trackers.py is torch-free: stdlib only).

@@ -132,9 +132,11 @@ def refuse_missing_inputs(job: JobSpec, cluster: str, *, source: str, imports: b
     if not reads_local_paths(cluster):
         return
     from ..errors import SpecError
-    from ..inputs import import_problems, input_problems
+    from ..inputs import credential_problems, import_problems, input_problems
 
     problems = input_problems(job, cluster) + (import_problems(job) if imports else [])
+    if cluster == "local":  # the ranks run here: a bucket needs this machine's credentials
+        problems += credential_problems(job)
     if problems:
         raise SpecError(problems, source)
 
