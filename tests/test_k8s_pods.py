@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,15 @@ class Pods:
                 os.kill(proc.pid, signal.SIGTERM)
         return [self._wait(proc, 240) for proc in self.procs]
 
+    def wait_until(self, done: Callable[[], Any], what: str, timeout: float, poll_s: float) -> None:
+        """Poll `done` until it is true while every pod keeps running: a pod that ends,
+        or `timeout` seconds without `what`, fails the test with the pods' logs."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"no {what} in time:\n" + self.tail()
+            assert all(p.poll() is None for p in self.procs), "a pod ended:\n" + self.tail()
+            time.sleep(poll_s)
+
     def wait(self, timeout: float) -> list[int]:
         return [self._wait(proc, timeout) for proc in self.procs]
 
@@ -189,11 +199,7 @@ def test_deleted_pods_restart_and_resume_from_the_volume(tmp_path: Path, example
     checkpoints = pods.runs / spec.name / "checkpoints"
     try:
         pods.start(attempt=1)
-        deadline = time.monotonic() + 400
-        while not _complete_steps(checkpoints):
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + pods.tail()
-            assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
-            time.sleep(0.5)
+        pods.wait_until(lambda: _complete_steps(checkpoints), "checkpoint", 400, poll_s=0.5)
         # A deleted pod's TERM is Kubernetes' preemption: every pod exits 170 (128 +
         # 42), a code the ExitCode policy restarts.
         assert pods.delete() == [170, 170], pods.tail()
@@ -274,11 +280,8 @@ def test_your_script_resumes_when_its_pods_are_deleted_and_restarted(
     pods = Pods(spec, tmp_path)
     try:
         pods.start(attempt=1)
-        deadline = time.monotonic() + 300
-        while sum(log.read_text().count(progress) for log in pods.logs) < 3:
-            assert time.monotonic() < deadline, "no step in time:\n" + pods.tail()
-            assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
-            time.sleep(0.5)
+        steps = lambda: sum(log.read_text().count(progress) for log in pods.logs)  # noqa: E731
+        pods.wait_until(lambda: steps() >= 3, "step", 300, poll_s=0.5)
         pods.delete()  # torchrun ends 1 after SIGTERM; the operator recreates deleted pods
         marker = yaml.safe_load((pods.runs / spec.name / "PREEMPTED").read_text())
         saved = int(marker["step"])
@@ -376,11 +379,7 @@ def test_hung_pods_exit_124_and_the_restarted_pods_resume(tmp_path: Path) -> Non
     stopped: list[Proc] = []
     try:
         pods.start(attempt=1)
-        deadline = time.monotonic() + 480
-        while not _complete_steps(checkpoints):
-            assert time.monotonic() < deadline, "no checkpoint in time:\n" + pods.tail()
-            assert all(p.poll() is None for p in pods.procs), "a pod ended:\n" + pods.tail()
-            time.sleep(0.3)
+        pods.wait_until(lambda: _complete_steps(checkpoints), "checkpoint", 480, poll_s=0.3)
         pod, rank1 = _rank_proc(pods, 1)
         below = [p for pod_proc in pods.procs for p in descendants(pod_proc.pid)]
         os.kill(rank1.pid, signal.SIGSTOP)
