@@ -27,13 +27,13 @@ from pathlib import Path
 import pytest
 from helpers.ckpt_run import ROOT, kill_group
 from helpers.ckpt_train import (
-    assert_same_weights,
     final_weights,
     train,
     train_argv,
     train_env,
     write_spec,
 )
+from helpers.train_run import assert_bit_equal
 from shardctl.train.manifest import complete_candidates, list_checkpoints, verify
 
 # About 1.5 minutes (4 kills) on 2 quiet cores, 4 with `--scale`; the timeout only
@@ -137,7 +137,7 @@ def test_kill_nine_again_and_again_then_finish_equals_uninterrupted(
     res = train(specs[0])
     assert res.returncode == 0, res.stdout[-4000:]
     assert (run_dir / "DONE").exists()
-    assert_same_weights(
+    assert_bit_equal(
         final_weights(tmp_path / "ref" / "checkpoints", steps), final_weights(ckdir, steps)
     )
     print(f"chaos test took {time.monotonic() - t0:.0f}s")

@@ -31,16 +31,19 @@ OUTCOME_FILE = "local.outcome"
 
 # Runs the launch script once per node (SHARDCTL_NODE_RANK=0..nodes-1) with its output
 # appended to the launcher's logs, and exits with the first non-zero exit code of the
-# nodes, in node order. A TERM or INT is passed to the launch scripts; a trap handler,
-# not an ignored signal, keeps the children's default dispositions, and `wait`
-# returns early when a trapped signal arrives, so it is repeated until the node's
-# own status comes back. Each node's ranks beat into a folder of their own below the
-# agent's (its hang rule watches each node's launcher alone: `hangs.py`).
+# nodes, in node order. A TERM or INT is not passed on to the launch scripts: whoever
+# stops a local run (`LocalCluster.cancel`) signals every process itself, and a second
+# TERM would land inside torchrun's handling of the first. The trap keeps the runner
+# alive until the nodes' own statuses come back (a trap handler, not an ignored
+# signal, keeps the children's default dispositions); `wait` returns early when a
+# trapped signal arrives, so it is repeated. Each node's ranks beat into a folder of
+# their own below the agent's (its hang rule watches each node's launcher alone:
+# `hangs.py`).
 NODES = r"""
 launch="$1"; out="$2"; err="$3"; nnodes="$4"
 beats="${SHARDCTL_HEARTBEAT_DIR:-}"
 pids=(); got=0
-trap 'got=1; kill -TERM "${pids[@]}" 2>/dev/null || true' TERM INT
+trap 'got=1' TERM INT
 for ((i = 0; i < nnodes; i++)); do
   [ -z "$beats" ] || mkdir -p "$beats/node$i"
   SHARDCTL_NODE_RANK="$i" SHARDCTL_HEARTBEAT_DIR="${beats:+$beats/node$i}" \
