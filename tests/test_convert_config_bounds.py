@@ -86,26 +86,25 @@ def test_an_unset_port_stays_unset(tmp_path: Path):
     assert yaml.safe_load(out)["main_process_port"] is None
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "2.5", "many", "1.0e+30", '"8\\t"', ".nan"])
-def test_deepspeed_gradient_accumulation_steps(tmp_path: Path, raw: str):
-    text = yaml.safe_dump(deepspeed({"zero_stage": 2, "gradient_accumulation_steps": 1}))
-    text = text.replace("gradient_accumulation_steps: 1", f"gradient_accumulation_steps: {raw}")
-    refused(
-        *convert(tmp_path, text, "fsdp"),
-        "deepspeed_config.gradient_accumulation_steps",
-        "'auto' or a positive whole number up to 65536",
-    )
+_STEPS = "'auto' or a positive whole number up to 65536"
+_CLIP = "'auto' or a positive number up to 1000000"
 
 
-@pytest.mark.parametrize("raw", ["-1", "1.0e+30", ".inf", ".nan", "many", "1e30"])
-def test_deepspeed_gradient_clipping(tmp_path: Path, raw: str):
-    text = yaml.safe_dump(deepspeed({"zero_stage": 2, "gradient_clipping": 1.0}))
-    text = text.replace("gradient_clipping: 1.0", f"gradient_clipping: {raw}")
-    refused(
-        *convert(tmp_path, text, "fsdp"),
-        "deepspeed_config.gradient_clipping",
-        "'auto' or a positive number up to 1000000",
-    )
+@pytest.mark.parametrize(
+    ("field", "good", "raw", "accepted"),
+    [
+        *(("gradient_accumulation_steps", "1", raw, _STEPS)
+          for raw in ["0", "-1", "2.5", "many", "1.0e+30", '"8\\t"', ".nan"]),
+        *(("gradient_clipping", "1.0", raw, _CLIP)
+          for raw in ["-1", "1.0e+30", ".inf", ".nan", "many", "1e30"]),
+    ],
+)  # fmt: skip
+def test_deepspeed_numbers_out_of_range(
+    tmp_path: Path, field: str, good: str, raw: str, accepted: str
+):
+    text = yaml.safe_dump(deepspeed({"zero_stage": 2, field: yaml.safe_load(good)}))
+    text = text.replace(f"{field}: {good}", f"{field}: {raw}")
+    refused(*convert(tmp_path, text, "fsdp"), f"deepspeed_config.{field}", accepted)
 
 
 def test_deepspeed_numbers_in_range_are_carried(tmp_path: Path):
