@@ -255,10 +255,12 @@ class Monitor:
 # ------------------------------------------------------------------ processes
 
 
-def proc_state(pid: int) -> str:
-    """`R`, `S`, `D` (uninterruptible, e.g. a stuck file system), `T` (stopped), ..."""
+def proc_state(pid: int, thread: str | None = None) -> str:
+    """`R`, `S`, `D` (uninterruptible, e.g. a stuck file system), `T` (stopped), ...
+    of the process, or of one of its threads (`thread`: its id under /proc/PID/task)."""
+    where = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(where).read_text()
         return text[text.rfind(")") + 2 :].split()[0]
     except (OSError, IndexError):
         return "?"
@@ -370,15 +372,7 @@ def _some_thread_busy(pid: int) -> bool:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False  # gone: it writes nothing more
-    return any(_task_state(pid, tid) in ("R", "D") for tid in tasks)
-
-
-def _task_state(pid: int, tid: str) -> str:
-    try:
-        text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        return text[text.rfind(")") + 2 :].split()[0]
-    except (OSError, IndexError):
-        return "?"
+    return any(proc_state(pid, tid) in ("R", "D") for tid in tasks)
 
 
 def _size(path: Path) -> int:
